@@ -1,0 +1,565 @@
+//! `JobActor`: one per job. Drives the job state machine ([`crate::job::Job`]) through the
+//! per-epoch loop, owns the job's [`RingActor`], collects the epoch's delta receipts, and
+//! hands a complete epoch to the [`CheckpointSink`](crate::ports::CheckpointSink).
+//!
+//! Every transition is made durable before it is applied, so a rebuilt actor replays the
+//! log ([`crate::replay`]) and resumes in the same phase with the same receipts.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde::{Deserialize, Serialize};
+
+use super::jobs::JobSupervisorMsg;
+use super::orchestrator::OrchestratorMsg;
+use super::ring::{RingActor, RingActorArgs, RingMsg};
+use super::scheduler::SchedulerMsg;
+use super::{answer, Deps, Notice};
+use crate::events::Event;
+use crate::job::{FailReason, Job, JobError, JobEvent, JobPhase};
+use crate::ports::{DeltaReceipt, NodeCommand, RingView};
+use crate::supervision::{RestartBudget, RestartDecision};
+use crate::types::{JobId, NodeId};
+
+/// Messages of a [`JobActor`].
+pub enum JobMsg {
+    /// The scheduler placed the job on these nodes.
+    Place {
+        /// The nodes.
+        nodes: Vec<NodeId>,
+    },
+    /// The ring actor recorded a new ring (formation or recovery).
+    RingChanged {
+        /// The ring.
+        ring: RingView,
+        /// Members removed.
+        removed: Vec<NodeId>,
+    },
+    /// A node failed somewhere; the job checks whether it is a member.
+    NodeFailed {
+        /// The node.
+        node: NodeId,
+    },
+    /// A node's delta receipt.
+    Delta {
+        /// The receipt.
+        receipt: DeltaReceipt,
+        /// Accepted or why not.
+        reply: RpcReplyPort<Result<(), JobRequestError>>,
+    },
+    /// The epoch deadline armed for `epoch` passed.
+    EpochDeadline {
+        /// The epoch it was armed for.
+        epoch: u32,
+    },
+    /// The pending deadline passed.
+    PendingDeadline,
+    /// Cancel the job.
+    Cancel {
+        /// Done or why not.
+        reply: RpcReplyPort<Result<(), JobRequestError>>,
+    },
+    /// The job's view.
+    Get {
+        /// The view.
+        reply: RpcReplyPort<Result<JobView, JobRequestError>>,
+    },
+    /// The job's ring.
+    GetRing {
+        /// The ring, None before formation.
+        reply: RpcReplyPort<Result<Option<RingView>, JobRequestError>>,
+    },
+    /// Rebuild the ring actor (after the backoff).
+    RespawnRing,
+    /// Fault injection: panic in this actor.
+    InjectPanic,
+    /// Fault injection: make the ring actor panic; replies whether it exists.
+    InjectRingPanic {
+        /// Whether the ring actor exists.
+        reply: RpcReplyPort<bool>,
+    },
+}
+
+/// Why a request about a job was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum JobRequestError {
+    /// No such job.
+    #[error("{0} not found")]
+    NotFound(JobId),
+    /// The job has ended.
+    #[error("{0} has ended")]
+    Ended(JobId),
+    /// The job's actor is being rebuilt; retry shortly.
+    #[error("{0} is restarting; retry")]
+    Restarting(JobId),
+    /// The job is not collecting deltas now.
+    #[error("job is {phase}, not running")]
+    NotRunning {
+        /// Its phase.
+        phase: String,
+    },
+    /// The receipt is for another epoch.
+    #[error("delta for epoch {got}, the job is in epoch {expected}")]
+    WrongEpoch {
+        /// The current epoch.
+        expected: u32,
+        /// The receipt's.
+        got: u32,
+    },
+    /// The node is not in the job's ring.
+    #[error("node {0} is not a member of the job's ring")]
+    NotMember(NodeId),
+    /// The node already submitted a different delta this epoch.
+    #[error("node {0} already submitted a different delta this epoch")]
+    Conflicting(NodeId),
+    /// The state machine refused the transition.
+    #[error(transparent)]
+    Transition(#[from] JobError),
+    /// The event could not be made durable.
+    #[error("state store: {0}")]
+    Store(String),
+}
+
+/// A job as reported to callers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    /// The id.
+    pub id: JobId,
+    /// The spec's name.
+    pub name: String,
+    /// The phase.
+    pub phase: JobPhase,
+    /// Epochs the spec asks for.
+    pub epochs: u32,
+    /// The current ring.
+    pub ring: Option<RingView>,
+    /// Deltas accepted in the current epoch.
+    pub deltas_this_epoch: usize,
+    /// Published checkpoint references, one per finished epoch.
+    pub checkpoints: Vec<String>,
+}
+
+impl JobView {
+    /// The view of `job` with `ring` and `deltas` receipts this epoch.
+    pub fn of(job: &Job, ring: Option<RingView>, deltas: usize) -> Self {
+        JobView {
+            id: job.id,
+            name: job.spec.name.clone(),
+            phase: job.phase.clone(),
+            epochs: job.spec.epochs,
+            ring,
+            deltas_this_epoch: deltas,
+            checkpoints: job.checkpoints.clone(),
+        }
+    }
+}
+
+/// Spawn arguments of a [`JobActor`].
+pub struct JobActorArgs {
+    /// The job (its spec and history are read from the log).
+    pub id: JobId,
+    /// The root, for routing.
+    pub root: ActorRef<OrchestratorMsg>,
+    /// The supervisor, told when the job ends.
+    pub supervisor: ActorRef<JobSupervisorMsg>,
+    /// Ports.
+    pub deps: Deps,
+}
+
+/// State of a [`JobActor`].
+pub struct JobState {
+    job: Job,
+    placed: Option<Vec<NodeId>>,
+    ring: Option<RingView>,
+    receipts: BTreeMap<NodeId, DeltaReceipt>,
+    ring_actor: Option<ActorRef<RingMsg>>,
+    ring_budget: RestartBudget,
+    root: ActorRef<OrchestratorMsg>,
+    supervisor: ActorRef<JobSupervisorMsg>,
+    deps: Deps,
+}
+
+/// The per-job actor.
+pub struct JobActor;
+
+impl JobState {
+    fn view(&self) -> JobView {
+        JobView::of(&self.job, self.ring.clone(), self.receipts.len())
+    }
+
+    /// Validates `event` against the state machine, makes it durable, then applies it.
+    async fn transition(
+        &mut self,
+        myself: &ActorRef<JobMsg>,
+        event: JobEvent,
+    ) -> Result<(), JobRequestError> {
+        let now = self.deps.now();
+        let mut next = self.job.clone();
+        next.apply(&event, now)?;
+        self.deps
+            .persist(Event::Job {
+                job: self.job.id,
+                event: event.clone(),
+            })
+            .await
+            .map_err(|e| JobRequestError::Store(e.to_string()))?;
+        let entered_epoch = !matches!(self.job.phase, JobPhase::Running { .. })
+            && matches!(next.phase, JobPhase::Running { .. });
+        self.job = next;
+        tracing::info!(job = %self.job.id, phase = self.job.phase.name(), "job transition");
+        self.deps.notify(Notice::JobPhase {
+            job: self.job.id,
+            phase: self.job.phase.clone(),
+        });
+        if entered_epoch {
+            self.receipts.clear();
+            self.arm_epoch_deadline(myself);
+        }
+        if self.job.phase.is_terminal() {
+            self.finish(myself).await;
+        }
+        Ok(())
+    }
+
+    fn arm_epoch_deadline(&self, myself: &ActorRef<JobMsg>) {
+        if let JobPhase::Running { epoch, .. } = self.job.phase {
+            let wait = Duration::from_millis(self.job.spec.epoch_deadline_ms);
+            myself.send_after(wait, move || JobMsg::EpochDeadline { epoch });
+        }
+    }
+
+    /// Terminal: release the nodes and stop.
+    async fn finish(&mut self, myself: &ActorRef<JobMsg>) {
+        if let Some(r) = self.ring_actor.take() {
+            r.stop(Some("job ended".into()));
+        }
+        let members = self
+            .ring
+            .as_ref()
+            .map(|r| r.members.clone())
+            .or_else(|| self.placed.clone())
+            .unwrap_or_default();
+        for m in members {
+            let _ = self
+                .deps
+                .link
+                .send(&m, NodeCommand::Release { job: self.job.id })
+                .await;
+        }
+        let _ = self
+            .root
+            .cast(OrchestratorMsg::Scheduler(SchedulerMsg::Release { job: self.job.id }));
+        let _ = self
+            .supervisor
+            .cast(JobSupervisorMsg::Finished { view: self.view() });
+        myself.stop(Some("job ended".into()));
+    }
+
+    async fn spawn_ring(&mut self, myself: &ActorRef<JobMsg>) -> Result<(), ActorProcessingErr> {
+        let (actor, _) = Actor::spawn_linked(
+            None,
+            RingActor,
+            RingActorArgs {
+                job: self.job.id,
+                min_vram_bytes: self.job.spec.min_vram_bytes,
+                parent: myself.clone(),
+                root: self.root.clone(),
+                deps: self.deps.clone(),
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        self.ring_actor = Some(actor);
+        Ok(())
+    }
+
+    /// Completes the running epoch when every ring member has submitted.
+    async fn maybe_complete(&mut self, myself: &ActorRef<JobMsg>) {
+        let JobPhase::Running { epoch, .. } = self.job.phase else {
+            return;
+        };
+        let Some(ring) = &self.ring else { return };
+        if ring.members.iter().all(|m| self.receipts.contains_key(m)) {
+            self.complete_epoch(myself, epoch).await;
+        }
+    }
+
+    async fn complete_epoch(&mut self, myself: &ActorRef<JobMsg>, epoch: u32) {
+        if let Err(e) = self
+            .transition(myself, JobEvent::EpochComplete { epoch })
+            .await
+        {
+            tracing::warn!(job = %self.job.id, error = %e, "could not complete epoch");
+            return;
+        }
+        let deltas: Vec<DeltaReceipt> = self.receipts.values().cloned().collect();
+        let event = match self.deps.sink.publish(self.job.id, epoch, &deltas).await {
+            Ok(checkpoint) => JobEvent::CheckpointPublished { epoch, checkpoint },
+            Err(e) => JobEvent::Fail {
+                reason: FailReason::PublicationFailed(e.to_string()),
+            },
+        };
+        if let Err(e) = self.transition(myself, event).await {
+            tracing::warn!(job = %self.job.id, error = %e, "could not record publication");
+        }
+    }
+
+    async fn on_ring(&mut self, myself: &ActorRef<JobMsg>, ring: RingView, removed: Vec<NodeId>) {
+        if self.ring.as_ref().is_some_and(|r| r.version >= ring.version) {
+            return;
+        }
+        let version = ring.version;
+        let size = ring.members.len() as u32;
+        self.ring = Some(ring);
+        if !removed.is_empty() {
+            let _ = self
+                .root
+                .cast(OrchestratorMsg::Scheduler(SchedulerMsg::ReleaseNodes {
+                    job: self.job.id,
+                    nodes: removed.clone(),
+                }));
+            for n in &removed {
+                let _ = self
+                    .deps
+                    .link
+                    .send(n, NodeCommand::Release { job: self.job.id })
+                    .await;
+            }
+        }
+        let min = self.job.spec.min_nodes;
+        let result = match self.job.phase {
+            _ if size < min => {
+                self.transition(
+                    myself,
+                    JobEvent::Fail {
+                        reason: FailReason::TooFewNodes { alive: size, min },
+                    },
+                )
+                .await
+            }
+            JobPhase::Pending { .. } => {
+                // The ring is formed and every member was sent it (its assignment): the
+                // model is distributed by the members fetching the checkpoint it names.
+                match self
+                    .transition(myself, JobEvent::NodesReady { ring_version: version })
+                    .await
+                {
+                    Ok(()) => self.transition(myself, JobEvent::ModelDistributed).await,
+                    Err(e) => Err(e),
+                }
+            }
+            JobPhase::Provisioning { .. } => self.transition(myself, JobEvent::ModelDistributed).await,
+            _ if self.job.phase.is_terminal() => Ok(()),
+            _ => {
+                self.transition(myself, JobEvent::RingChanged { ring_version: version })
+                    .await
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!(job = %self.job.id, error = %e, "ring change not applied to the job");
+        }
+        // The round restarts with the new membership; deltas already accepted are kept.
+        self.maybe_complete(myself).await;
+    }
+}
+
+impl Actor for JobActor {
+    type Msg = JobMsg;
+    type State = JobState;
+    type Arguments = JobActorArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<JobMsg>,
+        args: JobActorArgs,
+    ) -> Result<JobState, ActorProcessingErr> {
+        let records = args.deps.store.read_after(0).await?;
+        let mut fold = crate::replay::fold(&records);
+        let j = fold
+            .jobs
+            .remove(&args.id)
+            .ok_or_else(|| format!("{} is not in the event log", args.id))?;
+        Ok(JobState {
+            job: j.job,
+            placed: j.placed,
+            ring: j.ring.map(|(_, r)| r),
+            receipts: j.receipts,
+            ring_actor: None,
+            ring_budget: RestartBudget::new(args.deps.cfg.supervision.clone()),
+            root: args.root,
+            supervisor: args.supervisor,
+            deps: args.deps,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<JobMsg>,
+        state: &mut JobState,
+    ) -> Result<(), ActorProcessingErr> {
+        match &state.job.phase {
+            JobPhase::Pending { deadline, .. } => {
+                let wait = deadline.since(state.deps.now());
+                myself.send_after(Duration::from_millis(wait), || JobMsg::PendingDeadline);
+            }
+            JobPhase::Running { .. } => state.arm_epoch_deadline(&myself),
+            _ => {}
+        }
+        if state.placed.is_some() && !state.job.phase.is_terminal() {
+            state.spawn_ring(&myself).await?;
+        }
+        if let JobPhase::Aggregating { epoch, .. } = state.job.phase {
+            // Rebuilt mid-aggregation: publish again (the sink is idempotent per epoch).
+            let deltas: Vec<DeltaReceipt> = state.receipts.values().cloned().collect();
+            let event = match state.deps.sink.publish(state.job.id, epoch, &deltas).await {
+                Ok(checkpoint) => JobEvent::CheckpointPublished { epoch, checkpoint },
+                Err(e) => JobEvent::Fail {
+                    reason: FailReason::PublicationFailed(e.to_string()),
+                },
+            };
+            let _ = state.transition(&myself, event).await;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<JobMsg>,
+        msg: JobMsg,
+        state: &mut JobState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            JobMsg::Place { nodes } => {
+                if state.placed.is_none() && matches!(state.job.phase, JobPhase::Pending { .. }) {
+                    state.placed = Some(nodes);
+                    state.spawn_ring(&myself).await?;
+                }
+            }
+            JobMsg::RingChanged { ring, removed } => state.on_ring(&myself, ring, removed).await,
+            JobMsg::NodeFailed { node } => {
+                let member = state
+                    .ring
+                    .as_ref()
+                    .map(|r| r.members.contains(&node))
+                    .or_else(|| state.placed.as_ref().map(|p| p.contains(&node)))
+                    .unwrap_or(false);
+                if member {
+                    if let Some(r) = &state.ring_actor {
+                        let _ = r.cast(RingMsg::NodeFailed { node });
+                    }
+                }
+            }
+            JobMsg::Delta { receipt, reply } => {
+                let result = accept_delta(state, receipt).await;
+                let accepted = result.is_ok();
+                answer(reply, result);
+                if accepted {
+                    state.maybe_complete(&myself).await;
+                }
+            }
+            JobMsg::EpochDeadline { epoch } => {
+                if matches!(state.job.phase, JobPhase::Running { epoch: e, .. } if e == epoch) {
+                    tracing::info!(job = %state.job.id, epoch, deltas = state.receipts.len(), "epoch deadline passed");
+                    state.complete_epoch(&myself, epoch).await;
+                }
+            }
+            JobMsg::PendingDeadline => {
+                if let Some(event) = state.job.tick(state.deps.now()) {
+                    let _ = state.transition(&myself, event).await;
+                }
+            }
+            JobMsg::Cancel { reply } => {
+                let r = state.transition(&myself, JobEvent::Cancel).await;
+                answer(reply, r);
+            }
+            JobMsg::Get { reply } => answer(reply, Ok(state.view())),
+            JobMsg::GetRing { reply } => answer(reply, Ok(state.ring.clone())),
+            JobMsg::RespawnRing => {
+                if state.ring_actor.is_none() && !state.job.phase.is_terminal() {
+                    state.spawn_ring(&myself).await?;
+                    state.deps.notify(Notice::ActorRestarted {
+                        what: format!("ring {}", state.job.id),
+                    });
+                }
+            }
+            JobMsg::InjectPanic => panic!("injected fault: job actor panic"),
+            JobMsg::InjectRingPanic { reply } => {
+                let found = state.ring_actor.is_some();
+                if let Some(r) = &state.ring_actor {
+                    let _ = r.cast(RingMsg::InjectPanic);
+                }
+                answer(reply, found);
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<JobMsg>,
+        event: SupervisionEvent,
+        state: &mut JobState,
+    ) -> Result<(), ActorProcessingErr> {
+        let SupervisionEvent::ActorFailed(cell, err) = event else {
+            return Ok(());
+        };
+        if state.ring_actor.as_ref().map(|r| r.get_id()) != Some(cell.get_id()) {
+            return Ok(());
+        }
+        state.ring_actor = None;
+        tracing::warn!(job = %state.job.id, error = %err, "ring actor failed; rebuilding from the event log");
+        match state.ring_budget.on_failure(state.deps.now()) {
+            RestartDecision::RestartAfter(ms) => {
+                myself.send_after(Duration::from_millis(ms), || JobMsg::RespawnRing);
+            }
+            RestartDecision::GiveUp => {
+                let _ = state
+                    .transition(
+                        &myself,
+                        JobEvent::Fail {
+                            reason: FailReason::Other("ring actor restart budget spent".into()),
+                        },
+                    )
+                    .await;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn accept_delta(state: &mut JobState, receipt: DeltaReceipt) -> Result<(), JobRequestError> {
+    let JobPhase::Running { epoch, .. } = state.job.phase else {
+        return Err(JobRequestError::NotRunning {
+            phase: state.job.phase.name().to_string(),
+        });
+    };
+    if receipt.epoch != epoch {
+        return Err(JobRequestError::WrongEpoch {
+            expected: epoch,
+            got: receipt.epoch,
+        });
+    }
+    let member = state
+        .ring
+        .as_ref()
+        .is_some_and(|r| r.members.contains(&receipt.node));
+    if !member {
+        return Err(JobRequestError::NotMember(receipt.node));
+    }
+    if let Some(prev) = state.receipts.get(&receipt.node) {
+        // Idempotent for the same delta (a retried upload), refused for a different one.
+        return if prev.delta_hash == receipt.delta_hash {
+            Ok(())
+        } else {
+            Err(JobRequestError::Conflicting(receipt.node))
+        };
+    }
+    state
+        .deps
+        .persist(Event::DeltaAccepted(receipt.clone()))
+        .await
+        .map_err(|e| JobRequestError::Store(e.to_string()))?;
+    state.receipts.insert(receipt.node, receipt);
+    Ok(())
+}

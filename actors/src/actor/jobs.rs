@@ -1,0 +1,435 @@
+//! `JobSupervisor`: accepts jobs, supervises one [`JobActor`] per live job, routes
+//! requests to them, and keeps the final view of ended jobs.
+//!
+//! ```text
+//! JobSupervisor
+//! └── JobActor per job ── RingActor   (a failed JobActor is rebuilt from the log)
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+
+use super::job::{JobActor, JobActorArgs, JobMsg, JobRequestError, JobView};
+use super::orchestrator::OrchestratorMsg;
+use super::scheduler::{pending_of, SchedulerMsg};
+use super::{answer, Deps, Notice};
+use crate::events::Event;
+use crate::job::{FailReason, Job, JobEvent, JobSpec, JobSpecError};
+use crate::ports::{DeltaReceipt, RingView};
+use crate::supervision::{RestartBudget, RestartDecision};
+use crate::types::{JobId, NodeId};
+
+/// Messages of the [`JobSupervisor`].
+pub enum JobSupervisorMsg {
+    /// Accept a job.
+    Submit {
+        /// Its spec.
+        spec: JobSpec,
+        /// Its id, or why it was refused.
+        reply: RpcReplyPort<Result<JobId, SubmitError>>,
+    },
+    /// The scheduler placed a job.
+    Place {
+        /// The job.
+        job: JobId,
+        /// Its nodes.
+        nodes: Vec<NodeId>,
+    },
+    /// A node failed: tell every live job (each checks membership).
+    NodeFailed {
+        /// The node.
+        node: NodeId,
+    },
+    /// A node's delta receipt for a job's epoch.
+    Delta {
+        /// The receipt.
+        receipt: DeltaReceipt,
+        /// Accepted or why not.
+        reply: RpcReplyPort<Result<(), JobRequestError>>,
+    },
+    /// Cancel a job.
+    Cancel {
+        /// The job.
+        job: JobId,
+        /// Done or why not.
+        reply: RpcReplyPort<Result<(), JobRequestError>>,
+    },
+    /// One job's view.
+    Get {
+        /// The job.
+        job: JobId,
+        /// The view or NotFound.
+        reply: RpcReplyPort<Result<JobView, JobRequestError>>,
+    },
+    /// Every job's view, by id.
+    List {
+        /// The views.
+        reply: RpcReplyPort<Vec<JobView>>,
+    },
+    /// A job's current ring.
+    Ring {
+        /// The job.
+        job: JobId,
+        /// The ring (None before it is formed) or NotFound.
+        reply: RpcReplyPort<Result<Option<RingView>, JobRequestError>>,
+    },
+    /// A job actor reached a terminal phase and is stopping.
+    Finished {
+        /// Its final view.
+        view: JobView,
+    },
+    /// Rebuild a failed job actor (after the backoff).
+    Respawn {
+        /// The job.
+        job: JobId,
+    },
+    /// Fault injection: make the job's actor (`ring: false`) or its ring actor (`ring: true`)
+    /// panic. Replies whether the target exists.
+    InjectPanic {
+        /// The job.
+        job: JobId,
+        /// Target the ring actor instead of the job actor.
+        ring: bool,
+        /// Whether the target was found.
+        reply: RpcReplyPort<bool>,
+    },
+}
+
+/// Why a job was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    /// The spec is invalid.
+    #[error("invalid job spec: {0}")]
+    InvalidSpec(#[from] JobSpecError),
+    /// The job could not be recorded durably.
+    #[error("state store: {0}")]
+    Store(String),
+    /// The job actor could not start.
+    #[error("could not start job: {0}")]
+    Spawn(String),
+}
+
+/// Spawn arguments of the [`JobSupervisor`].
+pub struct JobSupervisorArgs {
+    /// The root, for routing.
+    pub root: ActorRef<OrchestratorMsg>,
+    /// Ports.
+    pub deps: Deps,
+}
+
+struct Live {
+    actor: Option<ActorRef<JobMsg>>,
+    budget: RestartBudget,
+}
+
+/// State of the [`JobSupervisor`].
+pub struct JobSupervisorState {
+    live: BTreeMap<JobId, Live>,
+    by_actor: HashMap<ActorId, JobId>,
+    finished: BTreeMap<JobId, JobView>,
+    next_id: JobId,
+    root: ActorRef<OrchestratorMsg>,
+    deps: Deps,
+}
+
+/// The job supervisor actor.
+pub struct JobSupervisor;
+
+impl JobSupervisorState {
+    async fn spawn_job(
+        &mut self,
+        myself: &ActorRef<JobSupervisorMsg>,
+        job: JobId,
+    ) -> Result<(), ActorProcessingErr> {
+        let (actor, _) = Actor::spawn_linked(
+            None,
+            JobActor,
+            JobActorArgs {
+                id: job,
+                root: self.root.clone(),
+                supervisor: myself.clone(),
+                deps: self.deps.clone(),
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        self.by_actor.insert(actor.get_id(), job);
+        let budget = RestartBudget::new(self.deps.cfg.supervision.clone());
+        self.live
+            .entry(job)
+            .or_insert(Live {
+                actor: None,
+                budget,
+            })
+            .actor = Some(actor);
+        Ok(())
+    }
+
+    fn actor(&self, job: JobId) -> Option<ActorRef<JobMsg>> {
+        self.live.get(&job).and_then(|l| l.actor.clone())
+    }
+
+    /// Records a job as failed when its actor cannot be rebuilt.
+    async fn give_up(&mut self, job: JobId, why: &str) {
+        let reason = FailReason::Other(why.to_string());
+        if let Err(e) = self
+            .deps
+            .persist(Event::Job {
+                job,
+                event: JobEvent::Fail {
+                    reason: reason.clone(),
+                },
+            })
+            .await
+        {
+            tracing::error!(%job, error = %e, "could not record job failure");
+        }
+        self.live.remove(&job);
+        let _ = self
+            .root
+            .cast(OrchestratorMsg::Scheduler(SchedulerMsg::Release { job }));
+        if let Ok(records) = self.deps.store.read_after(0).await {
+            if let Some(j) = crate::replay::fold(&records).jobs.remove(&job) {
+                let view = JobView::of(&j.job, j.ring.map(|(_, r)| r), 0);
+                self.deps.notify(Notice::JobPhase {
+                    job,
+                    phase: view.phase.clone(),
+                });
+                self.finished.insert(job, view);
+            }
+        }
+    }
+}
+
+impl Actor for JobSupervisor {
+    type Msg = JobSupervisorMsg;
+    type State = JobSupervisorState;
+    type Arguments = JobSupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<JobSupervisorMsg>,
+        args: JobSupervisorArgs,
+    ) -> Result<JobSupervisorState, ActorProcessingErr> {
+        Ok(JobSupervisorState {
+            live: BTreeMap::new(),
+            by_actor: HashMap::new(),
+            finished: BTreeMap::new(),
+            next_id: JobId(1),
+            root: args.root,
+            deps: args.deps,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<JobSupervisorMsg>,
+        state: &mut JobSupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Rebuild: every job that has not ended gets its actor back; ended jobs keep their view.
+        let records = state.deps.store.read_after(0).await?;
+        let fold = crate::replay::fold(&records);
+        state.next_id = fold.next_job_id();
+        for (id, j) in fold.jobs {
+            if j.job.phase.is_terminal() {
+                let view = JobView::of(&j.job, j.ring.map(|(_, r)| r), 0);
+                state.finished.insert(id, view);
+            } else {
+                state.spawn_job(&myself, id).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<JobSupervisorMsg>,
+        msg: JobSupervisorMsg,
+        state: &mut JobSupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            JobSupervisorMsg::Submit { spec, reply } => {
+                if let Err(e) = spec.validate() {
+                    tracing::info!(error = %e, "job refused");
+                    answer(reply, Err(SubmitError::InvalidSpec(e)));
+                    return Ok(());
+                }
+                let id = state.next_id;
+                if let Err(e) = state
+                    .deps
+                    .persist(Event::JobSubmitted {
+                        job: id,
+                        spec: spec.clone(),
+                    })
+                    .await
+                {
+                    answer(reply, Err(SubmitError::Store(e.to_string())));
+                    return Ok(());
+                }
+                state.next_id = JobId(id.0 + 1);
+                if let Err(e) = state.spawn_job(&myself, id).await {
+                    answer(reply, Err(SubmitError::Spawn(e.to_string())));
+                    return Ok(());
+                }
+                let job = Job::new(id, spec, state.deps.now());
+                if let Some(p) = pending_of(&job) {
+                    let _ = state
+                        .root
+                        .cast(OrchestratorMsg::Scheduler(SchedulerMsg::Enqueue(p)));
+                }
+                tracing::info!(job = %id, name = %job.spec.name, "job submitted");
+                answer(reply, Ok(id));
+            }
+            JobSupervisorMsg::Place { job, nodes } => match state.actor(job) {
+                Some(a) => {
+                    let _ = a.cast(JobMsg::Place { nodes });
+                }
+                None => {
+                    let _ = state
+                        .root
+                        .cast(OrchestratorMsg::Scheduler(SchedulerMsg::Release { job }));
+                }
+            },
+            JobSupervisorMsg::NodeFailed { node } => {
+                for l in state.live.values() {
+                    if let Some(a) = &l.actor {
+                        let _ = a.cast(JobMsg::NodeFailed { node });
+                    }
+                }
+            }
+            JobSupervisorMsg::Delta { receipt, reply } => match state.actor(receipt.job) {
+                Some(a) => {
+                    let _ = a.cast(JobMsg::Delta { receipt, reply });
+                }
+                None => answer(reply, Err(state.missing(receipt.job))),
+            },
+            JobSupervisorMsg::Cancel { job, reply } => match state.actor(job) {
+                Some(a) => {
+                    let _ = a.cast(JobMsg::Cancel { reply });
+                }
+                None => answer(reply, Err(state.missing(job))),
+            },
+            JobSupervisorMsg::Get { job, reply } => match state.actor(job) {
+                Some(a) => {
+                    let _ = a.cast(JobMsg::Get { reply });
+                }
+                None => answer(
+                    reply,
+                    state.finished.get(&job).cloned().ok_or(JobRequestError::NotFound(job)),
+                ),
+            },
+            JobSupervisorMsg::List { reply } => {
+                let mut views: Vec<JobView> = state.finished.values().cloned().collect();
+                for (id, l) in &state.live {
+                    let Some(a) = &l.actor else { continue };
+                    match super::ask_with(a, state.deps.cfg.call_timeout_ms, |reply| {
+                        JobMsg::Get { reply }
+                    })
+                    .await
+                    {
+                        Ok(Ok(v)) => views.push(v),
+                        _ => tracing::warn!(job = %id, "job actor did not answer a list request"),
+                    }
+                }
+                views.sort_by_key(|v| v.id);
+                answer(reply, views);
+            }
+            JobSupervisorMsg::Ring { job, reply } => match state.actor(job) {
+                Some(a) => {
+                    let _ = a.cast(JobMsg::GetRing { reply });
+                }
+                None => answer(
+                    reply,
+                    state
+                        .finished
+                        .get(&job)
+                        .map(|v| v.ring.clone())
+                        .ok_or(JobRequestError::NotFound(job)),
+                ),
+            },
+            JobSupervisorMsg::Finished { view } => {
+                let job = view.id;
+                if let Some(l) = state.live.remove(&job) {
+                    if let Some(a) = l.actor {
+                        state.by_actor.remove(&a.get_id());
+                    }
+                }
+                state.finished.insert(job, view);
+            }
+            JobSupervisorMsg::Respawn { job } => {
+                if state.live.contains_key(&job) {
+                    state.spawn_job(&myself, job).await?;
+                    state.deps.notify(Notice::ActorRestarted {
+                        what: format!("job {job}"),
+                    });
+                }
+            }
+            JobSupervisorMsg::InjectPanic { job, ring, reply } => match state.actor(job) {
+                Some(a) if ring => {
+                    let _ = a.cast(JobMsg::InjectRingPanic { reply });
+                }
+                Some(a) => {
+                    let _ = a.cast(JobMsg::InjectPanic);
+                    answer(reply, true);
+                }
+                None => answer(reply, false),
+            },
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<JobSupervisorMsg>,
+        event: SupervisionEvent,
+        state: &mut JobSupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) => {
+                let Some(job) = state.by_actor.remove(&cell.get_id()) else {
+                    return Ok(());
+                };
+                tracing::warn!(%job, error = %err, "job actor failed; rebuilding from the event log");
+                let now = state.deps.now();
+                let decision = match state.live.get_mut(&job) {
+                    Some(l) => {
+                        l.actor = None;
+                        l.budget.on_failure(now)
+                    }
+                    None => return Ok(()),
+                };
+                match decision {
+                    RestartDecision::RestartAfter(ms) => {
+                        myself.send_after(Duration::from_millis(ms), move || {
+                            JobSupervisorMsg::Respawn { job }
+                        });
+                    }
+                    RestartDecision::GiveUp => {
+                        state
+                            .give_up(job, "job actor restart budget spent")
+                            .await;
+                    }
+                }
+            }
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                state.by_actor.remove(&cell.get_id());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl JobSupervisorState {
+    fn missing(&self, job: JobId) -> JobRequestError {
+        if self.finished.contains_key(&job) {
+            JobRequestError::Ended(job)
+        } else if self.live.contains_key(&job) {
+            JobRequestError::Restarting(job)
+        } else {
+            JobRequestError::NotFound(job)
+        }
+    }
+}

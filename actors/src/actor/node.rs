@@ -1,0 +1,164 @@
+//! `NodeActor`: one per registered node. Owns the node's [`NodeCore`]: accepts heartbeats,
+//! runs the watchdog (a node silent for the timeout is failed, exactly at the deadline), and
+//! reports status changes to the registry.
+
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::registry::RegistryMsg;
+use super::{answer, Deps};
+use crate::events::FailureKind;
+use crate::node::{Heartbeat, HeartbeatError, Liveness, NodeCore};
+use crate::types::{GymWei, NodeInfo, Timestamp};
+
+/// Messages of a [`NodeActor`].
+pub enum NodeMsg {
+    /// A heartbeat from the node (already authenticated by the transport).
+    Heartbeat {
+        /// The heartbeat.
+        hb: Heartbeat,
+        /// Accepted → the interval the node should keep, in ms.
+        reply: RpcReplyPort<Result<u64, HeartbeatError>>,
+    },
+    /// The node registered again (restart, reconnect, or a duplicate registration).
+    Reregister {
+        /// New info.
+        info: NodeInfo,
+        /// Stake read at this registration.
+        stake: GymWei,
+        /// Acknowledged once applied; carries the session count.
+        reply: RpcReplyPort<u32>,
+    },
+    /// The node's session closed: fail it now rather than at the timeout.
+    SessionClosed,
+    /// Watchdog tick armed by the heartbeat that had this generation.
+    Watchdog {
+        /// Generation of the heartbeat that armed it; stale ticks are ignored.
+        generation: u64,
+    },
+    /// Fault injection: panic inside the handler (tests supervision).
+    InjectPanic,
+}
+
+/// Spawn arguments of a [`NodeActor`].
+pub struct NodeActorArgs {
+    /// The node's info.
+    pub info: NodeInfo,
+    /// Its stake at admission.
+    pub stake: GymWei,
+    /// Start as failed (a rebuilt actor after a crash: the node must register again).
+    pub start_failed: bool,
+    /// The registry to report to.
+    pub registry: ActorRef<RegistryMsg>,
+    /// Ports.
+    pub deps: Deps,
+}
+
+/// State of a [`NodeActor`].
+pub struct NodeState {
+    core: NodeCore,
+    generation: u64,
+    registry: ActorRef<RegistryMsg>,
+    deps: Deps,
+}
+
+/// The per-node actor.
+pub struct NodeActor;
+
+impl NodeState {
+    fn arm_watchdog(&mut self, myself: &ActorRef<NodeMsg>) {
+        self.generation += 1;
+        let generation = self.generation;
+        let wait = self.core.deadline().since(self.deps.now());
+        myself.send_after(Duration::from_millis(wait), move || NodeMsg::Watchdog {
+            generation,
+        });
+    }
+
+    fn report(&self) {
+        let view = self.core.view(self.deps.now(), None);
+        let _ = self.registry.cast(RegistryMsg::Status(view));
+    }
+
+    fn fail(&mut self, kind: FailureKind, now: Timestamp) {
+        if self.core.mark_failed(now) {
+            tracing::info!(node = %self.core.id().short(), %kind, "node failed");
+            let _ = self.registry.cast(RegistryMsg::NodeDown {
+                node: self.core.id(),
+                kind,
+            });
+        }
+    }
+}
+
+impl Actor for NodeActor {
+    type Msg = NodeMsg;
+    type State = NodeState;
+    type Arguments = NodeActorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<NodeMsg>,
+        args: NodeActorArgs,
+    ) -> Result<NodeState, ActorProcessingErr> {
+        let now = args.deps.now();
+        let cfg = &args.deps.cfg;
+        let mut core = NodeCore::new(
+            args.info,
+            args.stake,
+            cfg.heartbeat.clone(),
+            cfg.eligibility.uptime_window_ms,
+            now,
+        );
+        if args.start_failed {
+            core.mark_failed(now);
+        }
+        let mut state = NodeState {
+            core,
+            generation: 0,
+            registry: args.registry,
+            deps: args.deps,
+        };
+        if !args.start_failed {
+            state.arm_watchdog(&myself);
+        }
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<NodeMsg>,
+        msg: NodeMsg,
+        state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = state.deps.now();
+        match msg {
+            NodeMsg::Heartbeat { hb, reply } => {
+                let result = state.core.on_heartbeat(&hb, now);
+                if result.is_ok() {
+                    state.arm_watchdog(&myself);
+                    state.report();
+                }
+                answer(
+                    reply,
+                    result.map(|()| state.deps.cfg.heartbeat.interval_ms),
+                );
+            }
+            NodeMsg::Reregister { info, stake, reply } => {
+                state.core.reregister(info, stake, now);
+                state.arm_watchdog(&myself);
+                state.report();
+                answer(reply, state.core.sessions());
+            }
+            NodeMsg::SessionClosed => state.fail(FailureKind::SessionClosed, now),
+            NodeMsg::Watchdog { generation } => {
+                if generation == state.generation && state.core.liveness() == Liveness::Alive {
+                    state.fail(FailureKind::HeartbeatTimeout, now);
+                }
+            }
+            NodeMsg::InjectPanic => panic!("injected fault: node actor panic"),
+        }
+        Ok(())
+    }
+}

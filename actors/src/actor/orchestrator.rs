@@ -1,0 +1,213 @@
+//! `Orchestrator`: the root supervisor. It spawns the three subsystems, routes every
+//! message between them (so a rebuilt child is reachable at once, and no child holds a
+//! stale reference to a sibling), and rebuilds a failed subsystem with a restart budget.
+//!
+//! ```text
+//! Orchestrator
+//! ├── NodeRegistry    (rebuilt: node actors respawned from the log, nodes re-heartbeat)
+//! ├── Scheduler       (rebuilt: queue and allocation re-derived from the log)
+//! └── JobSupervisor   (rebuilt: every live job actor respawned from the log)
+//! ```
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+
+use super::jobs::{JobSupervisor, JobSupervisorArgs, JobSupervisorMsg};
+use super::registry::{NodeRegistry, RegistryArgs, RegistryMsg};
+use super::scheduler::{Scheduler, SchedulerArgs, SchedulerMsg};
+use super::{Deps, Notice};
+use crate::supervision::{RestartBudget, RestartDecision};
+
+/// One of the root's children.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Subsystem {
+    /// The node registry.
+    Registry,
+    /// The scheduler.
+    Scheduler,
+    /// The job supervisor.
+    Jobs,
+}
+
+/// Messages of the root: routed messages for each subsystem, and its own.
+pub enum OrchestratorMsg {
+    /// For the node registry.
+    Registry(RegistryMsg),
+    /// For the scheduler.
+    Scheduler(SchedulerMsg),
+    /// For the job supervisor.
+    Jobs(JobSupervisorMsg),
+    /// Rebuild a failed subsystem (after the backoff).
+    Respawn(Subsystem),
+}
+
+/// State of the root.
+pub struct OrchestratorState {
+    registry: Option<ActorRef<RegistryMsg>>,
+    scheduler: Option<ActorRef<SchedulerMsg>>,
+    jobs: Option<ActorRef<JobSupervisorMsg>>,
+    by_actor: HashMap<ActorId, Subsystem>,
+    budgets: HashMap<Subsystem, RestartBudget>,
+    deps: Deps,
+}
+
+/// The root supervisor actor.
+pub struct OrchestratorActor;
+
+impl OrchestratorState {
+    async fn spawn(
+        &mut self,
+        myself: &ActorRef<OrchestratorMsg>,
+        which: Subsystem,
+    ) -> Result<(), ActorProcessingErr> {
+        let cell = myself.get_cell();
+        let root = myself.clone();
+        let deps = self.deps.clone();
+        let id = match which {
+            Subsystem::Registry => {
+                let (a, _) =
+                    Actor::spawn_linked(None, NodeRegistry, RegistryArgs { root, deps }, cell)
+                        .await?;
+                let id = a.get_id();
+                self.registry = Some(a);
+                id
+            }
+            Subsystem::Scheduler => {
+                let (a, _) =
+                    Actor::spawn_linked(None, Scheduler, SchedulerArgs { root, deps }, cell)
+                        .await?;
+                let id = a.get_id();
+                self.scheduler = Some(a);
+                id
+            }
+            Subsystem::Jobs => {
+                let (a, _) = Actor::spawn_linked(
+                    None,
+                    JobSupervisor,
+                    JobSupervisorArgs { root, deps },
+                    cell,
+                )
+                .await?;
+                let id = a.get_id();
+                self.jobs = Some(a);
+                id
+            }
+        };
+        self.by_actor.insert(id, which);
+        Ok(())
+    }
+}
+
+impl Actor for OrchestratorActor {
+    type Msg = OrchestratorMsg;
+    type State = OrchestratorState;
+    type Arguments = Deps;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<OrchestratorMsg>,
+        deps: Deps,
+    ) -> Result<OrchestratorState, ActorProcessingErr> {
+        let budgets = [Subsystem::Registry, Subsystem::Scheduler, Subsystem::Jobs]
+            .into_iter()
+            .map(|s| (s, RestartBudget::new(deps.cfg.supervision.clone())))
+            .collect();
+        Ok(OrchestratorState {
+            registry: None,
+            scheduler: None,
+            jobs: None,
+            by_actor: HashMap::new(),
+            budgets,
+            deps,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<OrchestratorMsg>,
+        state: &mut OrchestratorState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Order matters: the registry answers the others' calls during their rebuild.
+        state.spawn(&myself, Subsystem::Registry).await?;
+        state.spawn(&myself, Subsystem::Scheduler).await?;
+        state.spawn(&myself, Subsystem::Jobs).await?;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<OrchestratorMsg>,
+        msg: OrchestratorMsg,
+        state: &mut OrchestratorState,
+    ) -> Result<(), ActorProcessingErr> {
+        // A message for a subsystem being rebuilt is dropped: its reply port closes and the
+        // caller gets `Unavailable` at once instead of waiting for its deadline.
+        match msg {
+            OrchestratorMsg::Registry(m) => {
+                if let Some(a) = &state.registry {
+                    let _ = a.cast(m);
+                }
+            }
+            OrchestratorMsg::Scheduler(m) => {
+                if let Some(a) = &state.scheduler {
+                    let _ = a.cast(m);
+                }
+            }
+            OrchestratorMsg::Jobs(m) => {
+                if let Some(a) = &state.jobs {
+                    let _ = a.cast(m);
+                }
+            }
+            OrchestratorMsg::Respawn(which) => {
+                state.spawn(&myself, which).await?;
+                state.deps.notify(Notice::ActorRestarted {
+                    what: format!("{which:?}").to_lowercase(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<OrchestratorMsg>,
+        event: SupervisionEvent,
+        state: &mut OrchestratorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match event {
+            SupervisionEvent::ActorFailed(cell, err) => (cell, err.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.unwrap_or_else(|| "stopped".into()))
+            }
+            _ => return Ok(()),
+        };
+        let Some(which) = state.by_actor.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        match which {
+            Subsystem::Registry => state.registry = None,
+            Subsystem::Scheduler => state.scheduler = None,
+            Subsystem::Jobs => state.jobs = None,
+        }
+        tracing::warn!(subsystem = ?which, %why, "subsystem stopped; rebuilding from the event log");
+        let now = state.deps.now();
+        let decision = state
+            .budgets
+            .get_mut(&which)
+            .map_or(RestartDecision::GiveUp, |b| b.on_failure(now));
+        match decision {
+            RestartDecision::RestartAfter(ms) => {
+                myself.send_after(Duration::from_millis(ms), move || {
+                    OrchestratorMsg::Respawn(which)
+                });
+            }
+            RestartDecision::GiveUp => {
+                tracing::error!(subsystem = ?which, "restart budget spent; orchestrator stopping");
+                myself.stop(Some(format!("{which:?} restart budget spent")));
+            }
+        }
+        Ok(())
+    }
+}

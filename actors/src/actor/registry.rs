@@ -1,0 +1,559 @@
+//! `NodeRegistry`: admits nodes (stake read from the chain), supervises one [`NodeActor`]
+//! per node, keeps the latest status of each for the scheduler, and the link measurements.
+//!
+//! ```text
+//! NodeRegistry
+//! └── NodeActor per node   (a crash = a node failure; rebuilt as failed, awaiting re-registration)
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde::{Deserialize, Serialize};
+
+use super::jobs::JobSupervisorMsg;
+use super::node::{NodeActor, NodeActorArgs, NodeMsg};
+use super::orchestrator::OrchestratorMsg;
+use super::scheduler::SchedulerMsg;
+use super::{answer, Deps, Notice};
+use crate::events::{Event, FailureKind};
+use crate::node::{Heartbeat, HeartbeatError};
+use crate::ports::{ChainError, StoreError};
+use crate::sched::NodeView;
+use crate::supervision::{RestartBudget, RestartDecision};
+use crate::types::{GymWei, LinkProfile, NodeId, NodeInfo};
+
+/// Messages of the [`NodeRegistry`].
+pub enum RegistryMsg {
+    /// Admit a node (or re-admit one already known).
+    Register {
+        /// What it declares.
+        info: NodeInfo,
+        /// The outcome.
+        reply: RpcReplyPort<Result<Registration, RegisterError>>,
+    },
+    /// A heartbeat, forwarded to the node's actor.
+    Heartbeat {
+        /// The heartbeat.
+        hb: Heartbeat,
+        /// Accepted → heartbeat interval in ms.
+        reply: RpcReplyPort<Result<u64, HeartbeatError>>,
+    },
+    /// The node's session closed.
+    SessionClosed {
+        /// The node.
+        node: NodeId,
+    },
+    /// A probe measured the link `from → to`.
+    ReportLink {
+        /// Sender.
+        from: NodeId,
+        /// Receiver.
+        to: NodeId,
+        /// Measured Mbit/s.
+        mbps: f32,
+        /// Accepted or why not.
+        reply: RpcReplyPort<Result<(), RegisterError>>,
+    },
+    /// A node actor's latest status.
+    Status(NodeView),
+    /// A node actor declared its node failed.
+    NodeDown {
+        /// The node.
+        node: NodeId,
+        /// Why.
+        kind: FailureKind,
+    },
+    /// Every node's latest status.
+    Snapshot {
+        /// The views, ordered by node id.
+        reply: RpcReplyPort<Vec<NodeView>>,
+    },
+    /// What is known about the links among `nodes`.
+    Links {
+        /// The nodes, in the order the answer uses.
+        nodes: Vec<NodeId>,
+        /// The answer.
+        reply: RpcReplyPort<LinkSnapshot>,
+    },
+    /// Rebuild a crashed node actor (sent after the backoff).
+    Respawn {
+        /// The node.
+        node: NodeId,
+    },
+    /// Fault injection: make the node's actor panic. Replies whether the node exists.
+    InjectPanic {
+        /// The node.
+        node: NodeId,
+        /// Whether it was found.
+        reply: RpcReplyPort<bool>,
+    },
+}
+
+/// A successful registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    /// The node.
+    pub node: NodeId,
+    /// Stake read from the chain, GYM wei.
+    pub stake: GymWei,
+    /// The heartbeat interval the node must keep, ms.
+    pub heartbeat_interval_ms: u64,
+    /// 1 for a first registration, more for re-registrations of the same key.
+    pub sessions: u32,
+}
+
+/// Why a registration (or a report) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum RegisterError {
+    /// Stake below the minimum (paper §3.3: 10,000 GYM).
+    #[error("stake {have} is below the minimum {need}")]
+    InsufficientStake {
+        /// The node's stake.
+        have: GymWei,
+        /// The minimum.
+        need: GymWei,
+    },
+    /// The node is not known (for reports from unregistered nodes).
+    #[error("node {0} is not registered")]
+    UnknownNode(NodeId),
+    /// The node key is not bound to an operator on chain.
+    #[error("node key is not bound to an operator on chain")]
+    Unbound,
+    /// The chain could not be read.
+    #[error("chain unavailable: {0}")]
+    ChainUnavailable(String),
+    /// The event could not be made durable.
+    #[error("state store: {0}")]
+    Store(String),
+    /// A field is malformed.
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl From<StoreError> for RegisterError {
+    fn from(e: StoreError) -> Self {
+        RegisterError::Store(e.to_string())
+    }
+}
+
+/// What the registry knows about the links among some nodes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LinkSnapshot {
+    /// Declared capacities, one per requested node (default for unknown nodes).
+    pub profiles: Vec<LinkProfile>,
+    /// Regions, one per requested node.
+    pub regions: Vec<String>,
+    /// Whether each requested node is alive (unknown nodes are not).
+    pub alive: Vec<bool>,
+    /// Measured links as (from index, to index, Mbit/s).
+    pub measured: Vec<(usize, usize, f32)>,
+}
+
+/// Spawn arguments of the [`NodeRegistry`].
+pub struct RegistryArgs {
+    /// The root, for routing to siblings.
+    pub root: ActorRef<OrchestratorMsg>,
+    /// Ports.
+    pub deps: Deps,
+}
+
+struct Entry {
+    actor: Option<ActorRef<NodeMsg>>,
+    info: NodeInfo,
+    stake: GymWei,
+    view: NodeView,
+    budget: RestartBudget,
+}
+
+/// State of the [`NodeRegistry`].
+pub struct RegistryState {
+    nodes: BTreeMap<NodeId, Entry>,
+    by_actor: HashMap<ActorId, NodeId>,
+    links: HashMap<(NodeId, NodeId), f32>,
+    root: ActorRef<OrchestratorMsg>,
+    deps: Deps,
+}
+
+/// The node registry actor.
+pub struct NodeRegistry;
+
+fn validate(info: &NodeInfo) -> Result<(), RegisterError> {
+    let link = &info.link;
+    for (field, v) in [("link.up_mbps", link.up_mbps), ("link.down_mbps", link.down_mbps)] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(RegisterError::Invalid {
+                field,
+                reason: format!("{v} is not a non-negative number of Mbit/s"),
+            });
+        }
+    }
+    if info.region.len() > 64 {
+        return Err(RegisterError::Invalid {
+            field: "region",
+            reason: "longer than 64 bytes".into(),
+        });
+    }
+    Ok(())
+}
+
+impl RegistryState {
+    async fn spawn_node(
+        &mut self,
+        myself: &ActorRef<RegistryMsg>,
+        info: NodeInfo,
+        stake: GymWei,
+        start_failed: bool,
+    ) -> Result<ActorRef<NodeMsg>, ActorProcessingErr> {
+        let id = info.id;
+        let (actor, _) = Actor::spawn_linked(
+            None,
+            NodeActor,
+            NodeActorArgs {
+                info,
+                stake,
+                start_failed,
+                registry: myself.clone(),
+                deps: self.deps.clone(),
+            },
+            myself.get_cell(),
+        )
+        .await?;
+        self.by_actor.insert(actor.get_id(), id);
+        Ok(actor)
+    }
+
+    async fn register(
+        &mut self,
+        myself: &ActorRef<RegistryMsg>,
+        info: NodeInfo,
+    ) -> Result<Registration, RegisterError> {
+        validate(&info)?;
+        let stake = match self.deps.chain.stake_of(&info.id).await {
+            Ok(s) => s,
+            Err(ChainError::Unbound(_)) => return Err(RegisterError::Unbound),
+            Err(ChainError::Unavailable(e)) => return Err(RegisterError::ChainUnavailable(e)),
+        };
+        let need = self.deps.cfg.eligibility.rules().min_stake;
+        if stake < need {
+            return Err(RegisterError::InsufficientStake { have: stake, need });
+        }
+        let penalty = self
+            .deps
+            .chain
+            .penalty_until(&info.id)
+            .await
+            .map_err(|e| RegisterError::ChainUnavailable(e.to_string()))?;
+        self.deps
+            .persist(Event::NodeRegistered {
+                info: info.clone(),
+                stake,
+            })
+            .await?;
+        let id = info.id;
+        let now = self.deps.now();
+        let sessions = match self.nodes.get(&id).and_then(|e| e.actor.clone()) {
+            Some(actor) => {
+                // Same key again: one actor, one state; a new heartbeat session.
+                let sessions = super::ask_with(&actor, self.deps.cfg.call_timeout_ms, |reply| {
+                    NodeMsg::Reregister {
+                        info: info.clone(),
+                        stake,
+                        reply,
+                    }
+                })
+                .await
+                .map_err(|e| RegisterError::Store(format!("node actor: {e}")))?;
+                if let Some(e) = self.nodes.get_mut(&id) {
+                    e.info = info.clone();
+                    e.stake = stake;
+                }
+                sessions
+            }
+            None => {
+                let actor = self
+                    .spawn_node(myself, info.clone(), stake, false)
+                    .await
+                    .map_err(|e| RegisterError::Store(format!("spawn node actor: {e}")))?;
+                let budget = RestartBudget::new(self.deps.cfg.supervision.clone());
+                let view = NodeView {
+                    id,
+                    stake,
+                    vram_bytes: info.gpu.vram_bytes,
+                    uptime: 1.0,
+                    penalty_until: penalty,
+                    region: info.region.clone(),
+                    alive: true,
+                    assigned: None,
+                };
+                let prior = self.nodes.insert(
+                    id,
+                    Entry {
+                        actor: Some(actor),
+                        info: info.clone(),
+                        stake,
+                        view,
+                        budget,
+                    },
+                );
+                prior.map_or(1, |_| 2)
+            }
+        };
+        if let Some(e) = self.nodes.get_mut(&id) {
+            e.view.alive = true;
+            e.view.stake = stake;
+            e.view.penalty_until = penalty;
+            e.view.vram_bytes = info.gpu.vram_bytes;
+            e.view.region = info.region.clone();
+        }
+        tracing::info!(node = %id.short(), region = %info.region, sessions, at = now.0, "node registered");
+        self.deps.notify(Notice::NodeRegistered { node: id });
+        let _ = self
+            .root
+            .cast(OrchestratorMsg::Scheduler(SchedulerMsg::NodesChanged));
+        Ok(Registration {
+            node: id,
+            stake,
+            heartbeat_interval_ms: self.deps.cfg.heartbeat.interval_ms,
+            sessions,
+        })
+    }
+
+    async fn node_down(&mut self, node: NodeId, kind: FailureKind) {
+        let Some(entry) = self.nodes.get_mut(&node) else {
+            return;
+        };
+        entry.view.alive = false;
+        if let Err(e) = self.deps.persist(Event::NodeFailed { node, kind }).await {
+            // The failure is still acted on; a rebuilt ring re-derives it from the timeout.
+            tracing::error!(node = %node.short(), error = %e, "could not record node failure");
+        }
+        self.deps.notify(Notice::NodeFailed {
+            node,
+            kind,
+            at: self.deps.now(),
+        });
+        let _ = self
+            .root
+            .cast(OrchestratorMsg::Jobs(JobSupervisorMsg::NodeFailed { node }));
+        let _ = self
+            .root
+            .cast(OrchestratorMsg::Scheduler(SchedulerMsg::NodesChanged));
+    }
+}
+
+impl Actor for NodeRegistry {
+    type Msg = RegistryMsg;
+    type State = RegistryState;
+    type Arguments = RegistryArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<RegistryMsg>,
+        args: RegistryArgs,
+    ) -> Result<RegistryState, ActorProcessingErr> {
+        Ok(RegistryState {
+            nodes: BTreeMap::new(),
+            by_actor: HashMap::new(),
+            links: HashMap::new(),
+            root: args.root,
+            deps: args.deps,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<RegistryMsg>,
+        state: &mut RegistryState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Rebuild from the log: every node admitted and not failed since gets a fresh actor
+        // with a full timeout to heartbeat again (after a failover, nodes reconnect).
+        let records = state.deps.store.read_after(0).await?;
+        let fold = crate::replay::fold(&records);
+        state.links = fold.links;
+        for (id, n) in fold.nodes {
+            let actor = state
+                .spawn_node(&myself, n.info.clone(), n.stake, n.failed)
+                .await?;
+            let view = NodeView {
+                id,
+                stake: n.stake,
+                vram_bytes: n.info.gpu.vram_bytes,
+                uptime: 1.0,
+                penalty_until: None,
+                region: n.info.region.clone(),
+                alive: !n.failed,
+                assigned: None,
+            };
+            state.nodes.insert(
+                id,
+                Entry {
+                    actor: Some(actor),
+                    info: n.info,
+                    stake: n.stake,
+                    view,
+                    budget: RestartBudget::new(state.deps.cfg.supervision.clone()),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<RegistryMsg>,
+        msg: RegistryMsg,
+        state: &mut RegistryState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RegistryMsg::Register { info, reply } => {
+                let result = state.register(&myself, info).await;
+                if let Err(e) = &result {
+                    tracing::info!(error = %e, "registration refused");
+                }
+                answer(reply, result);
+            }
+            RegistryMsg::Heartbeat { hb, reply } => {
+                match state.nodes.get(&hb.node).and_then(|e| e.actor.clone()) {
+                    Some(actor) => {
+                        let _ = actor.cast(NodeMsg::Heartbeat { hb, reply });
+                    }
+                    None => answer(reply, Err(HeartbeatError::UnknownNode)),
+                }
+            }
+            RegistryMsg::SessionClosed { node } => {
+                if let Some(actor) = state.nodes.get(&node).and_then(|e| e.actor.clone()) {
+                    let _ = actor.cast(NodeMsg::SessionClosed);
+                }
+            }
+            RegistryMsg::ReportLink {
+                from,
+                to,
+                mbps,
+                reply,
+            } => {
+                let result = if !state.nodes.contains_key(&from) {
+                    Err(RegisterError::UnknownNode(from))
+                } else if !state.nodes.contains_key(&to) {
+                    Err(RegisterError::UnknownNode(to))
+                } else if !(mbps.is_finite() && mbps >= 0.0) {
+                    Err(RegisterError::Invalid {
+                        field: "mbps",
+                        reason: format!("{mbps} is not a non-negative number"),
+                    })
+                } else {
+                    match state
+                        .deps
+                        .persist(Event::LinkMeasured { from, to, mbps })
+                        .await
+                    {
+                        Ok(_) => {
+                            state.links.insert((from, to), mbps);
+                            Ok(())
+                        }
+                        Err(e) => Err(e.into()),
+                    }
+                };
+                answer(reply, result);
+            }
+            RegistryMsg::Status(view) => {
+                if let Some(e) = state.nodes.get_mut(&view.id) {
+                    let penalty = e.view.penalty_until;
+                    e.view = view;
+                    e.view.penalty_until = penalty;
+                }
+            }
+            RegistryMsg::NodeDown { node, kind } => state.node_down(node, kind).await,
+            RegistryMsg::Snapshot { reply } => {
+                answer(reply, state.nodes.values().map(|e| e.view.clone()).collect());
+            }
+            RegistryMsg::Links { nodes, reply } => {
+                let index: HashMap<NodeId, usize> =
+                    nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+                let mut snap = LinkSnapshot::default();
+                for n in &nodes {
+                    let e = state.nodes.get(n);
+                    snap.profiles
+                        .push(e.map(|e| e.info.link.clone()).unwrap_or_default());
+                    snap.regions
+                        .push(e.map(|e| e.info.region.clone()).unwrap_or_default());
+                    snap.alive.push(e.is_some_and(|e| e.view.alive));
+                }
+                for ((from, to), mbps) in &state.links {
+                    if let (Some(&i), Some(&j)) = (index.get(from), index.get(to)) {
+                        snap.measured.push((i, j, *mbps));
+                    }
+                }
+                snap.measured.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+                answer(reply, snap);
+            }
+            RegistryMsg::Respawn { node } => {
+                let Some((info, stake)) = state.nodes.get(&node).map(|e| (e.info.clone(), e.stake))
+                else {
+                    return Ok(());
+                };
+                let actor = state.spawn_node(&myself, info, stake, true).await?;
+                if let Some(e) = state.nodes.get_mut(&node) {
+                    e.actor = Some(actor);
+                }
+                state.deps.notify(Notice::ActorRestarted {
+                    what: format!("node {}", node.short()),
+                });
+            }
+            RegistryMsg::InjectPanic { node, reply } => {
+                let actor = state.nodes.get(&node).and_then(|e| e.actor.clone());
+                let found = actor.is_some();
+                if let Some(a) = actor {
+                    let _ = a.cast(NodeMsg::InjectPanic);
+                }
+                answer(reply, found);
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<RegistryMsg>,
+        event: SupervisionEvent,
+        state: &mut RegistryState,
+    ) -> Result<(), ActorProcessingErr> {
+        let SupervisionEvent::ActorFailed(cell, err) = event else {
+            if let SupervisionEvent::ActorTerminated(cell, _, _) = event {
+                state.by_actor.remove(&cell.get_id());
+            }
+            return Ok(());
+        };
+        let Some(node) = state.by_actor.remove(&cell.get_id()) else {
+            return Ok(());
+        };
+        tracing::warn!(node = %node.short(), error = %err, "node actor failed; treating as node failure");
+        let now = state.deps.now();
+        let decision = match state.nodes.get_mut(&node) {
+            Some(e) => {
+                e.actor = None;
+                e.budget.on_failure(now)
+            }
+            None => return Ok(()),
+        };
+        state.node_down(node, FailureKind::ActorCrashed).await;
+        match decision {
+            RestartDecision::RestartAfter(ms) => {
+                myself.send_after(Duration::from_millis(ms), move || RegistryMsg::Respawn {
+                    node,
+                });
+            }
+            RestartDecision::GiveUp => {
+                tracing::error!(node = %node.short(), "node actor restart budget spent; node removed until it registers again");
+                state.nodes.remove(&node);
+            }
+        }
+        Ok(())
+    }
+}

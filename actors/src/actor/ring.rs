@@ -1,0 +1,304 @@
+//! `RingActor`: one per job ring. Builds the ring when the job is placed (paper
+//! Algorithm 1 through the configured [`RingBuilder`](crate::ring::RingBuilder)), and
+//! repairs it when members fail (paper Algorithm 2): failures reported within the
+//! coalescing window are one reconfiguration, standbys come from the scheduler, every change
+//! is recorded with a strictly higher version before it is broadcast to the members.
+//!
+//! A rebuilt RingActor replays the log: the latest ring, plus any member failure recorded
+//! after it (recovery still owed), so nothing is lost when it crashes mid-reconfiguration.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::job::JobMsg;
+use super::orchestrator::OrchestratorMsg;
+use super::registry::{LinkSnapshot, RegistryMsg};
+use super::scheduler::SchedulerMsg;
+use super::{answer, ask, Deps, Notice};
+use crate::events::Event;
+use crate::ports::{NodeCommand, RingView};
+use crate::ring::{bottleneck, recover, BandwidthMatrix, LinkEstimate};
+use crate::types::{JobId, NodeId};
+
+/// Messages of a [`RingActor`].
+pub enum RingMsg {
+    /// A member failed.
+    NodeFailed {
+        /// The node.
+        node: NodeId,
+    },
+    /// The coalescing window closed: reconfigure now.
+    Reconfigure,
+    /// The current ring.
+    Get {
+        /// The ring, None before formation.
+        reply: RpcReplyPort<Option<RingView>>,
+    },
+    /// Fault injection: panic in the handler.
+    InjectPanic,
+}
+
+/// Spawn arguments of a [`RingActor`].
+pub struct RingActorArgs {
+    /// The job.
+    pub job: JobId,
+    /// The job's VRAM minimum for standbys, bytes.
+    pub min_vram_bytes: u64,
+    /// The job actor, told of every recorded change.
+    pub parent: ActorRef<JobMsg>,
+    /// The root, for routing.
+    pub root: ActorRef<OrchestratorMsg>,
+    /// Ports.
+    pub deps: Deps,
+}
+
+/// State of a [`RingActor`].
+pub struct RingState {
+    job: JobId,
+    min_vram_bytes: u64,
+    ring: Option<RingView>,
+    placed: Vec<NodeId>,
+    pending_failures: BTreeSet<NodeId>,
+    window_open: bool,
+    parent: ActorRef<JobMsg>,
+    root: ActorRef<OrchestratorMsg>,
+    deps: Deps,
+}
+
+/// The per-ring actor.
+pub struct RingActor;
+
+impl RingState {
+    /// The bandwidth matrix among `nodes` (measured where probed, estimated elsewhere),
+    /// their regions, and which are alive.
+    async fn links(&self, nodes: &[NodeId]) -> (BandwidthMatrix, Vec<String>, Vec<bool>) {
+        let snap = ask(&self.root, &self.deps, |reply| {
+            OrchestratorMsg::Registry(RegistryMsg::Links {
+                nodes: nodes.to_vec(),
+                reply,
+            })
+        })
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(job = %self.job, error = %e, "no link data; ring built on zero estimates");
+            LinkSnapshot {
+                profiles: vec![Default::default(); nodes.len()],
+                regions: vec![String::new(); nodes.len()],
+                alive: vec![true; nodes.len()],
+                measured: vec![],
+            }
+        });
+        let est = LinkEstimate {
+            cross_region: self.deps.cfg.ring.cross_region_factor,
+            ..LinkEstimate::default()
+        };
+        let mut bw = BandwidthMatrix::estimate_from_profiles(&snap.profiles, &snap.regions, &est);
+        for (i, j, mbps) in snap.measured {
+            bw.set(i, j, mbps, false);
+        }
+        (bw, snap.regions, snap.alive)
+    }
+
+    /// Records `ring`, broadcasts it to its members, tells the job.
+    async fn commit(
+        &mut self,
+        ring: RingView,
+        removed: Vec<NodeId>,
+        added: Vec<NodeId>,
+    ) -> Result<(), ActorProcessingErr> {
+        self.deps
+            .persist(Event::RingChanged {
+                ring: ring.clone(),
+                removed: removed.clone(),
+                added: added.clone(),
+            })
+            .await?;
+        self.ring = Some(ring.clone());
+        self.broadcast().await;
+        self.deps.notify(Notice::RingChanged {
+            ring: ring.clone(),
+            removed: removed.clone(),
+            added,
+        });
+        let _ = self.parent.cast(JobMsg::RingChanged { ring, removed });
+        Ok(())
+    }
+
+    async fn broadcast(&self) {
+        let Some(ring) = &self.ring else { return };
+        for m in &ring.members {
+            if let Err(e) = self
+                .deps
+                .link
+                .send(m, NodeCommand::RingUpdate(ring.clone()))
+                .await
+            {
+                // The member's own failure detection will remove it if it is gone.
+                tracing::debug!(node = %m.short(), error = %e, "ring update not delivered");
+            }
+        }
+    }
+
+    async fn form(&mut self) -> Result<(), ActorProcessingErr> {
+        let started = Instant::now();
+        // Nodes that failed between placement and formation are left out from the start.
+        let (_, _, alive) = self.links(&self.placed).await;
+        let (mut nodes, mut dead) = (vec![], vec![]);
+        for (n, a) in self.placed.iter().zip(alive) {
+            if a {
+                nodes.push(*n);
+            } else {
+                dead.push(*n);
+            }
+        }
+        let (bw, regions, _) = self.links(&nodes).await;
+        let order = self.deps.ring_builder.build(&bw, &regions);
+        let members: Vec<NodeId> = order.iter().map(|&i| nodes[i]).collect();
+        let ring = RingView {
+            job: self.job,
+            version: 1,
+            bottleneck_mbps: finite(bottleneck(&bw, &order)),
+            members,
+        };
+        tracing::info!(job = %self.job, members = ring.members.len(), bottleneck_mbps = ring.bottleneck_mbps,
+            builder = self.deps.ring_builder.name(), elapsed_us = started.elapsed().as_micros() as u64, "ring formed");
+        self.commit(ring, dead, vec![]).await
+    }
+
+    async fn reconfigure(&mut self) -> Result<(), ActorProcessingErr> {
+        self.window_open = false;
+        let Some(current) = self.ring.clone() else {
+            return Ok(());
+        };
+        let failed: Vec<NodeId> = current
+            .members
+            .iter()
+            .filter(|m| self.pending_failures.contains(m))
+            .copied()
+            .collect();
+        self.pending_failures.clear();
+        if failed.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let standbys: Vec<NodeId> = ask(&self.root, &self.deps, |reply| {
+            OrchestratorMsg::Scheduler(SchedulerMsg::RequestStandby {
+                job: self.job,
+                count: failed.len(),
+                min_vram_bytes: self.min_vram_bytes,
+                reply,
+            })
+        })
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(job = %self.job, error = %e, "no standby: scheduler did not answer");
+            vec![]
+        });
+        let mut nodes = current.members.clone();
+        nodes.extend(standbys.iter().copied());
+        let (bw, _, _) = self.links(&nodes).await;
+        let order: Vec<usize> = (0..current.members.len()).collect();
+        let failed_idx: Vec<usize> = order
+            .iter()
+            .copied()
+            .filter(|&i| failed.contains(&nodes[i]))
+            .collect();
+        let standby_idx: Vec<usize> = (current.members.len()..nodes.len()).collect();
+        let plan = recover(&order, &failed_idx, &standby_idx, &bw);
+        let ring = RingView {
+            job: self.job,
+            version: current.version + 1,
+            members: plan.order.iter().map(|&i| nodes[i]).collect(),
+            bottleneck_mbps: finite(plan.bottleneck),
+        };
+        tracing::info!(job = %self.job, version = ring.version, removed = failed.len(), added = standbys.len(),
+            members = ring.members.len(), elapsed_us = started.elapsed().as_micros() as u64, "ring reconfigured");
+        self.commit(ring, failed, standbys).await
+    }
+}
+
+fn finite(x: f32) -> f32 {
+    if x.is_finite() {
+        x
+    } else {
+        0.0
+    }
+}
+
+impl Actor for RingActor {
+    type Msg = RingMsg;
+    type State = RingState;
+    type Arguments = RingActorArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<RingMsg>,
+        args: RingActorArgs,
+    ) -> Result<RingState, ActorProcessingErr> {
+        let records = args.deps.store.read_after(0).await?;
+        let mut fold = crate::replay::fold(&records);
+        let j = fold
+            .jobs
+            .remove(&args.job)
+            .ok_or_else(|| format!("{} is not in the event log", args.job))?;
+        Ok(RingState {
+            job: args.job,
+            min_vram_bytes: args.min_vram_bytes,
+            ring: j.ring.map(|(_, r)| r),
+            placed: j.placed.unwrap_or_default(),
+            pending_failures: j.failed_since_ring,
+            window_open: false,
+            parent: args.parent,
+            root: args.root,
+            deps: args.deps,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        _myself: ActorRef<RingMsg>,
+        state: &mut RingState,
+    ) -> Result<(), ActorProcessingErr> {
+        match &state.ring {
+            None => state.form().await?,
+            Some(ring) => {
+                // Rebuilt: resend the recorded ring (members ignore a version they have),
+                // then owe any recovery the log shows.
+                let ring = ring.clone();
+                state.broadcast().await;
+                let _ = state.parent.cast(JobMsg::RingChanged {
+                    ring,
+                    removed: vec![],
+                });
+                if !state.pending_failures.is_empty() {
+                    state.reconfigure().await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<RingMsg>,
+        msg: RingMsg,
+        state: &mut RingState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RingMsg::NodeFailed { node } => {
+                let member = state.ring.as_ref().is_some_and(|r| r.members.contains(&node));
+                if member && state.pending_failures.insert(node) && !state.window_open {
+                    state.window_open = true;
+                    let wait = Duration::from_millis(state.deps.cfg.ring.coalesce_ms);
+                    myself.send_after(wait, || RingMsg::Reconfigure);
+                }
+            }
+            RingMsg::Reconfigure => state.reconfigure().await?,
+            RingMsg::Get { reply } => answer(reply, state.ring.clone()),
+            RingMsg::InjectPanic => panic!("injected fault: ring actor panic"),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,268 @@
+//! `Scheduler`: the pending queue and the allocator of nodes. It matches pending jobs with
+//! eligible, unassigned nodes through the [`SchedulingPolicy`](crate::sched::SchedulingPolicy),
+//! records each placement, and hands out standbys to rings that lost members.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use super::jobs::JobSupervisorMsg;
+use super::orchestrator::OrchestratorMsg;
+use super::registry::RegistryMsg;
+use super::{answer, ask, Deps};
+use crate::events::Event;
+use crate::job::{Job, JobPhase};
+use crate::sched::{check_eligibility, NodeView, PendingJob};
+use crate::types::{JobId, NodeId};
+
+/// Messages of the [`Scheduler`].
+pub enum SchedulerMsg {
+    /// A job to place.
+    Enqueue(PendingJob),
+    /// Periodic matching.
+    Tick,
+    /// Nodes joined, failed or came back: match soon.
+    NodesChanged,
+    /// A job ended or was rebuilt without its nodes: free them and forget it.
+    Release {
+        /// The job.
+        job: JobId,
+    },
+    /// Nodes left a job's ring: free them.
+    ReleaseNodes {
+        /// The job.
+        job: JobId,
+        /// The nodes.
+        nodes: Vec<NodeId>,
+    },
+    /// A ring lost members: give it up to `count` eligible free nodes.
+    RequestStandby {
+        /// The job.
+        job: JobId,
+        /// How many it wants.
+        count: usize,
+        /// Its VRAM minimum, bytes.
+        min_vram_bytes: u64,
+        /// The nodes given (possibly fewer, possibly none).
+        reply: RpcReplyPort<Vec<NodeId>>,
+    },
+    /// Current assignments and queue (observability).
+    Inspect {
+        /// (pending job ids, node → job).
+        reply: RpcReplyPort<(Vec<JobId>, BTreeMap<NodeId, JobId>)>,
+    },
+}
+
+/// Spawn arguments of the [`Scheduler`].
+pub struct SchedulerArgs {
+    /// The root, for routing.
+    pub root: ActorRef<OrchestratorMsg>,
+    /// Ports.
+    pub deps: Deps,
+}
+
+/// State of the [`Scheduler`].
+pub struct SchedulerState {
+    pending: BTreeMap<JobId, PendingJob>,
+    assigned: HashMap<NodeId, JobId>,
+    root: ActorRef<OrchestratorMsg>,
+    deps: Deps,
+    /// A match is queued (coalesces bursts of NodesChanged).
+    match_queued: bool,
+    placements: u64,
+}
+
+/// The scheduler actor.
+pub struct Scheduler;
+
+/// The scheduler's entry for a job still `Pending`, `None` otherwise.
+pub(crate) fn pending_of(job: &Job) -> Option<PendingJob> {
+    let JobPhase::Pending { submitted_at, .. } = job.phase else {
+        return None;
+    };
+    Some(PendingJob {
+        id: job.id,
+        submitter_stake: job.spec.submitter_stake,
+        utility: job.spec.utility,
+        submitted_at,
+        min_nodes: job.spec.min_nodes,
+        max_nodes: job.spec.max_nodes,
+        min_vram_bytes: job.spec.min_vram_bytes,
+    })
+}
+
+impl SchedulerState {
+    async fn nodes(&self) -> Vec<NodeView> {
+        match ask(&self.root, &self.deps, |reply| {
+            OrchestratorMsg::Registry(RegistryMsg::Snapshot { reply })
+        })
+        .await
+        {
+            Ok(mut nodes) => {
+                for n in &mut nodes {
+                    n.assigned = self.assigned.get(&n.id).copied();
+                }
+                nodes
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "scheduler could not read the node registry");
+                vec![]
+            }
+        }
+    }
+
+    async fn run_match(&mut self) {
+        self.match_queued = false;
+        if self.pending.is_empty() {
+            return;
+        }
+        let nodes = self.nodes().await;
+        let now = self.deps.now();
+        let jobs: Vec<PendingJob> = self.pending.values().cloned().collect();
+        let rules = self.deps.cfg.eligibility.rules();
+        let placements = self.deps.policy.schedule(&jobs, &nodes, &rules, now);
+        for p in placements {
+            if !self.pending.contains_key(&p.job)
+                || p.nodes.iter().any(|n| self.assigned.contains_key(n))
+            {
+                tracing::error!(job = %p.job, "policy returned an invalid placement; ignored");
+                continue;
+            }
+            if let Err(e) = self
+                .deps
+                .persist(Event::JobPlaced {
+                    job: p.job,
+                    nodes: p.nodes.clone(),
+                })
+                .await
+            {
+                tracing::warn!(job = %p.job, error = %e, "could not record placement; will retry");
+                continue;
+            }
+            self.pending.remove(&p.job);
+            for n in &p.nodes {
+                self.assigned.insert(*n, p.job);
+            }
+            self.placements += 1;
+            tracing::info!(job = %p.job, nodes = p.nodes.len(), "job placed");
+            let _ = self.root.cast(OrchestratorMsg::Jobs(JobSupervisorMsg::Place {
+                job: p.job,
+                nodes: p.nodes,
+            }));
+        }
+    }
+
+    fn queue_match(&mut self, myself: &ActorRef<SchedulerMsg>) {
+        if !self.match_queued {
+            self.match_queued = true;
+            let _ = myself.cast(SchedulerMsg::Tick);
+        }
+    }
+}
+
+impl Actor for Scheduler {
+    type Msg = SchedulerMsg;
+    type State = SchedulerState;
+    type Arguments = SchedulerArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SchedulerMsg>,
+        args: SchedulerArgs,
+    ) -> Result<SchedulerState, ActorProcessingErr> {
+        // Rebuild the queue and the allocation from the log.
+        let records = args.deps.store.read_after(0).await?;
+        let fold = crate::replay::fold(&records);
+        let mut pending = BTreeMap::new();
+        let mut assigned = HashMap::new();
+        for (id, j) in &fold.jobs {
+            if j.job.phase.is_terminal() {
+                continue;
+            }
+            match (&j.ring, &j.placed) {
+                (Some((_, ring)), _) => {
+                    for m in &ring.members {
+                        assigned.insert(*m, *id);
+                    }
+                }
+                (None, Some(nodes)) => {
+                    for m in nodes {
+                        assigned.insert(*m, *id);
+                    }
+                }
+                (None, None) => {
+                    if let Some(p) = pending_of(&j.job) {
+                        pending.insert(*id, p);
+                    }
+                }
+            }
+        }
+        let tick = Duration::from_millis(args.deps.cfg.scheduler.tick_ms.max(1));
+        myself.send_interval(tick, || SchedulerMsg::Tick);
+        Ok(SchedulerState {
+            pending,
+            assigned,
+            root: args.root,
+            deps: args.deps,
+            match_queued: false,
+            placements: 0,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SchedulerMsg>,
+        msg: SchedulerMsg,
+        state: &mut SchedulerState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SchedulerMsg::Enqueue(job) => {
+                state.pending.insert(job.id, job);
+                state.queue_match(&myself);
+            }
+            SchedulerMsg::Tick => state.run_match().await,
+            SchedulerMsg::NodesChanged => state.queue_match(&myself),
+            SchedulerMsg::Release { job } => {
+                state.pending.remove(&job);
+                state.assigned.retain(|_, j| *j != job);
+                state.queue_match(&myself);
+            }
+            SchedulerMsg::ReleaseNodes { job, nodes } => {
+                for n in nodes {
+                    if state.assigned.get(&n) == Some(&job) {
+                        state.assigned.remove(&n);
+                    }
+                }
+                state.queue_match(&myself);
+            }
+            SchedulerMsg::RequestStandby {
+                job,
+                count,
+                min_vram_bytes,
+                reply,
+            } => {
+                let mut nodes = state.nodes().await;
+                let now = state.deps.now();
+                let rules = state.deps.cfg.eligibility.rules();
+                nodes.retain(|n| check_eligibility(&rules, n, min_vram_bytes, now).is_ok());
+                // Best first: larger stake × uptime, then id (deterministic).
+                nodes.sort_by(|a, b| {
+                    let ka = a.stake.as_gym_f64() * a.uptime;
+                    let kb = b.stake.as_gym_f64() * b.uptime;
+                    kb.total_cmp(&ka).then(a.id.cmp(&b.id))
+                });
+                let given: Vec<NodeId> = nodes.into_iter().take(count).map(|n| n.id).collect();
+                for n in &given {
+                    state.assigned.insert(*n, job);
+                }
+                answer(reply, given);
+            }
+            SchedulerMsg::Inspect { reply } => {
+                let assigned = state.assigned.iter().map(|(n, j)| (*n, *j)).collect();
+                answer(reply, (state.pending.keys().copied().collect(), assigned));
+            }
+        }
+        Ok(())
+    }
+}

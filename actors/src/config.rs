@@ -1,0 +1,172 @@
+//! The core's settings: one serde tree, every field defaulted, unknown keys rejected.
+//! `hanzod` embeds `config/default.toml` whose `[core]` table deserializes into [`CoreConfig`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::sched::EligibilityRules;
+use crate::types::GymWei;
+
+/// All settings of the actor core.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoreConfig {
+    /// Heartbeat protocol (paper §4.4).
+    pub heartbeat: HeartbeatConfig,
+    /// Node eligibility (paper §3.3).
+    pub eligibility: EligibilityConfig,
+    /// Scheduler.
+    pub scheduler: SchedulerConfig,
+    /// Ring construction and recovery.
+    pub ring: RingConfig,
+    /// Supervision: restart budget and backoff.
+    pub supervision: SupervisionConfig,
+    /// Deadline of every actor-to-actor call, in ms.
+    pub call_timeout_ms: u64,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            heartbeat: HeartbeatConfig::default(),
+            eligibility: EligibilityConfig::default(),
+            scheduler: SchedulerConfig::default(),
+            ring: RingConfig::default(),
+            supervision: SupervisionConfig::default(),
+            call_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// Heartbeat protocol (paper §4.4, DESIGN §3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HeartbeatConfig {
+    /// How often nodes send a heartbeat, in ms (10 s).
+    pub interval_ms: u64,
+    /// A node with no heartbeat for this long is failed, in ms (30 s = 3 missed heartbeats).
+    pub timeout_ms: u64,
+    /// A heartbeat's timestamp must be within this many ms of the orchestrator's clock,
+    /// either side, or it is rejected as a replay.
+    pub replay_window_ms: u64,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        HeartbeatConfig {
+            interval_ms: 10_000,
+            timeout_ms: 30_000,
+            replay_window_ms: 30_000,
+        }
+    }
+}
+
+/// Node eligibility (paper §3.3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EligibilityConfig {
+    /// Minimum stake in whole GYM (10,000).
+    pub min_stake_gym: u64,
+    /// Minimum uptime over the window, as a fraction (0.95).
+    pub min_uptime: f64,
+    /// The uptime window in ms (24 h).
+    pub uptime_window_ms: u64,
+}
+
+impl Default for EligibilityConfig {
+    fn default() -> Self {
+        EligibilityConfig {
+            min_stake_gym: 10_000,
+            min_uptime: 0.95,
+            uptime_window_ms: 24 * 3_600_000,
+        }
+    }
+}
+
+impl EligibilityConfig {
+    /// The rules the scheduling policy applies.
+    pub fn rules(&self) -> EligibilityRules {
+        EligibilityRules {
+            min_stake: GymWei::gym(self.min_stake_gym),
+            min_uptime: self.min_uptime,
+        }
+    }
+}
+
+/// Scheduler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// How often pending jobs are matched against nodes, in ms (also on every submission
+    /// and registration).
+    pub tick_ms: u64,
+    /// τ of the aging priority `s·u·(1 + t/τ)`, in ms (DESIGN §12).
+    pub aging_tau_ms: u64,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            tick_ms: 1_000,
+            aging_tau_ms: 600_000,
+        }
+    }
+}
+
+/// Which ring builder a job uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RingBuilderKind {
+    /// Bottleneck-threshold search with Hamiltonian-cycle heuristic and polish (default).
+    #[default]
+    Threshold,
+    /// The paper's Algorithm 1 (greedy + 2-opt), kept as a baseline.
+    Algorithm1,
+}
+
+/// Ring construction and recovery (DESIGN §4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RingConfig {
+    /// Failures reported within this many ms of the first are handled as one
+    /// reconfiguration (DESIGN §4: several failures at once are one reconfiguration).
+    pub coalesce_ms: u64,
+    /// The builder.
+    pub builder: RingBuilderKind,
+    /// Estimated cross-region link = min(up, down) × this factor (same region: × 1).
+    pub cross_region_factor: f32,
+}
+
+impl Default for RingConfig {
+    fn default() -> Self {
+        RingConfig {
+            coalesce_ms: 200,
+            builder: RingBuilderKind::Threshold,
+            cross_region_factor: 0.5,
+        }
+    }
+}
+
+/// Supervision: how failed actors are rebuilt (quickwit-style restart budget).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SupervisionConfig {
+    /// At most this many restarts of one child …
+    pub max_restarts: u32,
+    /// … within this many ms; past it the child is given up (its node/job is failed).
+    pub window_ms: u64,
+    /// First restart delay in ms; doubles per restart in the window.
+    pub backoff_base_ms: u64,
+    /// Cap of the restart delay in ms.
+    pub backoff_max_ms: u64,
+}
+
+impl Default for SupervisionConfig {
+    fn default() -> Self {
+        SupervisionConfig {
+            max_restarts: 5,
+            window_ms: 60_000,
+            backoff_base_ms: 50,
+            backoff_max_ms: 5_000,
+        }
+    }
+}

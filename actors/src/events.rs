@@ -1,0 +1,116 @@
+//! The event log's vocabulary. Every accepted fact is one [`Event`]; actor state is a fold
+//! over the log (paper §1.1, DESIGN §9), so a restarted actor or a standby orchestrator
+//! replays it and resumes where the old one stood.
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{JobEvent, JobSpec};
+use crate::ports::{DeltaReceipt, RingView};
+use crate::types::{GymWei, JobId, NodeId, NodeInfo, Timestamp};
+
+/// Why a node was declared failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// No heartbeat within the timeout (30 s by default).
+    HeartbeatTimeout,
+    /// The node's session (gRPC stream) closed.
+    SessionClosed,
+    /// The actor tracking the node crashed; the node is treated as failed until it re-registers.
+    ActorCrashed,
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FailureKind::HeartbeatTimeout => "heartbeat timeout",
+            FailureKind::SessionClosed => "session closed",
+            FailureKind::ActorCrashed => "node actor crashed",
+        })
+    }
+}
+
+/// One fact accepted by the orchestrator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Event {
+    /// A node was admitted (or re-admitted: a later registration of the same key replaces
+    /// the info and opens a new heartbeat session).
+    NodeRegistered {
+        /// What the node declared.
+        info: NodeInfo,
+        /// Its stake read from the chain at admission, in GYM wei.
+        stake: GymWei,
+    },
+    /// A node was declared failed.
+    NodeFailed {
+        /// The node.
+        node: NodeId,
+        /// Why.
+        kind: FailureKind,
+    },
+    /// A link measurement reported by a node's probe.
+    LinkMeasured {
+        /// Sender side.
+        from: NodeId,
+        /// Receiver side.
+        to: NodeId,
+        /// Measured Mbit/s.
+        mbps: f32,
+    },
+    /// A job was accepted.
+    JobSubmitted {
+        /// Its id.
+        job: JobId,
+        /// Its spec.
+        spec: JobSpec,
+    },
+    /// The scheduler gave nodes to a pending job.
+    JobPlaced {
+        /// The job.
+        job: JobId,
+        /// The nodes, unordered.
+        nodes: Vec<NodeId>,
+    },
+    /// A job state machine transition (paper §3.1).
+    Job {
+        /// The job.
+        job: JobId,
+        /// The transition.
+        event: JobEvent,
+    },
+    /// A ring was formed (version 1) or reconfigured (paper Algorithms 1 and 2).
+    RingChanged {
+        /// The new ring.
+        ring: RingView,
+        /// Members removed as failed in this change.
+        removed: Vec<NodeId>,
+        /// Standbys inserted in this change.
+        added: Vec<NodeId>,
+    },
+    /// A node's delta for an epoch was accepted.
+    DeltaAccepted(DeltaReceipt),
+}
+
+impl Event {
+    /// The job this event concerns, if any.
+    pub fn job(&self) -> Option<JobId> {
+        match self {
+            Event::JobSubmitted { job, .. }
+            | Event::JobPlaced { job, .. }
+            | Event::Job { job, .. } => Some(*job),
+            Event::RingChanged { ring, .. } => Some(ring.job),
+            Event::DeltaAccepted(r) => Some(r.job),
+            _ => None,
+        }
+    }
+}
+
+/// An event with its position in the log and the time it was accepted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// 1-based, gapless.
+    pub seq: u64,
+    /// When it was accepted.
+    pub at: Timestamp,
+    /// The event.
+    pub event: Event,
+}

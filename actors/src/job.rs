@@ -1,0 +1,1041 @@
+//! The job state machine: paper §3.1 ("Job Lifecycle") with the per-epoch loop of DESIGN §5.
+//!
+//! ```text
+//! Pending ──NodesReady──▶ Provisioning ──ModelDistributed──▶ Running(0)
+//! Running(e) ──EpochComplete(e)──▶ Aggregating(e)
+//! Aggregating(e) ──CheckpointPublished(e)──▶ Running(e+1)        (e + 1 < epochs)
+//! Aggregating(e) ──CheckpointPublished(e)──▶ Published            (e + 1 = epochs)
+//! any non-terminal ──Fail / Cancel──▶ Failed                    (always with a reason)
+//! Provisioning / Running / Aggregating ──RingChanged(v)──▶ same phase, ring version v
+//! ```
+//!
+//! The paper's listing goes Running → Aggregating → Published once; its evaluation publishes
+//! one checkpoint per epoch, so we loop (DESIGN §12). The machine is pure: no clock reads,
+//! time is always an argument, and a job is a fold over its accepted events ([`Job::replay`]),
+//! which is what lets a standby rebuild it from the event log (DESIGN §9).
+//!
+//! Deadlines: [`Job::apply`] never looks at deadlines; it accepts or refuses an event by phase
+//! alone, so replaying the log always gives the same job. [`Job::tick`] is how a deadline
+//! becomes an event: the actor calls it with the current time and, when it returns an event,
+//! applies it and appends it to the log like any other.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{GymWei, JobId, Timestamp};
+
+/// What a submitter asks for (paper §3, "Job Scheduler"). Unknown fields are refused when it
+/// is deserialised; call [`JobSpec::validate`] before accepting it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Human-readable name; must not be empty or only whitespace.
+    pub name: String,
+    /// Number of training epochs, ≥ 1; one checkpoint is published per epoch (DESIGN §5).
+    pub epochs: u32,
+    /// Fewest nodes the job can train with, ≥ 1 (paper §3.1 `Pending { min_nodes }`).
+    pub min_nodes: u32,
+    /// Most nodes the job will use, ≥ `min_nodes`.
+    pub max_nodes: u32,
+    /// Minimum GPU memory per node, in bytes (paper §3.3, eligibility rule 2).
+    pub min_vram_bytes: u64,
+    /// How long the job may wait in Pending for nodes, in ms (> 0); then it fails with
+    /// [`FailReason::DeadlinePassed`] (paper §3.1 `Pending { deadline }`).
+    pub pending_deadline_ms: u64,
+    /// How long one epoch may take, in ms (> 0). Enforced by the job's actor, which knows when
+    /// an epoch started; this machine only carries the value.
+    pub epoch_deadline_ms: u64,
+    /// Expected utility `u_j` (paper §3.2): dimensionless, finite, > 0.
+    pub utility: f64,
+    /// Submitter's stake `s_j` in GYM wei (paper §3.2), as read from the chain.
+    pub submitter_stake: GymWei,
+}
+
+/// Why a [`JobSpec`] was refused: one variant per bad field.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum JobSpecError {
+    /// `name` is empty or only whitespace.
+    #[error("job name must not be empty")]
+    EmptyName,
+    /// `epochs` is 0.
+    #[error("epochs must be at least 1")]
+    ZeroEpochs,
+    /// `min_nodes` is 0.
+    #[error("min_nodes must be at least 1")]
+    ZeroMinNodes,
+    /// `max_nodes` < `min_nodes`.
+    #[error("max_nodes ({max}) must be at least min_nodes ({min})")]
+    MaxBelowMin {
+        /// The spec's `min_nodes`.
+        min: u32,
+        /// The spec's `max_nodes`.
+        max: u32,
+    },
+    /// `pending_deadline_ms` is 0: the job would fail the moment it is submitted.
+    #[error("pending_deadline_ms must be greater than 0")]
+    ZeroPendingDeadline,
+    /// `epoch_deadline_ms` is 0: no epoch could ever complete in time.
+    #[error("epoch_deadline_ms must be greater than 0")]
+    ZeroEpochDeadline,
+    /// `utility` is NaN or infinite.
+    #[error("utility must be finite, got {0}")]
+    NonFiniteUtility(f64),
+    /// `utility` is ≤ 0.
+    #[error("utility must be greater than 0, got {0}")]
+    NonPositiveUtility(f64),
+}
+
+impl JobSpec {
+    /// Checks every field's bounds (see the field docs); returns the first violation in field
+    /// order.
+    pub fn validate(&self) -> Result<(), JobSpecError> {
+        if self.name.trim().is_empty() {
+            return Err(JobSpecError::EmptyName);
+        }
+        if self.epochs == 0 {
+            return Err(JobSpecError::ZeroEpochs);
+        }
+        if self.min_nodes == 0 {
+            return Err(JobSpecError::ZeroMinNodes);
+        }
+        if self.max_nodes < self.min_nodes {
+            return Err(JobSpecError::MaxBelowMin {
+                min: self.min_nodes,
+                max: self.max_nodes,
+            });
+        }
+        if self.pending_deadline_ms == 0 {
+            return Err(JobSpecError::ZeroPendingDeadline);
+        }
+        if self.epoch_deadline_ms == 0 {
+            return Err(JobSpecError::ZeroEpochDeadline);
+        }
+        if !self.utility.is_finite() {
+            return Err(JobSpecError::NonFiniteUtility(self.utility));
+        }
+        if self.utility <= 0.0 {
+            return Err(JobSpecError::NonPositiveUtility(self.utility));
+        }
+        Ok(())
+    }
+}
+
+/// Why a job failed (DESIGN §5: Failed always carries a reason).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailReason {
+    /// The job was still Pending at its deadline (`submitted_at + pending_deadline_ms`), or an
+    /// epoch overran `epoch_deadline_ms`.
+    DeadlinePassed,
+    /// Fewer live nodes than the job needs.
+    TooFewNodes {
+        /// Nodes still alive in the job's ring.
+        alive: u32,
+        /// The spec's `min_nodes`.
+        min: u32,
+    },
+    /// A checkpoint could not be published (object store, model registry or chain).
+    PublicationFailed(String),
+    /// The submitter or an operator cancelled the job.
+    Cancelled,
+    /// Anything else, described in words.
+    Other(String),
+}
+
+impl fmt::Display for FailReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailReason::DeadlinePassed => f.write_str("deadline passed"),
+            FailReason::TooFewNodes { alive, min } => {
+                write!(f, "too few nodes: {alive} alive, {min} needed")
+            }
+            FailReason::PublicationFailed(why) => write!(f, "publication failed: {why}"),
+            FailReason::Cancelled => f.write_str("cancelled"),
+            FailReason::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+/// Where a job is in its lifecycle (paper §3.1, looped per DESIGN §5).
+///
+/// Epochs are numbered from 0. Ring versions are those of DESIGN §4 (strictly increasing per
+/// job). Heavy data (the ring's members, deltas) lives with the actors, not here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobPhase {
+    /// Submitted, waiting for enough eligible nodes.
+    Pending {
+        /// When the job was submitted.
+        submitted_at: Timestamp,
+        /// `submitted_at + pending_deadline_ms`: Pending at or after this fails the job.
+        deadline: Timestamp,
+    },
+    /// Ring built, model being distributed to its members.
+    Provisioning {
+        /// Version of the job's current ring.
+        ring_version: u64,
+    },
+    /// Training epoch `epoch` in progress.
+    Running {
+        /// Current epoch, 0-based.
+        epoch: u32,
+        /// Version of the job's current ring.
+        ring_version: u64,
+    },
+    /// Epoch `epoch`'s deltas being validated, merged and published.
+    Aggregating {
+        /// Epoch being aggregated, 0-based.
+        epoch: u32,
+        /// Version of the job's current ring.
+        ring_version: u64,
+    },
+    /// Terminal: every epoch's checkpoint was published.
+    Published {
+        /// Number of epochs trained (the spec's `epochs`).
+        epochs: u32,
+        /// The last checkpoint's identifier (its CID).
+        checkpoint: String,
+    },
+    /// Terminal: the job failed.
+    Failed {
+        /// Why.
+        reason: FailReason,
+        /// [`JobPhase::name`] of the phase it failed in.
+        phase: String,
+        /// When the failure was applied.
+        at: Timestamp,
+    },
+}
+
+impl JobPhase {
+    /// The phase's name: `Pending`, `Provisioning`, `Running`, `Aggregating`, `Published` or
+    /// `Failed`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobPhase::Pending { .. } => "Pending",
+            JobPhase::Provisioning { .. } => "Provisioning",
+            JobPhase::Running { .. } => "Running",
+            JobPhase::Aggregating { .. } => "Aggregating",
+            JobPhase::Published { .. } => "Published",
+            JobPhase::Failed { .. } => "Failed",
+        }
+    }
+
+    /// True for `Published` and `Failed`: no event is accepted any more.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, JobPhase::Published { .. } | JobPhase::Failed { .. })
+    }
+
+    /// The current ring version, in the phases that have a ring.
+    pub fn ring_version(&self) -> Option<u64> {
+        match self {
+            JobPhase::Provisioning { ring_version }
+            | JobPhase::Running { ring_version, .. }
+            | JobPhase::Aggregating { ring_version, .. } => Some(*ring_version),
+            _ => None,
+        }
+    }
+}
+
+/// Something that happened to a job; exactly what the event log records (DESIGN §9).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobEvent {
+    /// Enough nodes were placed and ring `ring_version` built: Pending → Provisioning.
+    NodesReady {
+        /// Version of the first ring.
+        ring_version: u64,
+    },
+    /// Every ring member has the model: Provisioning → Running(0).
+    ModelDistributed,
+    /// The ring was reconfigured (DESIGN §4, paper §4.3); the version must strictly increase.
+    /// Accepted in Provisioning, Running and Aggregating; the phase is otherwise unchanged.
+    RingChanged {
+        /// The new ring's version.
+        ring_version: u64,
+    },
+    /// Training of `epoch` finished: Running(epoch) → Aggregating(epoch).
+    EpochComplete {
+        /// Must equal the running epoch.
+        epoch: u32,
+    },
+    /// Epoch `epoch`'s checkpoint was published: Aggregating(epoch) → Running(epoch + 1), or
+    /// → Published after the last epoch (DESIGN §5).
+    CheckpointPublished {
+        /// Must equal the aggregating epoch.
+        epoch: u32,
+        /// The checkpoint's identifier (its CID, DESIGN §7).
+        checkpoint: String,
+    },
+    /// Any non-terminal phase → Failed with this reason.
+    Fail {
+        /// Why.
+        reason: FailReason,
+    },
+    /// Any non-terminal phase → Failed with [`FailReason::Cancelled`].
+    Cancel,
+}
+
+impl JobEvent {
+    /// The event's name, e.g. `NodesReady`, for errors and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobEvent::NodesReady { .. } => "NodesReady",
+            JobEvent::ModelDistributed => "ModelDistributed",
+            JobEvent::RingChanged { .. } => "RingChanged",
+            JobEvent::EpochComplete { .. } => "EpochComplete",
+            JobEvent::CheckpointPublished { .. } => "CheckpointPublished",
+            JobEvent::Fail { .. } => "Fail",
+            JobEvent::Cancel => "Cancel",
+        }
+    }
+}
+
+/// Why [`Job::apply`] refused an event. The job is unchanged whenever one is returned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum JobError {
+    /// The event has no meaning in the current phase.
+    #[error("invalid transition: {event} in phase {from}")]
+    InvalidTransition {
+        /// Name of the current phase.
+        from: &'static str,
+        /// Name of the refused event.
+        event: &'static str,
+    },
+    /// `EpochComplete` or `CheckpointPublished` named another epoch than the current one.
+    #[error("wrong epoch: expected {expected}, got {got}")]
+    WrongEpoch {
+        /// The current epoch.
+        expected: u32,
+        /// The epoch the event named.
+        got: u32,
+    },
+    /// `RingChanged` did not strictly increase the ring version.
+    #[error("stale ring version: current {current}, got {got}")]
+    StaleRingVersion {
+        /// The current ring version.
+        current: u64,
+        /// The version the event carried.
+        got: u64,
+    },
+    /// The job is Published or Failed and accepts nothing.
+    #[error("job is terminal ({phase})")]
+    Terminal {
+        /// Name of the terminal phase.
+        phase: &'static str,
+    },
+}
+
+/// A training job: its spec, its phase and the checkpoints published so far.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// The job's id.
+    pub id: JobId,
+    /// What was submitted.
+    pub spec: JobSpec,
+    /// Where it is in its lifecycle.
+    pub phase: JobPhase,
+    /// One checkpoint identifier (CID) per published epoch, in epoch order.
+    pub checkpoints: Vec<String>,
+}
+
+impl Job {
+    /// A new job in `Pending`, with `deadline = submitted_at + spec.pending_deadline_ms`
+    /// (saturating). Does not validate `spec`: call [`JobSpec::validate`] first.
+    pub fn new(id: JobId, spec: JobSpec, submitted_at: Timestamp) -> Job {
+        let deadline = submitted_at.plus_ms(spec.pending_deadline_ms);
+        Job {
+            id,
+            spec,
+            phase: JobPhase::Pending {
+                submitted_at,
+                deadline,
+            },
+            checkpoints: Vec::new(),
+        }
+    }
+
+    /// Applies one event at time `now` (used only to stamp `Failed { at }`). On error the job
+    /// is left exactly as it was. See the module docs for the transition table.
+    pub fn apply(&mut self, event: &JobEvent, now: Timestamp) -> Result<(), JobError> {
+        let from = self.phase.name();
+        if self.phase.is_terminal() {
+            return Err(JobError::Terminal { phase: from });
+        }
+        let invalid = || JobError::InvalidTransition {
+            from,
+            event: event.name(),
+        };
+        let next = match (&self.phase, event) {
+            (_, JobEvent::Fail { reason }) => JobPhase::Failed {
+                reason: reason.clone(),
+                phase: from.to_string(),
+                at: now,
+            },
+            (_, JobEvent::Cancel) => JobPhase::Failed {
+                reason: FailReason::Cancelled,
+                phase: from.to_string(),
+                at: now,
+            },
+            (JobPhase::Pending { .. }, JobEvent::NodesReady { ring_version }) => {
+                JobPhase::Provisioning {
+                    ring_version: *ring_version,
+                }
+            }
+            (JobPhase::Provisioning { ring_version }, JobEvent::ModelDistributed) => {
+                JobPhase::Running {
+                    epoch: 0,
+                    ring_version: *ring_version,
+                }
+            }
+            (phase, JobEvent::RingChanged { ring_version: got }) => {
+                let current = phase.ring_version().ok_or_else(invalid)?;
+                if *got <= current {
+                    return Err(JobError::StaleRingVersion { current, got: *got });
+                }
+                let mut next = phase.clone();
+                match &mut next {
+                    JobPhase::Provisioning { ring_version }
+                    | JobPhase::Running { ring_version, .. }
+                    | JobPhase::Aggregating { ring_version, .. } => *ring_version = *got,
+                    _ => return Err(invalid()),
+                }
+                next
+            }
+            (
+                JobPhase::Running {
+                    epoch,
+                    ring_version,
+                },
+                JobEvent::EpochComplete { epoch: got },
+            ) => {
+                if got != epoch {
+                    return Err(JobError::WrongEpoch {
+                        expected: *epoch,
+                        got: *got,
+                    });
+                }
+                JobPhase::Aggregating {
+                    epoch: *epoch,
+                    ring_version: *ring_version,
+                }
+            }
+            (
+                JobPhase::Aggregating {
+                    epoch,
+                    ring_version,
+                },
+                JobEvent::CheckpointPublished {
+                    epoch: got,
+                    checkpoint,
+                },
+            ) => {
+                if got != epoch {
+                    return Err(JobError::WrongEpoch {
+                        expected: *epoch,
+                        got: *got,
+                    });
+                }
+                let next_epoch = epoch.saturating_add(1);
+                let next = if next_epoch >= self.spec.epochs {
+                    JobPhase::Published {
+                        epochs: next_epoch,
+                        checkpoint: checkpoint.clone(),
+                    }
+                } else {
+                    JobPhase::Running {
+                        epoch: next_epoch,
+                        ring_version: *ring_version,
+                    }
+                };
+                self.checkpoints.push(checkpoint.clone());
+                next
+            }
+            _ => return Err(invalid()),
+        };
+        self.phase = next;
+        Ok(())
+    }
+
+    /// The event the passage of time calls for at `now`, if any: `Fail { DeadlinePassed }`
+    /// when the job is Pending and `now ≥ deadline` (paper §3.1 `Pending { deadline }`).
+    /// Pure: the caller applies the event and logs it.
+    pub fn tick(&self, now: Timestamp) -> Option<JobEvent> {
+        match &self.phase {
+            JobPhase::Pending { deadline, .. } if now >= *deadline => Some(JobEvent::Fail {
+                reason: FailReason::DeadlinePassed,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Rebuilds a job from its event log: [`Job::new`] then [`Job::apply`] for each
+    /// `(time, event)` in order. A log holds only accepted events, so an error means the log
+    /// is corrupt; the first one is returned.
+    pub fn replay(
+        id: JobId,
+        spec: JobSpec,
+        submitted_at: Timestamp,
+        events: impl IntoIterator<Item = (Timestamp, JobEvent)>,
+    ) -> Result<Job, JobError> {
+        let mut job = Job::new(id, spec, submitted_at);
+        for (at, event) in events {
+            job.apply(&event, at)?;
+        }
+        Ok(job)
+    }
+
+    /// True when the job is Published or Failed.
+    pub fn is_terminal(&self) -> bool {
+        self.phase.is_terminal()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn spec(epochs: u32) -> JobSpec {
+        JobSpec {
+            name: "llama-ft".into(),
+            epochs,
+            min_nodes: 2,
+            max_nodes: 8,
+            min_vram_bytes: 24 << 30,
+            pending_deadline_ms: 60_000,
+            epoch_deadline_ms: 3_600_000,
+            utility: 1.5,
+            submitter_stake: GymWei::gym(50_000),
+        }
+    }
+
+    const T0: Timestamp = Timestamp(1_000_000);
+
+    fn job(epochs: u32) -> Job {
+        Job::new(JobId(7), spec(epochs), T0)
+    }
+
+    fn ok(j: &mut Job, e: JobEvent) {
+        j.apply(&e, T0).expect("transition accepted");
+    }
+
+    fn running0(epochs: u32) -> Job {
+        let mut j = job(epochs);
+        ok(&mut j, JobEvent::NodesReady { ring_version: 1 });
+        ok(&mut j, JobEvent::ModelDistributed);
+        j
+    }
+
+    fn published_event(epoch: u32) -> JobEvent {
+        JobEvent::CheckpointPublished {
+            epoch,
+            checkpoint: format!("cid-{epoch}"),
+        }
+    }
+
+    // ---- JobSpec ----
+
+    #[test]
+    fn spec_valid() {
+        assert_eq!(spec(3).validate(), Ok(()));
+    }
+
+    #[test]
+    fn spec_each_bad_field() {
+        type Mutation = Box<dyn Fn(&mut JobSpec)>;
+        let cases: Vec<(Mutation, JobSpecError)> = vec![
+            (Box::new(|s| s.name = "  ".into()), JobSpecError::EmptyName),
+            (Box::new(|s| s.epochs = 0), JobSpecError::ZeroEpochs),
+            (Box::new(|s| s.min_nodes = 0), JobSpecError::ZeroMinNodes),
+            (
+                Box::new(|s| s.max_nodes = 1),
+                JobSpecError::MaxBelowMin { min: 2, max: 1 },
+            ),
+            (
+                Box::new(|s| s.pending_deadline_ms = 0),
+                JobSpecError::ZeroPendingDeadline,
+            ),
+            (
+                Box::new(|s| s.epoch_deadline_ms = 0),
+                JobSpecError::ZeroEpochDeadline,
+            ),
+            (
+                Box::new(|s| s.utility = f64::INFINITY),
+                JobSpecError::NonFiniteUtility(f64::INFINITY),
+            ),
+            (
+                Box::new(|s| s.utility = 0.0),
+                JobSpecError::NonPositiveUtility(0.0),
+            ),
+            (
+                Box::new(|s| s.utility = -1.0),
+                JobSpecError::NonPositiveUtility(-1.0),
+            ),
+        ];
+        for (mutate, want) in cases {
+            let mut s = spec(3);
+            mutate(&mut s);
+            assert_eq!(s.validate(), Err(want));
+        }
+        let mut s = spec(3);
+        s.utility = f64::NAN;
+        assert!(matches!(
+            s.validate(),
+            Err(JobSpecError::NonFiniteUtility(u)) if u.is_nan()
+        ));
+    }
+
+    #[test]
+    fn spec_serde_roundtrip_and_unknown_fields() {
+        let s = spec(3);
+        let text = serde_json::to_string(&s).expect("serialise");
+        let back: JobSpec = serde_json::from_str(&text).expect("deserialise");
+        assert_eq!(back, s);
+        let mut v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        v["surprise"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<JobSpec>(v).is_err());
+    }
+
+    // ---- transitions ----
+
+    #[test]
+    fn new_is_pending_with_deadline() {
+        let j = job(1);
+        assert_eq!(
+            j.phase,
+            JobPhase::Pending {
+                submitted_at: T0,
+                deadline: T0.plus_ms(60_000)
+            }
+        );
+        assert_eq!(j.phase.name(), "Pending");
+        assert!(!j.is_terminal());
+        assert!(j.checkpoints.is_empty());
+    }
+
+    #[test]
+    fn pending_to_provisioning() {
+        let mut j = job(1);
+        ok(&mut j, JobEvent::NodesReady { ring_version: 4 });
+        assert_eq!(j.phase, JobPhase::Provisioning { ring_version: 4 });
+    }
+
+    #[test]
+    fn provisioning_to_running0() {
+        let j = running0(2);
+        assert_eq!(
+            j.phase,
+            JobPhase::Running {
+                epoch: 0,
+                ring_version: 1
+            }
+        );
+    }
+
+    #[test]
+    fn running_to_aggregating() {
+        let mut j = running0(2);
+        ok(&mut j, JobEvent::EpochComplete { epoch: 0 });
+        assert_eq!(
+            j.phase,
+            JobPhase::Aggregating {
+                epoch: 0,
+                ring_version: 1
+            }
+        );
+    }
+
+    #[test]
+    fn aggregating_loops_then_publishes() {
+        let mut j = running0(2);
+        ok(&mut j, JobEvent::EpochComplete { epoch: 0 });
+        ok(&mut j, published_event(0));
+        assert_eq!(
+            j.phase,
+            JobPhase::Running {
+                epoch: 1,
+                ring_version: 1
+            }
+        );
+        ok(&mut j, JobEvent::EpochComplete { epoch: 1 });
+        ok(&mut j, published_event(1));
+        assert_eq!(
+            j.phase,
+            JobPhase::Published {
+                epochs: 2,
+                checkpoint: "cid-1".into()
+            }
+        );
+        assert_eq!(j.checkpoints, vec!["cid-0".to_string(), "cid-1".into()]);
+        assert!(j.is_terminal());
+    }
+
+    #[test]
+    fn ring_changed_in_each_ring_phase() {
+        let mut j = job(2);
+        ok(&mut j, JobEvent::NodesReady { ring_version: 1 });
+        ok(&mut j, JobEvent::RingChanged { ring_version: 2 });
+        assert_eq!(j.phase, JobPhase::Provisioning { ring_version: 2 });
+        ok(&mut j, JobEvent::ModelDistributed);
+        ok(&mut j, JobEvent::RingChanged { ring_version: 5 });
+        assert_eq!(
+            j.phase,
+            JobPhase::Running {
+                epoch: 0,
+                ring_version: 5
+            }
+        );
+        ok(&mut j, JobEvent::EpochComplete { epoch: 0 });
+        ok(&mut j, JobEvent::RingChanged { ring_version: 6 });
+        assert_eq!(
+            j.phase,
+            JobPhase::Aggregating {
+                epoch: 0,
+                ring_version: 6
+            }
+        );
+        ok(&mut j, published_event(0));
+        assert_eq!(
+            j.phase,
+            JobPhase::Running {
+                epoch: 1,
+                ring_version: 6
+            }
+        );
+    }
+
+    #[test]
+    fn fail_and_cancel_from_every_non_terminal_phase() {
+        let builders: Vec<fn() -> Job> = vec![
+            || job(2),
+            || {
+                let mut j = job(2);
+                ok(&mut j, JobEvent::NodesReady { ring_version: 1 });
+                j
+            },
+            || running0(2),
+            || {
+                let mut j = running0(2);
+                ok(&mut j, JobEvent::EpochComplete { epoch: 0 });
+                j
+            },
+        ];
+        for build in builders {
+            let mut j = build();
+            let name = j.phase.name();
+            let at = Timestamp(42);
+            j.apply(
+                &JobEvent::Fail {
+                    reason: FailReason::TooFewNodes { alive: 1, min: 2 },
+                },
+                at,
+            )
+            .expect("fail accepted");
+            assert_eq!(
+                j.phase,
+                JobPhase::Failed {
+                    reason: FailReason::TooFewNodes { alive: 1, min: 2 },
+                    phase: name.into(),
+                    at
+                }
+            );
+            let mut j = build();
+            j.apply(&JobEvent::Cancel, at).expect("cancel accepted");
+            assert_eq!(
+                j.phase,
+                JobPhase::Failed {
+                    reason: FailReason::Cancelled,
+                    phase: name.into(),
+                    at
+                }
+            );
+        }
+    }
+
+    // ---- errors ----
+
+    #[test]
+    fn invalid_transition_errors() {
+        let mut j = job(1);
+        let before = j.clone();
+        assert_eq!(
+            j.apply(&JobEvent::ModelDistributed, T0),
+            Err(JobError::InvalidTransition {
+                from: "Pending",
+                event: "ModelDistributed"
+            })
+        );
+        assert_eq!(
+            j.apply(&JobEvent::RingChanged { ring_version: 9 }, T0),
+            Err(JobError::InvalidTransition {
+                from: "Pending",
+                event: "RingChanged"
+            })
+        );
+        assert_eq!(j, before);
+        ok(&mut j, JobEvent::NodesReady { ring_version: 1 });
+        assert_eq!(
+            j.apply(&JobEvent::NodesReady { ring_version: 2 }, T0),
+            Err(JobError::InvalidTransition {
+                from: "Provisioning",
+                event: "NodesReady"
+            })
+        );
+        assert_eq!(
+            j.apply(&JobEvent::EpochComplete { epoch: 0 }, T0),
+            Err(JobError::InvalidTransition {
+                from: "Provisioning",
+                event: "EpochComplete"
+            })
+        );
+        ok(&mut j, JobEvent::ModelDistributed);
+        assert_eq!(
+            j.apply(&published_event(0), T0),
+            Err(JobError::InvalidTransition {
+                from: "Running",
+                event: "CheckpointPublished"
+            })
+        );
+        ok(&mut j, JobEvent::EpochComplete { epoch: 0 });
+        assert_eq!(
+            j.apply(&JobEvent::EpochComplete { epoch: 0 }, T0),
+            Err(JobError::InvalidTransition {
+                from: "Aggregating",
+                event: "EpochComplete"
+            })
+        );
+    }
+
+    #[test]
+    fn wrong_epoch_errors() {
+        let mut j = running0(3);
+        let before = j.clone();
+        assert_eq!(
+            j.apply(&JobEvent::EpochComplete { epoch: 1 }, T0),
+            Err(JobError::WrongEpoch {
+                expected: 0,
+                got: 1
+            })
+        );
+        assert_eq!(j, before);
+        ok(&mut j, JobEvent::EpochComplete { epoch: 0 });
+        let before = j.clone();
+        assert_eq!(
+            j.apply(&published_event(2), T0),
+            Err(JobError::WrongEpoch {
+                expected: 0,
+                got: 2
+            })
+        );
+        assert_eq!(j, before);
+    }
+
+    #[test]
+    fn stale_ring_version_errors() {
+        let mut j = running0(1);
+        let before = j.clone();
+        for got in [0, 1] {
+            assert_eq!(
+                j.apply(&JobEvent::RingChanged { ring_version: got }, T0),
+                Err(JobError::StaleRingVersion { current: 1, got })
+            );
+        }
+        assert_eq!(j, before);
+    }
+
+    #[test]
+    fn terminal_errors() {
+        let mut j = running0(1);
+        ok(&mut j, JobEvent::EpochComplete { epoch: 0 });
+        ok(&mut j, published_event(0));
+        assert_eq!(
+            j.apply(&JobEvent::Cancel, T0),
+            Err(JobError::Terminal { phase: "Published" })
+        );
+        let mut j = job(1);
+        ok(&mut j, JobEvent::Cancel);
+        assert_eq!(
+            j.apply(&JobEvent::NodesReady { ring_version: 1 }, T0),
+            Err(JobError::Terminal { phase: "Failed" })
+        );
+    }
+
+    #[test]
+    fn tick_deadline() {
+        let j = job(1);
+        assert_eq!(j.tick(T0.plus_ms(59_999)), None);
+        let ev = j.tick(T0.plus_ms(60_000)).expect("deadline reached");
+        assert_eq!(
+            ev,
+            JobEvent::Fail {
+                reason: FailReason::DeadlinePassed
+            }
+        );
+        let mut j2 = j.clone();
+        j2.apply(&ev, T0.plus_ms(60_000)).expect("fail accepted");
+        assert_eq!(j2.tick(T0.plus_ms(1_000_000)), None);
+        assert_eq!(running0(1).tick(Timestamp(u64::MAX)), None);
+    }
+
+    #[test]
+    fn names_and_display() {
+        assert_eq!(
+            FailReason::TooFewNodes { alive: 1, min: 3 }.to_string(),
+            "too few nodes: 1 alive, 3 needed"
+        );
+        assert_eq!(
+            FailReason::PublicationFailed("ipfs down".into()).to_string(),
+            "publication failed: ipfs down"
+        );
+        assert_eq!(FailReason::Cancelled.to_string(), "cancelled");
+        assert_eq!(FailReason::DeadlinePassed.to_string(), "deadline passed");
+        assert_eq!(FailReason::Other("x".into()).to_string(), "x");
+        assert_eq!(JobEvent::Cancel.name(), "Cancel");
+    }
+
+    #[test]
+    fn event_and_phase_serde_roundtrip() {
+        let events = vec![
+            JobEvent::NodesReady { ring_version: 1 },
+            JobEvent::ModelDistributed,
+            JobEvent::RingChanged { ring_version: 2 },
+            JobEvent::EpochComplete { epoch: 0 },
+            published_event(0),
+            JobEvent::Fail {
+                reason: FailReason::PublicationFailed("x".into()),
+            },
+            JobEvent::Cancel,
+        ];
+        for e in events {
+            let text = serde_json::to_string(&e).expect("serialise");
+            assert_eq!(serde_json::from_str::<JobEvent>(&text).expect("parse"), e);
+        }
+        let j = running0(2);
+        let text = serde_json::to_string(&j).expect("serialise");
+        assert_eq!(serde_json::from_str::<Job>(&text).expect("parse"), j);
+    }
+
+    // ---- properties ----
+
+    fn arb_reason() -> impl Strategy<Value = FailReason> {
+        prop_oneof![
+            Just(FailReason::DeadlinePassed),
+            (0u32..5, 0u32..5).prop_map(|(alive, min)| FailReason::TooFewNodes { alive, min }),
+            "[a-z]{0,4}".prop_map(FailReason::PublicationFailed),
+            Just(FailReason::Cancelled),
+            "[a-z]{0,4}".prop_map(FailReason::Other),
+        ]
+    }
+
+    /// Events biased towards valid ones (small epochs and ring versions), with rare failures.
+    fn arb_event() -> impl Strategy<Value = JobEvent> {
+        prop_oneof![
+            3 => (0u64..6).prop_map(|ring_version| JobEvent::NodesReady { ring_version }),
+            3 => Just(JobEvent::ModelDistributed),
+            3 => (0u64..12).prop_map(|ring_version| JobEvent::RingChanged { ring_version }),
+            6 => (0u32..5).prop_map(|epoch| JobEvent::EpochComplete { epoch }),
+            6 => (0u32..5, "[a-f0-9]{2}")
+                .prop_map(|(epoch, checkpoint)| JobEvent::CheckpointPublished { epoch, checkpoint }),
+            1 => arb_reason().prop_map(|reason| JobEvent::Fail { reason }),
+            1 => Just(JobEvent::Cancel),
+        ]
+    }
+
+    fn epoch_of(p: &JobPhase) -> Option<u32> {
+        match p {
+            JobPhase::Running { epoch, .. } | JobPhase::Aggregating { epoch, .. } => Some(*epoch),
+            _ => None,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn random_sequences_keep_invariants(
+            epochs in 1u32..4,
+            events in prop::collection::vec((0u64..10_000, arb_event()), 0..60),
+        ) {
+            let mut j = Job::new(JobId(1), spec(epochs), T0);
+            let mut accepted: Vec<(Timestamp, JobEvent)> = Vec::new();
+            let mut published_epochs: Vec<u32> = Vec::new();
+            for (dt, ev) in events {
+                let now = T0.plus_ms(dt);
+                let before = j.clone();
+                let was_terminal = j.is_terminal();
+                match j.apply(&ev, now) {
+                    Ok(()) => {
+                        prop_assert!(!was_terminal, "terminal job accepted {:?}", ev);
+                        // Epochs only move forward, by exactly 1.
+                        if let (Some(a), Some(b)) = (epoch_of(&before.phase), epoch_of(&j.phase)) {
+                            prop_assert!(b == a || b == a + 1);
+                        }
+                        // Ring versions strictly increase on RingChanged.
+                        if let JobEvent::RingChanged { ring_version } = &ev {
+                            prop_assert!(Some(*ring_version) > before.phase.ring_version());
+                            prop_assert_eq!(j.phase.ring_version(), Some(*ring_version));
+                        }
+                        if let JobEvent::CheckpointPublished { epoch, .. } = &ev {
+                            published_epochs.push(*epoch);
+                        }
+                        accepted.push((now, ev));
+                    }
+                    Err(e) => {
+                        prop_assert_eq!(&j, &before, "error {} changed the job", e);
+                        if was_terminal {
+                            let is_terminal_err = matches!(e, JobError::Terminal { .. });
+                            prop_assert!(is_terminal_err);
+                        }
+                    }
+                }
+                // Published iff exactly `epochs` checkpoints, published in epoch order.
+                let expected: Vec<u32> = (0..published_epochs.len() as u32).collect();
+                prop_assert_eq!(&published_epochs, &expected);
+                prop_assert_eq!(j.checkpoints.len(), published_epochs.len());
+                let is_published = matches!(j.phase, JobPhase::Published { .. });
+                prop_assert_eq!(is_published, published_epochs.len() as u32 == epochs);
+                if let JobPhase::Published { epochs: n, .. } = &j.phase {
+                    prop_assert_eq!(*n, epochs);
+                }
+                prop_assert!(published_epochs.len() as u32 <= epochs);
+            }
+            // Replay of the accepted events gives the live job.
+            let replayed = Job::replay(JobId(1), spec(epochs), T0, accepted.clone());
+            prop_assert_eq!(replayed, Ok(j.clone()));
+            // Once terminal, every event errs with Terminal.
+            if j.is_terminal() {
+                for ev in [JobEvent::Cancel, JobEvent::ModelDistributed, published_event(0)] {
+                    let mut k = j.clone();
+                    let is_terminal_err =
+                        matches!(k.apply(&ev, T0), Err(JobError::Terminal { .. }));
+                    prop_assert!(is_terminal_err);
+                    prop_assert_eq!(&k, &j);
+                }
+            } else {
+                // Failed (via Fail or Cancel) is reachable from every non-terminal phase.
+                let mut k = j.clone();
+                prop_assert!(k.apply(&JobEvent::Cancel, T0).is_ok());
+                let is_cancelled =
+                    matches!(&k.phase, JobPhase::Failed { reason: FailReason::Cancelled, .. });
+                prop_assert!(is_cancelled);
+                let mut k = j.clone();
+                let fail = JobEvent::Fail { reason: FailReason::DeadlinePassed };
+                prop_assert!(k.apply(&fail, T0).is_ok());
+                let is_failed = matches!(&k.phase, JobPhase::Failed { .. });
+                prop_assert!(is_failed);
+            }
+        }
+
+        #[test]
+        fn happy_path_publishes_after_exactly_epochs(epochs in 1u32..20) {
+            let mut j = running0(epochs);
+            for e in 0..epochs {
+                prop_assert!(!j.is_terminal());
+                j.apply(&JobEvent::EpochComplete { epoch: e }, T0).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                j.apply(&published_event(e), T0).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+            let is_published = matches!(j.phase, JobPhase::Published { epochs: n, .. } if n == epochs);
+            prop_assert!(is_published);
+            prop_assert_eq!(j.checkpoints.len() as u32, epochs);
+        }
+    }
+}

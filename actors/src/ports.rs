@@ -1,0 +1,222 @@
+//! Ports: the traits through which the core reaches the outside world.
+//!
+//! The core never names a concrete client (no Redis, no HTTP, no EVM library): it talks to
+//! these traits, and `hanzod` (or an embedder) plugs adapters in. Each port has an in-memory
+//! implementation in [`memory`]; they are the embedded defaults and the test doubles.
+//!
+//! | port | in-memory | real adapter (later issues) |
+//! |---|---|---|
+//! | [`Clock`] | [`TokioClock`] (follows paused tokio time), [`SystemClock`] | — |
+//! | [`StateStore`] | [`memory::MemoryStateStore`] | Valkey stream + snapshots |
+//! | [`ChainReader`] | [`memory::MemoryChain`] | EVM JSON-RPC (`GYMToken`) |
+//! | [`NodeLink`] | [`memory::ChannelNodeLink`] | gRPC session streams |
+//! | [`CheckpointSink`] | [`memory::MemoryCheckpointSink`] | validator + merge + IPFS/HF publisher |
+
+pub mod memory;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::events::{Event, Record};
+use crate::types::{GymWei, JobId, NodeId, Timestamp};
+
+pub use memory::TokioClock;
+
+/// A source of wall-clock time. Every time the core reasons about comes from here, so tests
+/// inject their own (DESIGN §2: time is an input).
+pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
+    /// Now, in milliseconds since the Unix epoch.
+    fn now(&self) -> Timestamp;
+}
+
+/// The operating system's clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Timestamp(ms)
+    }
+}
+
+/// Errors of a [`StateStore`].
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StoreError {
+    /// The store could not be reached or timed out; the write may be retried.
+    #[error("state store unavailable: {0}")]
+    Unavailable(String),
+    /// This writer's fencing token is no longer the leader's: it must stop writing.
+    #[error("fenced: token {token} is stale (leader holds {current})")]
+    Fenced {
+        /// The writer's token.
+        token: u64,
+        /// The token of the current leader.
+        current: u64,
+    },
+    /// A stored record could not be decoded.
+    #[error("corrupt record at seq {seq}: {reason}")]
+    Corrupt {
+        /// Its sequence number.
+        seq: u64,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// A snapshot: a serialized fold of the log up to and including `seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Last sequence number folded into `state`.
+    pub seq: u64,
+    /// Opaque state bytes (JSON by convention).
+    pub state: Vec<u8>,
+}
+
+/// The event log: the source of truth of the orchestrator (DESIGN §9, paper §1.1).
+///
+/// Appends are ordered and durable when they return; actor state is a fold over the log,
+/// so a restarted actor (or a standby orchestrator) replays it and resumes.
+#[async_trait]
+pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Appends one event stamped `at`; returns its sequence number (1, 2, … with no gaps).
+    /// Returns only once the event is durable (as durable as the implementation can be).
+    async fn append(&self, at: Timestamp, event: Event) -> Result<u64, StoreError>;
+
+    /// Every record with `seq > after`, in order.
+    async fn read_after(&self, after: u64) -> Result<Vec<Record>, StoreError>;
+
+    /// The last sequence number written (0 when the log is empty).
+    async fn last_seq(&self) -> Result<u64, StoreError>;
+
+    /// Stores a snapshot under `key`, replacing an older one.
+    async fn put_snapshot(&self, key: &str, snapshot: Snapshot) -> Result<(), StoreError>;
+
+    /// The latest snapshot under `key`, if any.
+    async fn get_snapshot(&self, key: &str) -> Result<Option<Snapshot>, StoreError>;
+}
+
+/// Errors of a [`ChainReader`].
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ChainError {
+    /// The chain endpoint could not be reached or timed out.
+    #[error("chain unavailable: {0}")]
+    Unavailable(String),
+    /// The node key is not bound to an operator (`GYMToken.nodeOperator(key) == 0`).
+    #[error("node {0} is not bound to an operator on chain")]
+    Unbound(NodeId),
+}
+
+/// Read access to stakes and penalties on the chain (DESIGN §3, §8).
+///
+/// A node's stake is its operator's stake: `stakes(nodeOperator(key))`.
+#[async_trait]
+pub trait ChainReader: Send + Sync + std::fmt::Debug + 'static {
+    /// The stake behind `node`, in GYM wei.
+    async fn stake_of(&self, node: &NodeId) -> Result<GymWei, ChainError>;
+
+    /// The end of `node`'s active slashing penalty, if one is active.
+    async fn penalty_until(&self, node: &NodeId) -> Result<Option<Timestamp>, ChainError>;
+}
+
+/// The ordered members of a job's ring at one version (DESIGN §4).
+///
+/// Member `k` sends to member `k+1` (and the last to the first) in the ring all-reduce.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RingView {
+    /// The job this ring serves.
+    pub job: JobId,
+    /// Strictly increasing per job, starting at 1; a node rejects a lower version than one it has.
+    pub version: u64,
+    /// Members in ring order.
+    pub members: Vec<NodeId>,
+    /// The ring's weakest link in Mbit/s (min over ring edges of B), as computed when built.
+    pub bottleneck_mbps: f32,
+}
+
+/// A command from the orchestrator to one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum NodeCommand {
+    /// You are a member of this job's ring (assignment, or a new ring version after recovery).
+    /// Restart the current all-reduce round with these members.
+    RingUpdate(RingView),
+    /// You have been released from this job (it ended, or you were removed from its ring).
+    Release {
+        /// The job.
+        job: JobId,
+    },
+    /// Measure your link to `peer` and report it in Mbit/s.
+    ProbeRequest {
+        /// The peer to probe.
+        peer: NodeId,
+    },
+}
+
+/// Errors of a [`NodeLink`].
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum LinkError {
+    /// No session is open to this node.
+    #[error("no session to node {0}")]
+    NotConnected(NodeId),
+    /// The session exists but the command could not be delivered.
+    #[error("delivery to node {node} failed: {reason}")]
+    Delivery {
+        /// The node.
+        node: NodeId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The orchestrator's way of reaching nodes: one session per node (gRPC stream in the
+/// daemon, a channel in tests). Sending must not block for long: implementations queue.
+#[async_trait]
+pub trait NodeLink: Send + Sync + std::fmt::Debug + 'static {
+    /// Queues `command` for `node`.
+    async fn send(&self, node: &NodeId, command: NodeCommand) -> Result<(), LinkError>;
+}
+
+/// A node's receipt for its model update in one epoch, as the core sees it: the delta
+/// itself is validated and stored by the deltas pipeline; the core keeps its hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaReceipt {
+    /// The job.
+    pub job: JobId,
+    /// The submitting node.
+    pub node: NodeId,
+    /// The epoch the delta belongs to.
+    pub epoch: u32,
+    /// The local step count the node reached.
+    pub step: u64,
+    /// SHA-256 of the delta payload (DESIGN §6).
+    pub delta_hash: [u8; 32],
+}
+
+/// Errors of a [`CheckpointSink`].
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum CheckpointError {
+    /// Publication failed; the job fails with this reason when it cannot be retried.
+    #[error("publication failed: {0}")]
+    Failed(String),
+}
+
+/// Turns an epoch's accepted deltas into a published checkpoint (validate, merge, publish).
+///
+/// The core calls it once per epoch in `Aggregating(e)` and records the returned checkpoint
+/// reference (a CID once the publication issue lands).
+#[async_trait]
+pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
+    /// Merges `deltas` of `job`'s epoch `epoch` and publishes the result; returns the
+    /// checkpoint reference.
+    async fn publish(
+        &self,
+        job: JobId,
+        epoch: u32,
+        deltas: &[DeltaReceipt],
+    ) -> Result<String, CheckpointError>;
+}

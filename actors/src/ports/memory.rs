@@ -1,0 +1,299 @@
+//! In-memory implementations of every port: the embedded defaults (the main job runs with
+//! no setup) and the test doubles. Each is safe to share between tasks; none is global, so
+//! two orchestrators in one process never see each other's data.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use async_trait::async_trait;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::{
+    ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, DeltaReceipt, LinkError,
+    NodeCommand, NodeLink, Snapshot, StateStore, StoreError,
+};
+use crate::events::{Event, Record};
+use crate::types::{GymWei, JobId, NodeId, Timestamp};
+
+/// A clock that follows tokio's clock: wall time at creation plus the tokio time elapsed
+/// since. Under `tokio::time::pause()` it advances exactly as the runtime's timers do, so
+/// watchdogs and timestamps agree in tests.
+#[derive(Debug, Clone)]
+pub struct TokioClock {
+    base_ms: u64,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock starting at the current wall time.
+    pub fn new() -> Self {
+        Self::starting_at(super::SystemClock.now())
+    }
+
+    /// A clock starting at `at` (useful for reproducible runs).
+    pub fn starting_at(at: Timestamp) -> Self {
+        TokioClock {
+            base_ms: at.0,
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.base_ms + self.start.elapsed().as_millis() as u64)
+    }
+}
+
+/// The in-memory event log. Its contents live as long as the value (clone the `Arc` to share
+/// it between an orchestrator and its restarted successor in a test).
+///
+/// [`MemoryStateStore::set_available`] simulates an outage: while off, every call returns
+/// [`StoreError::Unavailable`].
+#[derive(Debug, Default)]
+pub struct MemoryStateStore {
+    log: Mutex<Vec<Record>>,
+    snapshots: Mutex<HashMap<String, Snapshot>>,
+    unavailable: AtomicBool,
+}
+
+impl MemoryStateStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Turns the simulated outage off (`true`) or on (`false`).
+    pub fn set_available(&self, available: bool) {
+        self.unavailable.store(!available, Ordering::SeqCst);
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.unavailable.load(Ordering::SeqCst) {
+            Err(StoreError::Unavailable("simulated outage".into()))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn lock_log(&self) -> std::sync::MutexGuard<'_, Vec<Record>> {
+        // A panic while holding the lock cannot leave a half-written Vec push; recover.
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl StateStore for MemoryStateStore {
+    async fn append(&self, at: Timestamp, event: Event) -> Result<u64, StoreError> {
+        self.check()?;
+        let mut log = self.lock_log();
+        let seq = log.len() as u64 + 1;
+        log.push(Record { seq, at, event });
+        Ok(seq)
+    }
+
+    async fn read_after(&self, after: u64) -> Result<Vec<Record>, StoreError> {
+        self.check()?;
+        let log = self.lock_log();
+        let start = (after as usize).min(log.len());
+        Ok(log[start..].to_vec())
+    }
+
+    async fn last_seq(&self) -> Result<u64, StoreError> {
+        self.check()?;
+        Ok(self.lock_log().len() as u64)
+    }
+
+    async fn put_snapshot(&self, key: &str, snapshot: Snapshot) -> Result<(), StoreError> {
+        self.check()?;
+        self.snapshots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_string(), snapshot);
+        Ok(())
+    }
+
+    async fn get_snapshot(&self, key: &str) -> Result<Option<Snapshot>, StoreError> {
+        self.check()?;
+        Ok(self
+            .snapshots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned())
+    }
+}
+
+/// The in-process ledger's read side: stakes and penalties set by config (genesis) or tests.
+///
+/// A node without an entry is unbound ([`ChainError::Unbound`]) unless a default stake is set.
+#[derive(Debug, Default)]
+pub struct MemoryChain {
+    stakes: RwLock<HashMap<NodeId, GymWei>>,
+    penalties: RwLock<HashMap<NodeId, Timestamp>>,
+    default_stake: Option<GymWei>,
+}
+
+impl MemoryChain {
+    /// A ledger where every node is unbound until given a stake.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A ledger where any node without an explicit entry has `stake` (development setups).
+    pub fn with_default_stake(stake: GymWei) -> Self {
+        MemoryChain {
+            default_stake: Some(stake),
+            ..Self::default()
+        }
+    }
+
+    /// Sets `node`'s stake.
+    pub fn set_stake(&self, node: NodeId, stake: GymWei) {
+        self.stakes
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node, stake);
+    }
+
+    /// Sets (or with `None` clears) `node`'s active penalty.
+    pub fn set_penalty(&self, node: NodeId, until: Option<Timestamp>) {
+        let mut p = self.penalties.write().unwrap_or_else(|p| p.into_inner());
+        match until {
+            Some(t) => p.insert(node, t),
+            None => p.remove(&node),
+        };
+    }
+}
+
+#[async_trait]
+impl ChainReader for MemoryChain {
+    async fn stake_of(&self, node: &NodeId) -> Result<GymWei, ChainError> {
+        let stakes = self.stakes.read().unwrap_or_else(|p| p.into_inner());
+        stakes
+            .get(node)
+            .copied()
+            .or(self.default_stake)
+            .ok_or(ChainError::Unbound(*node))
+    }
+
+    async fn penalty_until(&self, node: &NodeId) -> Result<Option<Timestamp>, ChainError> {
+        Ok(self
+            .penalties
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+            .copied())
+    }
+}
+
+/// A [`NodeLink`] over in-process channels: each simulated node connects and receives its
+/// commands on an unbounded queue.
+#[derive(Debug, Default, Clone)]
+pub struct ChannelNodeLink {
+    sessions: Arc<RwLock<HashMap<NodeId, mpsc::UnboundedSender<NodeCommand>>>>,
+}
+
+impl ChannelNodeLink {
+    /// A link with no sessions.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Opens (or replaces) `node`'s session; the receiver gets every command sent to it.
+    pub fn connect(&self, node: NodeId) -> mpsc::UnboundedReceiver<NodeCommand> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.sessions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node, tx);
+        rx
+    }
+
+    /// Closes `node`'s session.
+    pub fn disconnect(&self, node: &NodeId) {
+        self.sessions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(node);
+    }
+}
+
+#[async_trait]
+impl NodeLink for ChannelNodeLink {
+    async fn send(&self, node: &NodeId, command: NodeCommand) -> Result<(), LinkError> {
+        let sessions = self.sessions.read().unwrap_or_else(|p| p.into_inner());
+        let tx = sessions.get(node).ok_or(LinkError::NotConnected(*node))?;
+        tx.send(command).map_err(|_| LinkError::Delivery {
+            node: *node,
+            reason: "session closed".into(),
+        })
+    }
+}
+
+/// A checkpoint sink that records each epoch's accepted delta hashes and returns a
+/// content-derived reference `mem:<sha256 hex>` over (job, epoch, sorted delta hashes).
+/// Stands in until the validator/merge/publisher pipeline plugs in behind the same port.
+#[derive(Debug, Default)]
+pub struct MemoryCheckpointSink {
+    published: Mutex<BTreeMap<(JobId, u32), (String, Vec<DeltaReceipt>)>>,
+    fail: AtomicBool,
+}
+
+impl MemoryCheckpointSink {
+    /// An empty sink.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes every later publication fail (`true`) or succeed (`false`).
+    pub fn set_failing(&self, fail: bool) {
+        self.fail.store(fail, Ordering::SeqCst);
+    }
+
+    /// The checkpoint references published for `job`, in epoch order.
+    pub fn checkpoints(&self, job: JobId) -> Vec<(u32, String, usize)> {
+        self.published
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .range((job, 0)..=(job, u32::MAX))
+            .map(|((_, e), (cid, d))| (*e, cid.clone(), d.len()))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl CheckpointSink for MemoryCheckpointSink {
+    async fn publish(
+        &self,
+        job: JobId,
+        epoch: u32,
+        deltas: &[DeltaReceipt],
+    ) -> Result<String, CheckpointError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(CheckpointError::Failed("simulated publication failure".into()));
+        }
+        let mut hashes: Vec<[u8; 32]> = deltas.iter().map(|d| d.delta_hash).collect();
+        hashes.sort_unstable();
+        let mut h = Sha256::new();
+        h.update(job.0.to_le_bytes());
+        h.update(epoch.to_le_bytes());
+        for d in &hashes {
+            h.update(d);
+        }
+        let cid = format!("mem:{}", hex::encode(h.finalize()));
+        self.published
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((job, epoch), (cid.clone(), deltas.to_vec()));
+        Ok(cid)
+    }
+}

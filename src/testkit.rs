@@ -1,0 +1,801 @@
+//! The fault-injection harness (feature `testkit`): an orchestrator plus N simulated nodes
+//! in one process, scripted faults, and helpers to await conditions with a deadline.
+//!
+//! One seed makes a run repeatable: it draws the nodes' regions, link capacities, compute
+//! times and delta hashes, and [`FaultScript::random`] draws faults from it. The seed is
+//! printed when a test using the harness panics, and `HANZOD_SEED` replays a given one.
+//!
+//! ```no_run
+//! # async fn t() {
+//! use hanzod::testkit::{Harness, HarnessConfig};
+//! let h = Harness::start(HarnessConfig::new(8).seed_from_env_or(42)).await;
+//! h.crash(3);
+//! # }
+//! ```
+//!
+//! Run tests that use it under `#[tokio::test(start_paused = true)]`: the heartbeat timeouts
+//! (30 s) then pass in microseconds of real time, exactly and repeatably.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hanzod_actors::config::CoreConfig;
+use hanzod_actors::job::{JobPhase, JobSpec};
+use hanzod_actors::node::Heartbeat;
+use hanzod_actors::orchestrator::ActorFault;
+use hanzod_actors::ports::memory::{
+    ChannelNodeLink, MemoryChain, MemoryCheckpointSink, MemoryStateStore,
+};
+use hanzod_actors::ports::{Clock, DeltaReceipt, NodeCommand, RingView, StateStore};
+use hanzod_actors::types::{GpuInfo, GymWei, JobId, LinkProfile, NodeId, NodeInfo};
+use hanzod_actors::{Orchestrator, OrchestratorError, OrchestratorHandle};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokio::sync::{mpsc, watch};
+
+/// Settings of a harness run.
+#[derive(Debug, Clone)]
+pub struct HarnessConfig {
+    /// Number of simulated nodes.
+    pub nodes: usize,
+    /// The seed of everything random in the run.
+    pub seed: u64,
+    /// The orchestrator's settings.
+    pub core: CoreConfig,
+    /// Regions the nodes are spread over (round-robin after a seeded shuffle).
+    pub regions: Vec<String>,
+    /// Each node's stake.
+    pub stake: GymWei,
+    /// Each node's VRAM, bytes.
+    pub vram_bytes: u64,
+    /// Simulated nodes submit a delta receipt for each epoch of their job after a seeded
+    /// compute time in this range, ms.
+    pub compute_ms: (u64, u64),
+    /// Whether simulated nodes submit deltas at all.
+    pub auto_deltas: bool,
+}
+
+impl HarnessConfig {
+    /// `nodes` nodes, seed 0, default core settings, 4 regions, 50,000 GYM, 80 GiB.
+    pub fn new(nodes: usize) -> Self {
+        HarnessConfig {
+            nodes,
+            seed: 0,
+            core: CoreConfig::default(),
+            regions: ["us-east", "us-west", "eu-west", "ap-south"]
+                .map(String::from)
+                .to_vec(),
+            stake: GymWei::gym(50_000),
+            vram_bytes: 80 << 30,
+            compute_ms: (2_000, 8_000),
+            auto_deltas: true,
+        }
+    }
+
+    /// Uses `HANZOD_SEED` from the environment when set, else `seed`.
+    pub fn seed_from_env_or(mut self, seed: u64) -> Self {
+        self.seed = std::env::var("HANZOD_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(seed);
+        self
+    }
+
+    /// Sets the core settings.
+    pub fn core(mut self, core: CoreConfig) -> Self {
+        self.core = core;
+        self
+    }
+}
+
+/// A scripted fault, addressed by node index (0-based, in the harness's node order).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// The node process dies: no more heartbeats, its session closes silently.
+    Crash(usize),
+    /// The node stops heartbeating but keeps its session (a hung process).
+    Hang(usize),
+    /// A hung node resumes heartbeating (it re-registers if it was declared failed).
+    Resume(usize),
+    /// The node alternates `down_ms` of silence and `up_ms` of heartbeats, `cycles` times.
+    Flap {
+        /// The node.
+        node: usize,
+        /// Silence per cycle, ms.
+        down_ms: u64,
+        /// Heartbeating per cycle, ms.
+        up_ms: u64,
+        /// Cycles.
+        cycles: u32,
+    },
+    /// The node heartbeats every `interval_ms` from now on.
+    SlowHeartbeats {
+        /// The node.
+        node: usize,
+        /// The new interval, ms.
+        interval_ms: u64,
+    },
+    /// A crashed node comes back: registers again and heartbeats.
+    Rejoin(usize),
+    /// The node registers again while live (a duplicate registration of its key).
+    DuplicateRegistration(usize),
+    /// The orchestrator's actor for the node panics.
+    PanicNodeActor(usize),
+    /// The ring actor of the job panics.
+    PanicRingActor(JobId),
+    /// The job actor panics.
+    PanicJobActor(JobId),
+}
+
+/// Faults at times (ms after the script starts), applied in time order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FaultScript {
+    /// (offset ms, fault), sorted by offset.
+    pub steps: Vec<(u64, Fault)>,
+}
+
+impl FaultScript {
+    /// Draws `count` node faults over `horizon_ms` for `nodes` nodes from `seed`: crashes,
+    /// hangs (resumed later), flapping, slow heartbeats, duplicate registrations and
+    /// node-actor panics. The same seed gives the same script.
+    pub fn random(seed: u64, nodes: usize, count: usize, horizon_ms: u64) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_fa17);
+        let mut steps = vec![];
+        for _ in 0..count {
+            if nodes == 0 {
+                break;
+            }
+            let at = rng.gen_range(0..horizon_ms.max(1));
+            let node = rng.gen_range(0..nodes);
+            let fault = match rng.gen_range(0..6) {
+                0 => Fault::Crash(node),
+                1 => {
+                    let back = at + rng.gen_range(5_000..60_000);
+                    steps.push((back, Fault::Resume(node)));
+                    Fault::Hang(node)
+                }
+                2 => Fault::Flap {
+                    node,
+                    down_ms: rng.gen_range(5_000..45_000),
+                    up_ms: rng.gen_range(5_000..30_000),
+                    cycles: rng.gen_range(1..4),
+                },
+                3 => Fault::SlowHeartbeats {
+                    node,
+                    interval_ms: rng.gen_range(10_000..40_000),
+                },
+                4 => Fault::DuplicateRegistration(node),
+                _ => Fault::PanicNodeActor(node),
+            };
+            steps.push((at, fault));
+        }
+        steps.sort_by_key(|(t, _)| *t);
+        FaultScript { steps }
+    }
+}
+
+/// What a simulated node has seen.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SimStatus {
+    /// The ring it follows (the highest version it accepted).
+    pub ring: Option<RingView>,
+    /// Ring updates it rejected as stale (version not above its own).
+    pub stale_rejected: u32,
+    /// Successful registrations.
+    pub registrations: u32,
+    /// Heartbeats accepted by the orchestrator.
+    pub heartbeats: u64,
+    /// Heartbeats refused (any reason).
+    pub heartbeats_refused: u64,
+    /// Deltas accepted.
+    pub deltas: u32,
+    /// Whether the process is running (false after a crash).
+    pub running: bool,
+    /// Whether it is heartbeating (false while hung).
+    pub heartbeating: bool,
+}
+
+enum Control {
+    Crash,
+    Hang,
+    Resume,
+    Interval(u64),
+    Reregister,
+    Flap { down_ms: u64, up_ms: u64, cycles: u32 },
+}
+
+struct SimNode {
+    id: NodeId,
+    info: NodeInfo,
+    control: Option<mpsc::UnboundedSender<Control>>,
+    status: watch::Receiver<SimStatus>,
+}
+
+/// An orchestrator with simulated nodes. Dropping it after a panic prints the seed.
+pub struct Harness {
+    /// The orchestrator under test.
+    pub orch: OrchestratorHandle,
+    /// Its event log.
+    pub store: Arc<MemoryStateStore>,
+    /// Its ledger.
+    pub chain: Arc<MemoryChain>,
+    /// Its checkpoint sink.
+    pub sink: Arc<MemoryCheckpointSink>,
+    /// Its node link.
+    pub link: ChannelNodeLink,
+    cfg: HarnessConfig,
+    nodes: Vec<SimNode>,
+    rng: ChaCha8Rng,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "hanzod testkit: run seed = {} (replay with HANZOD_SEED={})",
+                self.cfg.seed, self.cfg.seed
+            );
+        }
+    }
+}
+
+/// A condition that did not hold by its deadline.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("timed out after {waited_ms} ms waiting for {what} (seed {seed})")]
+pub struct WaitTimeout {
+    /// What was awaited.
+    pub what: String,
+    /// How long, ms.
+    pub waited_ms: u64,
+    /// The run's seed.
+    pub seed: u64,
+}
+
+impl Harness {
+    /// Starts an orchestrator on fresh in-memory ports and registers `cfg.nodes` nodes,
+    /// each heartbeating. Prints the seed.
+    pub async fn start(cfg: HarnessConfig) -> Harness {
+        Self::start_on(cfg, Arc::new(MemoryStateStore::new())).await
+    }
+
+    /// As [`Harness::start`], on an existing event log (to test rebuilding from it).
+    pub async fn start_on(cfg: HarnessConfig, store: Arc<MemoryStateStore>) -> Harness {
+        eprintln!("hanzod testkit: seed = {}", cfg.seed);
+        let chain = Arc::new(MemoryChain::new());
+        let sink = Arc::new(MemoryCheckpointSink::new());
+        let link = ChannelNodeLink::new();
+        let orch = Orchestrator::builder()
+            .config(cfg.core.clone())
+            .state_store(store.clone())
+            .chain(chain.clone())
+            .checkpoint_sink(sink.clone())
+            .node_link(Arc::new(link.clone()))
+            .start()
+            .await
+            .expect("orchestrator starts");
+        let mut h = Harness {
+            orch,
+            store,
+            chain,
+            sink,
+            link,
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            cfg,
+            nodes: vec![],
+        };
+        for _ in 0..h.cfg.nodes {
+            h.add_node().await;
+        }
+        h
+    }
+
+    /// The run's seed.
+    pub fn seed(&self) -> u64 {
+        self.cfg.seed
+    }
+
+    /// Adds and starts one more simulated node (a standby once jobs are placed); returns
+    /// its index.
+    pub async fn add_node(&mut self) -> usize {
+        let index = self.nodes.len();
+        let mut key = [0u8; 32];
+        self.rng.fill(&mut key);
+        let id = NodeId(key);
+        let region = self.cfg.regions[self.rng.gen_range(0..self.cfg.regions.len().max(1))].clone();
+        let info = NodeInfo {
+            id,
+            gpu: GpuInfo {
+                model: "NVIDIA H100 80GB HBM3".into(),
+                vram_bytes: self.cfg.vram_bytes,
+                compute_cap: (9, 0),
+                driver_sig: vec![],
+            },
+            link: LinkProfile {
+                up_mbps: self.rng.gen_range(100.0..10_000.0),
+                down_mbps: self.rng.gen_range(100.0..10_000.0),
+            },
+            region,
+        };
+        self.chain.set_stake(id, self.cfg.stake);
+        let node_seed = self.rng.gen::<u64>();
+        let (status_tx, status_rx) = watch::channel(SimStatus::default());
+        let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
+        let commands = self.link.connect(id);
+        let sim = Sim {
+            info: info.clone(),
+            orch: self.orch.clone(),
+            clock: self.orch.clock(),
+            status: status_tx,
+            commands,
+            control: ctl_rx,
+            interval_ms: self.cfg.core.heartbeat.interval_ms,
+            compute_ms: self.cfg.compute_ms,
+            auto_deltas: self.cfg.auto_deltas,
+            rng: ChaCha8Rng::seed_from_u64(node_seed),
+            last_epoch: None,
+        };
+        // Registration is done before returning, so the node exists when the caller goes on.
+        sim.register().await;
+        tokio::spawn(sim.run());
+        self.nodes.push(SimNode {
+            id,
+            info,
+            control: Some(ctl_tx),
+            status: status_rx,
+        });
+        index
+    }
+
+    /// The id of node `index`.
+    pub fn node_id(&self, index: usize) -> NodeId {
+        self.nodes[index].id
+    }
+
+    /// All node ids, in index order.
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// The index of `id`.
+    pub fn index_of(&self, id: &NodeId) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id == *id)
+    }
+
+    /// What node `index` has seen.
+    pub fn status(&self, index: usize) -> SimStatus {
+        self.nodes[index].status.borrow().clone()
+    }
+
+    fn control(&self, index: usize, c: Control) {
+        if let Some(tx) = &self.nodes[index].control {
+            let _ = tx.send(c);
+        }
+    }
+
+    /// Kills node `index`'s process: it stops heartbeating and answering.
+    pub fn crash(&self, index: usize) {
+        self.control(index, Control::Crash);
+    }
+
+    /// Hangs node `index`: no more heartbeats until [`Harness::resume`].
+    pub fn hang(&self, index: usize) {
+        self.control(index, Control::Hang);
+    }
+
+    /// Resumes a hung node.
+    pub fn resume(&self, index: usize) {
+        self.control(index, Control::Resume);
+    }
+
+    /// Sets node `index`'s heartbeat interval, ms.
+    pub fn slow_heartbeats(&self, index: usize, interval_ms: u64) {
+        self.control(index, Control::Interval(interval_ms));
+    }
+
+    /// Makes node `index` flap.
+    pub fn flap(&self, index: usize, down_ms: u64, up_ms: u64, cycles: u32) {
+        self.control(
+            index,
+            Control::Flap {
+                down_ms,
+                up_ms,
+                cycles,
+            },
+        );
+    }
+
+    /// Registers node `index` again while it is live.
+    pub fn duplicate_registration(&self, index: usize) {
+        self.control(index, Control::Reregister);
+    }
+
+    /// Brings a crashed node back as a fresh process with the same key.
+    pub async fn rejoin(&mut self, index: usize) {
+        let (status_tx, status_rx) = watch::channel(SimStatus::default());
+        let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
+        let info = self.nodes[index].info.clone();
+        let sim = Sim {
+            commands: self.link.connect(info.id),
+            info,
+            orch: self.orch.clone(),
+            clock: self.orch.clock(),
+            status: status_tx,
+            control: ctl_rx,
+            interval_ms: self.cfg.core.heartbeat.interval_ms,
+            compute_ms: self.cfg.compute_ms,
+            auto_deltas: self.cfg.auto_deltas,
+            rng: ChaCha8Rng::seed_from_u64(self.rng.gen()),
+            last_epoch: None,
+        };
+        sim.register().await;
+        tokio::spawn(sim.run());
+        self.nodes[index].control = Some(ctl_tx);
+        self.nodes[index].status = status_rx;
+    }
+
+    /// Applies one fault now.
+    pub async fn apply(&mut self, fault: &Fault) -> Result<(), OrchestratorError> {
+        tracing::info!(?fault, "injecting fault");
+        match fault {
+            Fault::Crash(i) => self.crash(*i),
+            Fault::Hang(i) => self.hang(*i),
+            Fault::Resume(i) => self.resume(*i),
+            Fault::Flap {
+                node,
+                down_ms,
+                up_ms,
+                cycles,
+            } => self.flap(*node, *down_ms, *up_ms, *cycles),
+            Fault::SlowHeartbeats { node, interval_ms } => {
+                self.slow_heartbeats(*node, *interval_ms)
+            }
+            Fault::Rejoin(i) => self.rejoin(*i).await,
+            Fault::DuplicateRegistration(i) => self.duplicate_registration(*i),
+            Fault::PanicNodeActor(i) => {
+                self.orch
+                    .inject(ActorFault::PanicNodeActor(self.node_id(*i)))
+                    .await?;
+            }
+            Fault::PanicRingActor(j) => {
+                self.orch.inject(ActorFault::PanicRingActor(*j)).await?;
+            }
+            Fault::PanicJobActor(j) => {
+                self.orch.inject(ActorFault::PanicJobActor(*j)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `script`, sleeping (tokio time) between steps.
+    pub async fn run_script(&mut self, script: &FaultScript) -> Result<(), OrchestratorError> {
+        let start = tokio::time::Instant::now();
+        for (at, fault) in &script.steps {
+            tokio::time::sleep_until(start + Duration::from_millis(*at)).await;
+            self.apply(fault).await?;
+        }
+        Ok(())
+    }
+
+    /// A job spec sized for this harness: `nodes` nodes, `epochs` epochs, generous deadlines.
+    pub fn job_spec(&self, name: &str, nodes: u32, epochs: u32) -> JobSpec {
+        JobSpec {
+            name: name.into(),
+            epochs,
+            min_nodes: 2.min(nodes),
+            max_nodes: nodes,
+            min_vram_bytes: 16 << 30,
+            pending_deadline_ms: 600_000,
+            epoch_deadline_ms: 120_000,
+            utility: 1.0,
+            submitter_stake: GymWei::gym(100_000),
+        }
+    }
+
+    /// Polls `probe` every 50 ms (tokio time) until it returns `Some`, or fails after
+    /// `deadline`.
+    pub async fn wait_for<T, F, Fut>(
+        &self,
+        what: &str,
+        deadline: Duration,
+        mut probe: F,
+    ) -> Result<T, WaitTimeout>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let start = tokio::time::Instant::now();
+        loop {
+            if let Some(v) = probe().await {
+                return Ok(v);
+            }
+            if start.elapsed() >= deadline {
+                return Err(WaitTimeout {
+                    what: what.into(),
+                    waited_ms: start.elapsed().as_millis() as u64,
+                    seed: self.cfg.seed,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `job`'s ring satisfies `pred`; returns it.
+    pub async fn await_ring(
+        &self,
+        job: JobId,
+        deadline: Duration,
+        what: &str,
+        pred: impl Fn(&RingView) -> bool,
+    ) -> Result<RingView, WaitTimeout> {
+        let orch = self.orch.clone();
+        self.wait_for(what, deadline, || {
+            let orch = orch.clone();
+            let pred = &pred;
+            async move {
+                match orch.ring(job).await {
+                    Ok(Some(r)) if pred(&r) => Some(r),
+                    _ => None,
+                }
+            }
+        })
+        .await
+    }
+
+    /// Waits until `job`'s ring has version `version` and exactly `members` (any order).
+    pub async fn await_ring_version(
+        &self,
+        job: JobId,
+        version: u64,
+        members: &[NodeId],
+        deadline: Duration,
+    ) -> Result<RingView, WaitTimeout> {
+        let mut want = members.to_vec();
+        want.sort();
+        self.await_ring(job, deadline, &format!("{job} ring v{version}"), |r| {
+            let mut have = r.members.clone();
+            have.sort();
+            r.version == version && have == want
+        })
+        .await
+    }
+
+    /// Waits until `job`'s phase satisfies `pred`; returns it.
+    pub async fn await_phase(
+        &self,
+        job: JobId,
+        deadline: Duration,
+        what: &str,
+        pred: impl Fn(&JobPhase) -> bool,
+    ) -> Result<JobPhase, WaitTimeout> {
+        let orch = self.orch.clone();
+        self.wait_for(what, deadline, || {
+            let orch = orch.clone();
+            let pred = &pred;
+            async move {
+                match orch.job(job).await {
+                    Ok(v) if pred(&v.phase) => Some(v.phase),
+                    _ => None,
+                }
+            }
+        })
+        .await
+    }
+
+    /// Waits until node `index` is reported dead (`alive == false`) by the orchestrator.
+    pub async fn await_node_failed(&self, index: usize, deadline: Duration) -> Result<(), WaitTimeout> {
+        let id = self.node_id(index);
+        let orch = self.orch.clone();
+        self.wait_for(&format!("node {index} failed"), deadline, || {
+            let orch = orch.clone();
+            async move {
+                let nodes = orch.nodes().await.ok()?;
+                nodes.iter().any(|n| n.id == id && !n.alive).then_some(())
+            }
+        })
+        .await
+    }
+
+    /// Waits until every running member of `job`'s current ring follows exactly that ring
+    /// (same version, same order); returns it.
+    pub async fn await_members_agree(&self, job: JobId, deadline: Duration) -> Result<RingView, WaitTimeout> {
+        let orch = self.orch.clone();
+        self.wait_for(&format!("{job} members agree on the ring"), deadline, || {
+            let orch = orch.clone();
+            async move {
+                let ring = orch.ring(job).await.ok()??;
+                let agree = ring.members.iter().all(|m| {
+                    self.index_of(m).is_some_and(|i| {
+                        let s = self.status(i);
+                        s.running && s.ring.as_ref() == Some(&ring)
+                    })
+                });
+                agree.then_some(ring)
+            }
+        })
+        .await
+    }
+
+    /// The recorded events of the log (for assertions on what was made durable).
+    pub async fn records(&self) -> Vec<hanzod_actors::events::Record> {
+        self.store.read_after(0).await.unwrap_or_default()
+    }
+
+    /// Per node: (index, id, status), for diagnostics.
+    pub fn statuses(&self) -> BTreeMap<usize, SimStatus> {
+        (0..self.nodes.len()).map(|i| (i, self.status(i))).collect()
+    }
+}
+
+/// One simulated node process.
+struct Sim {
+    info: NodeInfo,
+    orch: OrchestratorHandle,
+    clock: Arc<dyn Clock>,
+    status: watch::Sender<SimStatus>,
+    commands: mpsc::UnboundedReceiver<NodeCommand>,
+    control: mpsc::UnboundedReceiver<Control>,
+    interval_ms: u64,
+    compute_ms: (u64, u64),
+    auto_deltas: bool,
+    rng: ChaCha8Rng,
+    last_epoch: Option<(JobId, u32)>,
+}
+
+impl Sim {
+    async fn register(&self) -> bool {
+        match self.orch.register_node(self.info.clone()).await {
+            Ok(_) => {
+                self.status.send_modify(|s| {
+                    s.registrations += 1;
+                    s.running = true;
+                    s.heartbeating = true;
+                });
+                true
+            }
+            Err(e) => {
+                tracing::warn!(node = %self.info.id.short(), error = %e, "simulated node could not register");
+                false
+            }
+        }
+    }
+
+    async fn run(mut self) {
+        use tokio::time::{sleep_until, Instant};
+        let mut seq = 0u64;
+        let mut heartbeating = true;
+        let mut next_hb = Instant::now();
+        let mut flap: Option<(u64, u64, u32)> = None;
+        let mut flap_at = Instant::now();
+        let mut delta_at: Option<Instant> = None;
+        let far = Duration::from_secs(86_400 * 365);
+        loop {
+            let hb_at = if heartbeating { next_hb } else { Instant::now() + far };
+            let flap_due = if flap.is_some() { flap_at } else { Instant::now() + far };
+            let delta_due = delta_at.unwrap_or_else(|| Instant::now() + far);
+            tokio::select! {
+                _ = sleep_until(hb_at), if heartbeating => {
+                    seq += 1;
+                    let hb = Heartbeat {
+                        node: self.info.id,
+                        seq,
+                        timestamp: self.clock.now(),
+                        gpu_utilization: 0.9,
+                        memory_used: 40 << 30,
+                        current_step: seq,
+                    };
+                    match self.orch.heartbeat(hb).await {
+                        Ok(_) => self.status.send_modify(|s| s.heartbeats += 1),
+                        Err(OrchestratorError::Heartbeat(_)) => {
+                            self.status.send_modify(|s| s.heartbeats_refused += 1);
+                            // Declared failed (or forgotten): register again, new session.
+                            if self.register().await {
+                                seq = 0;
+                            }
+                        }
+                        Err(_) => self.status.send_modify(|s| s.heartbeats_refused += 1),
+                    }
+                    next_hb = Instant::now() + Duration::from_millis(self.interval_ms);
+                }
+                _ = sleep_until(flap_due), if flap.is_some() => {
+                    if let Some((down, up, cycles)) = flap {
+                        if heartbeating {
+                            heartbeating = false;
+                            flap_at = Instant::now() + Duration::from_millis(down);
+                        } else {
+                            heartbeating = true;
+                            next_hb = Instant::now();
+                            flap = (cycles > 1).then_some((down, up, cycles - 1));
+                            flap_at = Instant::now() + Duration::from_millis(up);
+                        }
+                        self.status.send_modify(|s| s.heartbeating = heartbeating);
+                    }
+                }
+                _ = sleep_until(delta_due), if delta_at.is_some() => {
+                    delta_at = None;
+                    if heartbeating {
+                        self.submit_delta().await;
+                    }
+                    // Keep training while in a ring: the next epoch's delta follows.
+                    if self.status.borrow().ring.is_some() {
+                        delta_at = Some(Instant::now() + self.compute_time());
+                    }
+                }
+                cmd = self.commands.recv() => {
+                    let Some(cmd) = cmd else { break };
+                    if !heartbeating {
+                        continue; // hung: not processing anything
+                    }
+                    match cmd {
+                        NodeCommand::RingUpdate(ring) => {
+                            let mut accepted = false;
+                            self.status.send_modify(|s| match &s.ring {
+                                Some(r) if r.job == ring.job && r.version >= ring.version => {
+                                    if r.version > ring.version { s.stale_rejected += 1; }
+                                }
+                                _ => { s.ring = Some(ring.clone()); accepted = true; }
+                            });
+                            if accepted && self.auto_deltas {
+                                delta_at = Some(Instant::now() + self.compute_time());
+                            }
+                        }
+                        NodeCommand::Release { job } => {
+                            self.status.send_modify(|s| if s.ring.as_ref().is_some_and(|r| r.job == job) { s.ring = None; });
+                            delta_at = None;
+                        }
+                        NodeCommand::ProbeRequest { .. } => {}
+                    }
+                }
+                ctl = self.control.recv() => {
+                    match ctl {
+                        None | Some(Control::Crash) => {
+                            self.status.send_modify(|s| { s.running = false; s.heartbeating = false; });
+                            return;
+                        }
+                        Some(Control::Hang) => heartbeating = false,
+                        Some(Control::Resume) => { heartbeating = true; next_hb = Instant::now(); }
+                        Some(Control::Interval(ms)) => self.interval_ms = ms,
+                        Some(Control::Reregister) => { if self.register().await { seq = 0; } }
+                        Some(Control::Flap { down_ms, up_ms, cycles }) => {
+                            flap = Some((down_ms, up_ms, cycles));
+                            flap_at = Instant::now();
+                        }
+                    }
+                    self.status.send_modify(|s| s.heartbeating = heartbeating);
+                }
+            }
+        }
+    }
+
+    fn compute_time(&mut self) -> Duration {
+        let (lo, hi) = self.compute_ms;
+        Duration::from_millis(if hi > lo { self.rng.gen_range(lo..hi) } else { lo })
+    }
+
+    /// Submits this node's delta for its job's current epoch, then schedules the next.
+    async fn submit_delta(&mut self) {
+        let Some(ring) = self.status.borrow().ring.clone() else { return };
+        let Ok(view) = self.orch.job(ring.job).await else { return };
+        let JobPhase::Running { epoch, .. } = view.phase else {
+            // Between epochs: look again after another compute time.
+            return;
+        };
+        if self.last_epoch == Some((ring.job, epoch)) {
+            return; // already submitted this epoch's delta
+        }
+        let mut delta_hash = [0u8; 32];
+        self.rng.fill(&mut delta_hash);
+        let receipt = DeltaReceipt {
+            job: ring.job,
+            node: self.info.id,
+            epoch,
+            step: u64::from(epoch + 1) * 100,
+            delta_hash,
+        };
+        if self.orch.submit_delta(receipt).await.is_ok() {
+            self.last_epoch = Some((ring.job, epoch));
+            self.status.send_modify(|s| s.deltas += 1);
+        }
+    }
+}
