@@ -143,10 +143,12 @@ impl Config {
             set("log", "format", toml::Value::String(v));
         }
         merge(&mut value, toml::Value::Table(env_layer));
-        value.try_into().map_err(|e: toml::de::Error| ConfigError::Invalid {
-            layer: "merged configuration".into(),
-            message: e.to_string(),
-        })
+        value
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid {
+                layer: "merged configuration".into(),
+                message: e.to_string(),
+            })
     }
 }
 
@@ -176,8 +178,15 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hanzod-cfg2-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("over.toml");
-        std::fs::write(&f, "[core.heartbeat]\ntimeout_ms = 9000\n[chain]\nchain_id = 1\n").unwrap();
-        let c = Config::load(Some(&f), |k| (k == "HANZO_CHAIN_ID").then(|| "31337".into())).unwrap();
+        std::fs::write(
+            &f,
+            "[core.heartbeat]\ntimeout_ms = 9000\n[chain]\nchain_id = 1\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&f), |k| {
+            (k == "HANZO_CHAIN_ID").then(|| "31337".into())
+        })
+        .unwrap();
         assert_eq!(c.core.heartbeat.timeout_ms, 9000);
         assert_eq!(c.core.heartbeat.interval_ms, 10_000);
         assert_eq!(c.chain.chain_id, 31337);

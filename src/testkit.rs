@@ -203,7 +203,11 @@ enum Control {
     Resume,
     Interval(u64),
     Reregister,
-    Flap { down_ms: u64, up_ms: u64, cycles: u32 },
+    Flap {
+        down_ms: u64,
+        up_ms: u64,
+        cycles: u32,
+    },
 }
 
 struct SimNode {
@@ -584,7 +588,11 @@ impl Harness {
     }
 
     /// Waits until node `index` is reported dead (`alive == false`) by the orchestrator.
-    pub async fn await_node_failed(&self, index: usize, deadline: Duration) -> Result<(), WaitTimeout> {
+    pub async fn await_node_failed(
+        &self,
+        index: usize,
+        deadline: Duration,
+    ) -> Result<(), WaitTimeout> {
         let id = self.node_id(index);
         let orch = self.orch.clone();
         self.wait_for(&format!("node {index} failed"), deadline, || {
@@ -599,21 +607,29 @@ impl Harness {
 
     /// Waits until every running member of `job`'s current ring follows exactly that ring
     /// (same version, same order); returns it.
-    pub async fn await_members_agree(&self, job: JobId, deadline: Duration) -> Result<RingView, WaitTimeout> {
+    pub async fn await_members_agree(
+        &self,
+        job: JobId,
+        deadline: Duration,
+    ) -> Result<RingView, WaitTimeout> {
         let orch = self.orch.clone();
-        self.wait_for(&format!("{job} members agree on the ring"), deadline, || {
-            let orch = orch.clone();
-            async move {
-                let ring = orch.ring(job).await.ok()??;
-                let agree = ring.members.iter().all(|m| {
-                    self.index_of(m).is_some_and(|i| {
-                        let s = self.status(i);
-                        s.running && s.ring.as_ref() == Some(&ring)
-                    })
-                });
-                agree.then_some(ring)
-            }
-        })
+        self.wait_for(
+            &format!("{job} members agree on the ring"),
+            deadline,
+            || {
+                let orch = orch.clone();
+                async move {
+                    let ring = orch.ring(job).await.ok()??;
+                    let agree = ring.members.iter().all(|m| {
+                        self.index_of(m).is_some_and(|i| {
+                            let s = self.status(i);
+                            s.running && s.ring.as_ref() == Some(&ring)
+                        })
+                    });
+                    agree.then_some(ring)
+                }
+            },
+        )
         .await
     }
 
@@ -671,8 +687,16 @@ impl Sim {
         let mut delta_at: Option<Instant> = None;
         let far = Duration::from_secs(86_400 * 365);
         loop {
-            let hb_at = if heartbeating { next_hb } else { Instant::now() + far };
-            let flap_due = if flap.is_some() { flap_at } else { Instant::now() + far };
+            let hb_at = if heartbeating {
+                next_hb
+            } else {
+                Instant::now() + far
+            };
+            let flap_due = if flap.is_some() {
+                flap_at
+            } else {
+                Instant::now() + far
+            };
             let delta_due = delta_at.unwrap_or_else(|| Instant::now() + far);
             tokio::select! {
                 _ = sleep_until(hb_at), if heartbeating => {
@@ -770,13 +794,21 @@ impl Sim {
 
     fn compute_time(&mut self) -> Duration {
         let (lo, hi) = self.compute_ms;
-        Duration::from_millis(if hi > lo { self.rng.gen_range(lo..hi) } else { lo })
+        Duration::from_millis(if hi > lo {
+            self.rng.gen_range(lo..hi)
+        } else {
+            lo
+        })
     }
 
     /// Submits this node's delta for its job's current epoch, then schedules the next.
     async fn submit_delta(&mut self) {
-        let Some(ring) = self.status.borrow().ring.clone() else { return };
-        let Ok(view) = self.orch.job(ring.job).await else { return };
+        let Some(ring) = self.status.borrow().ring.clone() else {
+            return;
+        };
+        let Ok(view) = self.orch.job(ring.job).await else {
+            return;
+        };
         let JobPhase::Running { epoch, .. } = view.phase else {
             // Between epochs: look again after another compute time.
             return;

@@ -10,7 +10,11 @@ const MIN: Duration = Duration::from_secs(60);
 #[tokio::test(start_paused = true)]
 async fn ring_of_64_survives_one_then_three_crashes() {
     let h = Harness::start(HarnessConfig::new(64).seed_from_env_or(64)).await;
-    let job = h.orch.submit_job(h.job_spec("crash-64", 64, 1_000)).await.unwrap();
+    let job = h
+        .orch
+        .submit_job(h.job_spec("crash-64", 64, 1_000))
+        .await
+        .unwrap();
     let v1 = h
         .await_ring(job, MIN, "ring v1", |r| r.version == 1)
         .await
@@ -21,7 +25,12 @@ async fn ring_of_64_survives_one_then_three_crashes() {
     // One crash: the ring drops it at the 30 s timeout.
     let victim = h.index_of(&v1.members[17]).unwrap();
     h.crash(victim);
-    let survivors: Vec<_> = v1.members.iter().copied().filter(|m| *m != v1.members[17]).collect();
+    let survivors: Vec<_> = v1
+        .members
+        .iter()
+        .copied()
+        .filter(|m| *m != v1.members[17])
+        .collect();
     let v2 = h.await_ring_version(job, 2, &survivors, MIN).await.unwrap();
     let agreed = h.await_members_agree(job, MIN).await.unwrap();
     assert_eq!(agreed, v2);
@@ -31,16 +40,31 @@ async fn ring_of_64_survives_one_then_three_crashes() {
     for v in &victims {
         h.crash(h.index_of(v).unwrap());
     }
-    let survivors: Vec<_> = v2.members.iter().copied().filter(|m| !victims.contains(m)).collect();
+    let survivors: Vec<_> = v2
+        .members
+        .iter()
+        .copied()
+        .filter(|m| !victims.contains(m))
+        .collect();
     let v3 = h.await_ring_version(job, 3, &survivors, MIN).await.unwrap();
     let agreed = h.await_members_agree(job, MIN).await.unwrap();
     assert_eq!(agreed, v3);
     assert_eq!(v3.members.len(), 60);
     // Survivors keep their relative order (Algorithm 2 splices, it does not rebuild).
-    let pos: Vec<usize> = v3.members.iter().map(|m| v2.members.iter().position(|x| x == m).unwrap()).collect();
-    let rot = pos.iter().position(|&p| p == *pos.iter().min().unwrap()).unwrap();
+    let pos: Vec<usize> = v3
+        .members
+        .iter()
+        .map(|m| v2.members.iter().position(|x| x == m).unwrap())
+        .collect();
+    let rot = pos
+        .iter()
+        .position(|&p| p == *pos.iter().min().unwrap())
+        .unwrap();
     let rotated: Vec<usize> = pos[rot..].iter().chain(&pos[..rot]).copied().collect();
-    assert!(rotated.windows(2).all(|w| w[0] < w[1]), "order changed: {pos:?}");
+    assert!(
+        rotated.windows(2).all(|w| w[0] < w[1]),
+        "order changed: {pos:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -56,7 +80,15 @@ async fn hung_node_fails_at_thirty_seconds_and_not_before() {
     let t0 = tokio::time::Instant::now();
     let mut notices = h.orch.subscribe();
     tokio::time::sleep(Duration::from_millis(29_900)).await;
-    let alive = h.orch.nodes().await.unwrap().iter().find(|n| n.id == h.node_id(1)).unwrap().alive;
+    let alive = h
+        .orch
+        .nodes()
+        .await
+        .unwrap()
+        .iter()
+        .find(|n| n.id == h.node_id(1))
+        .unwrap()
+        .alive;
     assert!(alive, "failed before the 30 s timeout");
     let failed_at = loop {
         match notices.recv().await.unwrap() {
@@ -68,8 +100,20 @@ async fn hung_node_fails_at_thirty_seconds_and_not_before() {
     };
     let after = failed_at.duration_since(t0);
     // The last heartbeat was at most 10 ms before t0.
-    assert!(after >= Duration::from_millis(29_990) && after <= Duration::from_millis(30_000), "{after:?}");
-    assert!(h.orch.nodes().await.unwrap().iter().filter(|n| n.alive).count() == 2);
+    assert!(
+        after >= Duration::from_millis(29_990) && after <= Duration::from_millis(30_000),
+        "{after:?}"
+    );
+    assert!(
+        h.orch
+            .nodes()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|n| n.alive)
+            .count()
+            == 2
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -110,13 +154,20 @@ async fn duplicate_registration_keeps_one_node_state() {
     cfg.auto_deltas = false;
     let h = Harness::start(cfg).await;
     let job = h.orch.submit_job(h.job_spec("dup", 4, 10)).await.unwrap();
-    let ring = h.await_ring(job, MIN, "ring", |r| r.version == 1).await.unwrap();
+    let ring = h
+        .await_ring(job, MIN, "ring", |r| r.version == 1)
+        .await
+        .unwrap();
     h.duplicate_registration(2);
     tokio::time::sleep(Duration::from_secs(45)).await;
     let nodes = h.orch.nodes().await.unwrap();
     assert_eq!(nodes.len(), 4);
     assert!(nodes.iter().all(|n| n.alive && n.assigned == Some(job)));
-    assert_eq!(h.orch.ring(job).await.unwrap().unwrap(), ring, "no spurious reconfiguration");
+    assert_eq!(
+        h.orch.ring(job).await.unwrap().unwrap(),
+        ring,
+        "no spurious reconfiguration"
+    );
     assert_eq!(h.status(2).registrations, 2);
 }
 
@@ -125,32 +176,63 @@ async fn crashed_node_rejoins_as_standby_for_the_next_failure() {
     let mut cfg = HarnessConfig::new(6).seed_from_env_or(8);
     cfg.auto_deltas = false;
     let mut h = Harness::start(cfg).await;
-    let job = h.orch.submit_job(h.job_spec("standby", 5, 10)).await.unwrap();
-    let v1 = h.await_ring(job, MIN, "ring", |r| r.version == 1).await.unwrap();
-    let spare = (0..6).find(|i| !v1.members.contains(&h.node_id(*i))).unwrap();
+    let job = h
+        .orch
+        .submit_job(h.job_spec("standby", 5, 10))
+        .await
+        .unwrap();
+    let v1 = h
+        .await_ring(job, MIN, "ring", |r| r.version == 1)
+        .await
+        .unwrap();
+    let spare = (0..6)
+        .find(|i| !v1.members.contains(&h.node_id(*i)))
+        .unwrap();
     let victim = h.index_of(&v1.members[2]).unwrap();
     h.crash(victim);
     // The idle node is inserted as a standby in the same reconfiguration.
-    let v2 = h.await_ring(job, MIN, "ring v2", |r| r.version == 2).await.unwrap();
+    let v2 = h
+        .await_ring(job, MIN, "ring v2", |r| r.version == 2)
+        .await
+        .unwrap();
     assert_eq!(v2.members.len(), 5);
     assert!(v2.members.contains(&h.node_id(spare)));
     assert!(!v2.members.contains(&h.node_id(victim)));
     h.rejoin(victim).await;
     let other = h.index_of(&v2.members[0]).unwrap();
     h.crash(other);
-    let v3 = h.await_ring(job, MIN, "ring v3", |r| r.version == 3).await.unwrap();
-    assert!(v3.members.contains(&h.node_id(victim)), "rejoined node used as standby");
+    let v3 = h
+        .await_ring(job, MIN, "ring v3", |r| r.version == 3)
+        .await
+        .unwrap();
+    assert!(
+        v3.members.contains(&h.node_id(victim)),
+        "rejoined node used as standby"
+    );
     h.await_members_agree(job, MIN).await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn seeded_random_faults_keep_the_invariants() {
-    let seed = std::env::var("HANZOD_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(2024);
+    let seed = std::env::var("HANZOD_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2024);
     let script = FaultScript::random(seed, 24, 12, 240_000);
-    assert_eq!(script, FaultScript::random(seed, 24, 12, 240_000), "same seed, same script");
+    assert_eq!(
+        script,
+        FaultScript::random(seed, 24, 12, 240_000),
+        "same seed, same script"
+    );
     let mut h = Harness::start(HarnessConfig::new(24).seed_from_env_or(seed)).await;
-    let job = h.orch.submit_job(h.job_spec("chaos", 16, 1_000)).await.unwrap();
-    h.await_ring(job, MIN, "ring", |r| r.version == 1).await.unwrap();
+    let job = h
+        .orch
+        .submit_job(h.job_spec("chaos", 16, 1_000))
+        .await
+        .unwrap();
+    h.await_ring(job, MIN, "ring", |r| r.version == 1)
+        .await
+        .unwrap();
     let mut versions = vec![];
     let mut notices = h.orch.subscribe();
     h.run_script(&script).await.unwrap();
@@ -161,17 +243,30 @@ async fn seeded_random_faults_keep_the_invariants() {
             versions.push(ring.version);
         }
     }
-    assert!(versions.windows(2).all(|w| w[0] < w[1]), "versions not increasing: {versions:?}");
+    assert!(
+        versions.windows(2).all(|w| w[0] < w[1]),
+        "versions not increasing: {versions:?}"
+    );
     let phase = h.orch.job(job).await.unwrap().phase;
     if !matches!(phase, JobPhase::Failed { .. }) {
         let ring = h.await_members_agree(job, MIN).await.unwrap();
         // No member of the final ring is a node the orchestrator considers dead.
         let nodes = h.orch.nodes().await.unwrap();
         for m in &ring.members {
-            assert!(nodes.iter().any(|n| n.id == *m && n.alive), "dead member {m:?}");
+            assert!(
+                nodes.iter().any(|n| n.id == *m && n.alive),
+                "dead member {m:?}"
+            );
         }
     }
-    let crashed: Vec<usize> = script.steps.iter().filter_map(|(_, f)| match f { Fault::Crash(i) => Some(*i), _ => None }).collect();
+    let crashed: Vec<usize> = script
+        .steps
+        .iter()
+        .filter_map(|(_, f)| match f {
+            Fault::Crash(i) => Some(*i),
+            _ => None,
+        })
+        .collect();
     for i in crashed {
         assert!(!h.status(i).running);
     }

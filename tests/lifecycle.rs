@@ -16,15 +16,27 @@ const MIN: Duration = Duration::from_secs(60);
 #[tokio::test(start_paused = true)]
 async fn job_runs_every_epoch_to_published() {
     let h = Harness::start(HarnessConfig::new(5).seed_from_env_or(21)).await;
-    let job = h.orch.submit_job(h.job_spec("five-epochs", 5, 5)).await.unwrap();
+    let job = h
+        .orch
+        .submit_job(h.job_spec("five-epochs", 5, 5))
+        .await
+        .unwrap();
     let mut notices = h.orch.subscribe();
-    let phase = h.await_phase(job, 10 * MIN, "published", |p| p.is_terminal()).await.unwrap();
-    let JobPhase::Published { epochs, checkpoint } = phase else { panic!("{phase:?}") };
+    let phase = h
+        .await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
+        .await
+        .unwrap();
+    let JobPhase::Published { epochs, checkpoint } = phase else {
+        panic!("{phase:?}")
+    };
     assert_eq!(epochs, 5);
     let published = h.sink.checkpoints(job);
     assert_eq!(published.len(), 5);
     // Every epoch merged all five members' deltas (no deadline cut one short).
-    assert!(published.iter().all(|(_, _, deltas)| *deltas == 5), "{published:?}");
+    assert!(
+        published.iter().all(|(_, _, deltas)| *deltas == 5),
+        "{published:?}"
+    );
     assert_eq!(checkpoint, published[4].1);
     // The loop of DESIGN §5: Running(e) → Aggregating(e) → Running(e+1) … → Published.
     let mut phases = vec![];
@@ -49,9 +61,13 @@ async fn epoch_deadline_completes_an_epoch_without_the_silent_node() {
     let mut spec = h.job_spec("deadline", 3, 2);
     spec.epoch_deadline_ms = 60_000;
     let job = h.orch.submit_job(spec).await.unwrap();
-    h.await_ring(job, MIN, "ring", |r| r.version == 1).await.unwrap();
+    h.await_ring(job, MIN, "ring", |r| r.version == 1)
+        .await
+        .unwrap();
     h.hang(1);
-    h.await_phase(job, 10 * MIN, "published", |p| p.is_terminal()).await.unwrap();
+    h.await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
+        .await
+        .unwrap();
     let published = h.sink.checkpoints(job);
     assert!(published.iter().all(|(_, _, d)| *d == 2), "{published:?}");
 }
@@ -64,9 +80,24 @@ async fn job_without_enough_nodes_fails_at_its_pending_deadline() {
     spec.pending_deadline_ms = 90_000;
     let job = h.orch.submit_job(spec).await.unwrap();
     tokio::time::sleep(Duration::from_secs(89)).await;
-    assert!(matches!(h.orch.job(job).await.unwrap().phase, JobPhase::Pending { .. }));
-    let phase = h.await_phase(job, MIN, "failed", |p| p.is_terminal()).await.unwrap();
-    assert!(matches!(phase, JobPhase::Failed { reason: FailReason::DeadlinePassed, .. }), "{phase:?}");
+    assert!(matches!(
+        h.orch.job(job).await.unwrap().phase,
+        JobPhase::Pending { .. }
+    ));
+    let phase = h
+        .await_phase(job, MIN, "failed", |p| p.is_terminal())
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            phase,
+            JobPhase::Failed {
+                reason: FailReason::DeadlinePassed,
+                ..
+            }
+        ),
+        "{phase:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -77,11 +108,22 @@ async fn ring_below_min_nodes_fails_the_job_and_frees_its_nodes() {
     let mut spec = h.job_spec("fragile", 3, 10);
     spec.min_nodes = 3;
     let job = h.orch.submit_job(spec).await.unwrap();
-    h.await_ring(job, MIN, "ring", |r| r.version == 1).await.unwrap();
+    h.await_ring(job, MIN, "ring", |r| r.version == 1)
+        .await
+        .unwrap();
     h.crash(0);
-    let phase = h.await_phase(job, 2 * MIN, "failed", |p| p.is_terminal()).await.unwrap();
+    let phase = h
+        .await_phase(job, 2 * MIN, "failed", |p| p.is_terminal())
+        .await
+        .unwrap();
     assert!(
-        matches!(phase, JobPhase::Failed { reason: FailReason::TooFewNodes { alive: 2, min: 3 }, .. }),
+        matches!(
+            phase,
+            JobPhase::Failed {
+                reason: FailReason::TooFewNodes { alive: 2, min: 3 },
+                ..
+            }
+        ),
         "{phase:?}"
     );
     let nodes = h.orch.nodes().await.unwrap();
@@ -93,15 +135,37 @@ async fn cancel_ends_the_job_and_later_requests_get_typed_errors() {
     let mut cfg = HarnessConfig::new(3).seed_from_env_or(25);
     cfg.auto_deltas = false;
     let h = Harness::start(cfg).await;
-    let job = h.orch.submit_job(h.job_spec("cancel-me", 3, 10)).await.unwrap();
-    h.await_ring(job, MIN, "ring", |r| r.version == 1).await.unwrap();
+    let job = h
+        .orch
+        .submit_job(h.job_spec("cancel-me", 3, 10))
+        .await
+        .unwrap();
+    h.await_ring(job, MIN, "ring", |r| r.version == 1)
+        .await
+        .unwrap();
     h.orch.cancel_job(job).await.unwrap();
-    let phase = h.await_phase(job, MIN, "cancelled", |p| p.is_terminal()).await.unwrap();
-    assert!(matches!(phase, JobPhase::Failed { reason: FailReason::Cancelled, .. }));
+    let phase = h
+        .await_phase(job, MIN, "cancelled", |p| p.is_terminal())
+        .await
+        .unwrap();
+    assert!(matches!(
+        phase,
+        JobPhase::Failed {
+            reason: FailReason::Cancelled,
+            ..
+        }
+    ));
     let err = h.orch.cancel_job(job).await.unwrap_err();
     assert_eq!(err, OrchestratorError::Job(JobRequestError::Ended(job)));
-    let err = h.orch.job(hanzod::core::types::JobId(99)).await.unwrap_err();
-    assert_eq!(err, OrchestratorError::Job(JobRequestError::NotFound(hanzod::core::types::JobId(99))));
+    let err = h
+        .orch
+        .job(hanzod::core::types::JobId(99))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        OrchestratorError::Job(JobRequestError::NotFound(hanzod::core::types::JobId(99)))
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -110,45 +174,125 @@ async fn deltas_are_checked_against_epoch_membership_and_duplicates() {
     cfg.auto_deltas = false;
     let h = Harness::start(cfg).await;
     let job = h.orch.submit_job(h.job_spec("deltas", 2, 3)).await.unwrap();
-    let ring = h.await_ring(job, MIN, "ring", |r| r.version == 1).await.unwrap();
-    h.await_phase(job, MIN, "running", |p| matches!(p, JobPhase::Running { .. })).await.unwrap();
-    let outsider = h.node_ids().into_iter().find(|n| !ring.members.contains(n)).unwrap();
-    let receipt = |node: NodeId, epoch: u32, b: u8| DeltaReceipt { job, node, epoch, step: 1, delta_hash: [b; 32] };
-    let e = h.orch.submit_delta(receipt(outsider, 0, 1)).await.unwrap_err();
-    assert_eq!(e, OrchestratorError::Job(JobRequestError::NotMember(outsider)));
-    let e = h.orch.submit_delta(receipt(ring.members[0], 1, 1)).await.unwrap_err();
-    assert_eq!(e, OrchestratorError::Job(JobRequestError::WrongEpoch { expected: 0, got: 1 }));
-    h.orch.submit_delta(receipt(ring.members[0], 0, 1)).await.unwrap();
-    h.orch.submit_delta(receipt(ring.members[0], 0, 1)).await.unwrap(); // retried upload
-    let e = h.orch.submit_delta(receipt(ring.members[0], 0, 2)).await.unwrap_err();
-    assert_eq!(e, OrchestratorError::Job(JobRequestError::Conflicting(ring.members[0])));
+    let ring = h
+        .await_ring(job, MIN, "ring", |r| r.version == 1)
+        .await
+        .unwrap();
+    h.await_phase(job, MIN, "running", |p| {
+        matches!(p, JobPhase::Running { .. })
+    })
+    .await
+    .unwrap();
+    let outsider = h
+        .node_ids()
+        .into_iter()
+        .find(|n| !ring.members.contains(n))
+        .unwrap();
+    let receipt = |node: NodeId, epoch: u32, b: u8| DeltaReceipt {
+        job,
+        node,
+        epoch,
+        step: 1,
+        delta_hash: [b; 32],
+    };
+    let e = h
+        .orch
+        .submit_delta(receipt(outsider, 0, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        OrchestratorError::Job(JobRequestError::NotMember(outsider))
+    );
+    let e = h
+        .orch
+        .submit_delta(receipt(ring.members[0], 1, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        OrchestratorError::Job(JobRequestError::WrongEpoch {
+            expected: 0,
+            got: 1
+        })
+    );
+    h.orch
+        .submit_delta(receipt(ring.members[0], 0, 1))
+        .await
+        .unwrap();
+    h.orch
+        .submit_delta(receipt(ring.members[0], 0, 1))
+        .await
+        .unwrap(); // retried upload
+    let e = h
+        .orch
+        .submit_delta(receipt(ring.members[0], 0, 2))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        OrchestratorError::Job(JobRequestError::Conflicting(ring.members[0]))
+    );
     assert_eq!(h.orch.job(job).await.unwrap().deltas_this_epoch, 1);
-    h.orch.submit_delta(receipt(ring.members[1], 0, 3)).await.unwrap();
-    h.await_phase(job, MIN, "epoch 1", |p| matches!(p, JobPhase::Running { epoch: 1, .. })).await.unwrap();
+    h.orch
+        .submit_delta(receipt(ring.members[1], 0, 3))
+        .await
+        .unwrap();
+    h.await_phase(job, MIN, "epoch 1", |p| {
+        matches!(p, JobPhase::Running { epoch: 1, .. })
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn admission_and_heartbeat_errors_are_typed() {
     let h = Harness::start(HarnessConfig::new(1).seed_from_env_or(27)).await;
-    let poor = NodeInfo { id: NodeId([1; 32]), region: "eu-west".into(), ..Default::default() };
+    let poor = NodeInfo {
+        id: NodeId([1; 32]),
+        region: "eu-west".into(),
+        ..Default::default()
+    };
     h.chain.set_stake(poor.id, GymWei::gym(9_999));
     let e = h.orch.register_node(poor.clone()).await.unwrap_err();
     assert_eq!(
         e,
-        OrchestratorError::Register(RegisterError::InsufficientStake { have: GymWei::gym(9_999), need: GymWei::gym(10_000) })
+        OrchestratorError::Register(RegisterError::InsufficientStake {
+            have: GymWei::gym(9_999),
+            need: GymWei::gym(10_000)
+        })
     );
-    let unbound = NodeInfo { id: NodeId([2; 32]), ..Default::default() };
-    assert_eq!(h.orch.register_node(unbound).await.unwrap_err(), OrchestratorError::Register(RegisterError::Unbound));
+    let unbound = NodeInfo {
+        id: NodeId([2; 32]),
+        ..Default::default()
+    };
+    assert_eq!(
+        h.orch.register_node(unbound).await.unwrap_err(),
+        OrchestratorError::Register(RegisterError::Unbound)
+    );
     let mut bad = poor.clone();
     h.chain.set_stake(bad.id, GymWei::gym(20_000));
     bad.link.up_mbps = f32::NAN;
     assert!(matches!(
         h.orch.register_node(bad).await.unwrap_err(),
-        OrchestratorError::Register(RegisterError::Invalid { field: "link.up_mbps", .. })
+        OrchestratorError::Register(RegisterError::Invalid {
+            field: "link.up_mbps",
+            ..
+        })
     ));
     let now = h.orch.clock().now();
-    let hb = |seq, ts| Heartbeat { node: poor.id, seq, timestamp: ts, gpu_utilization: 0.5, memory_used: 0, current_step: 0 };
-    assert_eq!(h.orch.heartbeat(hb(1, now)).await.unwrap_err(), OrchestratorError::Heartbeat(HeartbeatError::UnknownNode));
+    let hb = |seq, ts| Heartbeat {
+        node: poor.id,
+        seq,
+        timestamp: ts,
+        gpu_utilization: 0.5,
+        memory_used: 0,
+        current_step: 0,
+    };
+    assert_eq!(
+        h.orch.heartbeat(hb(1, now)).await.unwrap_err(),
+        OrchestratorError::Heartbeat(HeartbeatError::UnknownNode)
+    );
     h.orch.register_node(poor.clone()).await.unwrap();
     h.orch.heartbeat(hb(1, now)).await.unwrap();
     assert_eq!(
@@ -156,11 +300,19 @@ async fn admission_and_heartbeat_errors_are_typed() {
         OrchestratorError::Heartbeat(HeartbeatError::StaleSequence { last: 1, got: 1 })
     );
     assert!(matches!(
-        h.orch.heartbeat(hb(2, now.plus_ms(31_000))).await.unwrap_err(),
+        h.orch
+            .heartbeat(hb(2, now.plus_ms(31_000)))
+            .await
+            .unwrap_err(),
         OrchestratorError::Heartbeat(HeartbeatError::OutsideWindow { .. })
     ));
     // Nothing refused was recorded: exactly the one admission of the poor node plus the harness node.
-    let admitted = h.records().await.iter().filter(|r| matches!(r.event, hanzod::core::events::Event::NodeRegistered { .. })).count();
+    let admitted = h
+        .records()
+        .await
+        .iter()
+        .filter(|r| matches!(r.event, hanzod::core::events::Event::NodeRegistered { .. }))
+        .count();
     assert_eq!(admitted, 2);
 }
 

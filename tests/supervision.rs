@@ -21,11 +21,27 @@ fn quiet(n: usize, seed: u64) -> HarnessConfig {
 #[tokio::test(start_paused = true)]
 async fn node_actor_panic_is_a_node_failure_and_its_ring_recovers() {
     let h = Harness::start(quiet(6, 11)).await;
-    let job = h.orch.submit_job(h.job_spec("panic-node", 6, 10)).await.unwrap();
-    let v1 = h.await_ring(job, MIN, "ring", |r| r.version == 1).await.unwrap();
+    let job = h
+        .orch
+        .submit_job(h.job_spec("panic-node", 6, 10))
+        .await
+        .unwrap();
+    let v1 = h
+        .await_ring(job, MIN, "ring", |r| r.version == 1)
+        .await
+        .unwrap();
     let victim = v1.members[3];
-    assert!(h.orch.inject(ActorFault::PanicNodeActor(victim)).await.unwrap());
-    let survivors: Vec<_> = v1.members.iter().copied().filter(|m| *m != victim).collect();
+    assert!(h
+        .orch
+        .inject(ActorFault::PanicNodeActor(victim))
+        .await
+        .unwrap());
+    let survivors: Vec<_> = v1
+        .members
+        .iter()
+        .copied()
+        .filter(|m| *m != victim)
+        .collect();
     // Recovery within the coalescing window, long before any heartbeat timeout.
     let v2 = h
         .await_ring_version(job, 2, &survivors, Duration::from_secs(2))
@@ -59,17 +75,35 @@ async fn node_actor_panic_is_a_node_failure_and_its_ring_recovers() {
 #[tokio::test(start_paused = true)]
 async fn ring_actor_killed_mid_job_is_rebuilt_with_the_same_state() {
     let h = Harness::start(HarnessConfig::new(8).seed_from_env_or(12)).await;
-    let job = h.orch.submit_job(h.job_spec("panic-ring", 7, 50)).await.unwrap();
-    h.await_ring(job, MIN, "ring", |r| r.version == 1).await.unwrap();
-    let victim = h.orch.ring(job).await.unwrap().unwrap().members[0];
-    h.crash(h.index_of(&victim).unwrap());
-    let v2 = h.await_ring(job, MIN, "ring v2", |r| r.version == 2).await.unwrap();
-    h.await_phase(job, MIN, "epoch 1", |p| matches!(p, JobPhase::Running { epoch, .. } if *epoch >= 1))
+    let job = h
+        .orch
+        .submit_job(h.job_spec("panic-ring", 7, 50))
         .await
         .unwrap();
+    h.await_ring(job, MIN, "ring", |r| r.version == 1)
+        .await
+        .unwrap();
+    let victim = h.orch.ring(job).await.unwrap().unwrap().members[0];
+    h.crash(h.index_of(&victim).unwrap());
+    let v2 = h
+        .await_ring(job, MIN, "ring v2", |r| r.version == 2)
+        .await
+        .unwrap();
+    h.await_phase(
+        job,
+        MIN,
+        "epoch 1",
+        |p| matches!(p, JobPhase::Running { epoch, .. } if *epoch >= 1),
+    )
+    .await
+    .unwrap();
     let before = h.orch.job(job).await.unwrap();
     let mut notices = h.orch.subscribe();
-    assert!(h.orch.inject(ActorFault::PanicRingActor(job)).await.unwrap());
+    assert!(h
+        .orch
+        .inject(ActorFault::PanicRingActor(job))
+        .await
+        .unwrap());
     let restarted = loop {
         if let Notice::ActorRestarted { what } = notices.recv().await.unwrap() {
             break what;
@@ -79,11 +113,17 @@ async fn ring_actor_killed_mid_job_is_rebuilt_with_the_same_state() {
     // Same ring, same version: nothing re-decided, nothing lost.
     assert_eq!(h.orch.ring(job).await.unwrap().unwrap(), v2);
     let after = h.orch.job(job).await.unwrap();
-    assert_eq!(after.checkpoints[..before.checkpoints.len()], before.checkpoints[..]);
+    assert_eq!(
+        after.checkpoints[..before.checkpoints.len()],
+        before.checkpoints[..]
+    );
     // And it still works: the next failure is repaired by the rebuilt actor as version 3.
     let next = v2.members[1];
     h.crash(h.index_of(&next).unwrap());
-    let v3 = h.await_ring(job, MIN, "ring v3", |r| r.version == 3).await.unwrap();
+    let v3 = h
+        .await_ring(job, MIN, "ring v3", |r| r.version == 3)
+        .await
+        .unwrap();
     assert!(!v3.members.contains(&next));
     h.await_members_agree(job, MIN).await.unwrap();
 }
@@ -91,25 +131,51 @@ async fn ring_actor_killed_mid_job_is_rebuilt_with_the_same_state() {
 #[tokio::test(start_paused = true)]
 async fn ring_actor_killed_during_recovery_owes_the_recovery_after_rebuild() {
     let h = Harness::start(quiet(5, 13)).await;
-    let job = h.orch.submit_job(h.job_spec("panic-mid-recovery", 5, 10)).await.unwrap();
-    let v1 = h.await_ring(job, MIN, "ring", |r| r.version == 1).await.unwrap();
+    let job = h
+        .orch
+        .submit_job(h.job_spec("panic-mid-recovery", 5, 10))
+        .await
+        .unwrap();
+    let v1 = h
+        .await_ring(job, MIN, "ring", |r| r.version == 1)
+        .await
+        .unwrap();
     let victim = v1.members[1];
     // The failure is recorded, then the ring actor dies inside the coalescing window,
     // before it reconfigures. The rebuilt actor finds the failure in the log.
-    assert!(h.orch.inject(ActorFault::PanicNodeActor(victim)).await.unwrap());
+    assert!(h
+        .orch
+        .inject(ActorFault::PanicNodeActor(victim))
+        .await
+        .unwrap());
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(h.orch.inject(ActorFault::PanicRingActor(job)).await.unwrap());
-    let survivors: Vec<_> = v1.members.iter().copied().filter(|m| *m != victim).collect();
+    assert!(h
+        .orch
+        .inject(ActorFault::PanicRingActor(job))
+        .await
+        .unwrap());
+    let survivors: Vec<_> = v1
+        .members
+        .iter()
+        .copied()
+        .filter(|m| *m != victim)
+        .collect();
     h.await_ring_version(job, 2, &survivors, MIN).await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn job_actor_killed_mid_epoch_resumes_and_publishes_every_epoch() {
     let h = Harness::start(HarnessConfig::new(6).seed_from_env_or(14)).await;
-    let job = h.orch.submit_job(h.job_spec("panic-job", 6, 4)).await.unwrap();
-    h.await_phase(job, MIN, "epoch 1", |p| matches!(p, JobPhase::Running { epoch: 1, .. }))
+    let job = h
+        .orch
+        .submit_job(h.job_spec("panic-job", 6, 4))
         .await
         .unwrap();
+    h.await_phase(job, MIN, "epoch 1", |p| {
+        matches!(p, JobPhase::Running { epoch: 1, .. })
+    })
+    .await
+    .unwrap();
     // Let some epoch-1 deltas be accepted, then kill the job actor.
     h.wait_for("a delta in epoch 1", MIN, || async {
         let v = h.orch.job(job).await.ok()?;
@@ -120,17 +186,28 @@ async fn job_actor_killed_mid_epoch_resumes_and_publishes_every_epoch() {
     let accepted = h.orch.job(job).await.unwrap().deltas_this_epoch;
     assert!(h.orch.inject(ActorFault::PanicJobActor(job)).await.unwrap());
     let view = h
-        .wait_for("job actor back", MIN, || async { h.orch.job(job).await.ok() })
+        .wait_for("job actor back", MIN, || async {
+            h.orch.job(job).await.ok()
+        })
         .await
         .unwrap();
-    assert!(view.deltas_this_epoch >= accepted, "accepted deltas lost in the rebuild");
+    assert!(
+        view.deltas_this_epoch >= accepted,
+        "accepted deltas lost in the rebuild"
+    );
     let phase = h
         .await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
         .await
         .unwrap();
-    assert!(matches!(phase, JobPhase::Published { epochs: 4, .. }), "{phase:?}");
+    assert!(
+        matches!(phase, JobPhase::Published { epochs: 4, .. }),
+        "{phase:?}"
+    );
     let published = h.sink.checkpoints(job);
-    assert_eq!(published.iter().map(|c| c.0).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+    assert_eq!(
+        published.iter().map(|c| c.0).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
     assert_eq!(h.orch.job(job).await.unwrap().checkpoints.len(), 4);
 }
 
@@ -138,9 +215,15 @@ async fn job_actor_killed_mid_epoch_resumes_and_publishes_every_epoch() {
 async fn a_new_orchestrator_on_the_same_log_resumes_the_job() {
     let store = Arc::new(MemoryStateStore::new());
     let first = Harness::start_on(HarnessConfig::new(4).seed_from_env_or(15), store.clone()).await;
-    let job = first.orch.submit_job(first.job_spec("failover", 4, 3)).await.unwrap();
+    let job = first
+        .orch
+        .submit_job(first.job_spec("failover", 4, 3))
+        .await
+        .unwrap();
     first
-        .await_phase(job, MIN, "epoch 1", |p| matches!(p, JobPhase::Running { epoch: 1, .. }))
+        .await_phase(job, MIN, "epoch 1", |p| {
+            matches!(p, JobPhase::Running { epoch: 1, .. })
+        })
         .await
         .unwrap();
     let ring = first.orch.ring(job).await.unwrap().unwrap();
@@ -149,13 +232,20 @@ async fn a_new_orchestrator_on_the_same_log_resumes_the_job() {
     // A standby starts on the same log; the nodes (same seed, same keys) reconnect.
     let second = Harness::start_on(HarnessConfig::new(4).seed_from_env_or(15), store).await;
     let view = second.orch.job(job).await.unwrap();
-    assert!(matches!(view.phase, JobPhase::Running { epoch: 1, .. }), "{:?}", view.phase);
+    assert!(
+        matches!(view.phase, JobPhase::Running { epoch: 1, .. }),
+        "{:?}",
+        view.phase
+    );
     assert_eq!(view.ring.as_ref().unwrap().version, ring.version);
     let phase = second
         .await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
         .await
         .unwrap();
-    assert!(matches!(phase, JobPhase::Published { epochs: 3, .. }), "{phase:?}");
+    assert!(
+        matches!(phase, JobPhase::Published { epochs: 3, .. }),
+        "{phase:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -165,8 +255,14 @@ async fn two_orchestrators_in_one_process_do_not_interfere() {
     let ja = a.orch.submit_job(a.job_spec("a", 3, 5)).await.unwrap();
     let jb = b.orch.submit_job(b.job_spec("b", 5, 5)).await.unwrap();
     assert_eq!(ja, jb, "each orchestrator numbers its own jobs");
-    let ra = a.await_ring(ja, MIN, "ring a", |r| r.version == 1).await.unwrap();
-    let rb = b.await_ring(jb, MIN, "ring b", |r| r.version == 1).await.unwrap();
+    let ra = a
+        .await_ring(ja, MIN, "ring a", |r| r.version == 1)
+        .await
+        .unwrap();
+    let rb = b
+        .await_ring(jb, MIN, "ring b", |r| r.version == 1)
+        .await
+        .unwrap();
     assert_eq!(ra.members.len(), 3);
     assert_eq!(rb.members.len(), 5);
     assert!(ra.members.iter().all(|m| !rb.members.contains(m)));

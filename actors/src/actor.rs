@@ -39,7 +39,9 @@ use tokio::sync::broadcast;
 use crate::config::CoreConfig;
 use crate::events::{Event, FailureKind};
 use crate::job::JobPhase;
-use crate::ports::{ChainReader, CheckpointSink, Clock, NodeLink, RingView, StateStore, StoreError};
+use crate::ports::{
+    ChainReader, CheckpointSink, Clock, NodeLink, RingView, StateStore, StoreError,
+};
 use crate::ring::RingBuilder;
 use crate::sched::SchedulingPolicy;
 use crate::types::{JobId, NodeId, Timestamp};

@@ -45,7 +45,9 @@ pub enum HeartbeatError {
         got: u64,
     },
     /// The timestamp is outside the replay window around the orchestrator's clock.
-    #[error("heartbeat timestamp is {skew_ms} ms from the orchestrator's clock (window {window_ms} ms)")]
+    #[error(
+        "heartbeat timestamp is {skew_ms} ms from the orchestrator's clock (window {window_ms} ms)"
+    )]
     OutsideWindow {
         /// Signed difference heartbeat − orchestrator, ms.
         skew_ms: i64,
@@ -256,19 +258,29 @@ mod tests {
     #[test]
     fn replayed_sequence_is_refused() {
         let mut n = core(1_000_000);
-        n.on_heartbeat(&hb(5, 1_000_000), Timestamp(1_000_000)).unwrap();
+        n.on_heartbeat(&hb(5, 1_000_000), Timestamp(1_000_000))
+            .unwrap();
         assert_eq!(
             n.on_heartbeat(&hb(5, 1_010_000), Timestamp(1_010_000)),
             Err(HeartbeatError::StaleSequence { last: 5, got: 5 })
         );
-        n.on_heartbeat(&hb(6, 1_010_000), Timestamp(1_010_000)).unwrap();
+        n.on_heartbeat(&hb(6, 1_010_000), Timestamp(1_010_000))
+            .unwrap();
     }
 
     #[test]
     fn timestamp_outside_window_is_refused() {
         let mut n = core(1_000_000);
-        let err = n.on_heartbeat(&hb(1, 900_000), Timestamp(1_000_000)).unwrap_err();
-        assert!(matches!(err, HeartbeatError::OutsideWindow { skew_ms: -100_000, .. }));
+        let err = n
+            .on_heartbeat(&hb(1, 900_000), Timestamp(1_000_000))
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            HeartbeatError::OutsideWindow {
+                skew_ms: -100_000,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -277,7 +289,10 @@ mod tests {
         assert!(!n.is_overdue(Timestamp(29_999)));
         assert!(n.is_overdue(Timestamp(30_000)));
         assert!(n.mark_failed(Timestamp(30_000)));
-        assert_eq!(n.on_heartbeat(&hb(1, 31_000), Timestamp(31_000)), Err(HeartbeatError::Failed));
+        assert_eq!(
+            n.on_heartbeat(&hb(1, 31_000), Timestamp(31_000)),
+            Err(HeartbeatError::Failed)
+        );
         n.reregister(n.info().clone(), GymWei::gym(1), Timestamp(32_000));
         n.on_heartbeat(&hb(1, 32_000), Timestamp(32_000)).unwrap();
         assert_eq!(n.sessions(), 2);

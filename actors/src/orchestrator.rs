@@ -125,7 +125,9 @@ impl OrchestratorBuilder {
                 .unwrap_or_else(|| Arc::new(MemoryStateStore::new())),
             clock: self.clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
             chain: self.chain.unwrap_or_else(|| Arc::new(MemoryChain::new())),
-            link: self.link.unwrap_or_else(|| Arc::new(ChannelNodeLink::new())),
+            link: self
+                .link
+                .unwrap_or_else(|| Arc::new(ChannelNodeLink::new())),
             sink: self
                 .sink
                 .unwrap_or_else(|| Arc::new(MemoryCheckpointSink::new())),
@@ -222,7 +224,9 @@ impl OrchestratorHandle {
     pub fn session_closed(&self, node: NodeId) {
         let _ = self
             .root
-            .cast(OrchestratorMsg::Registry(RegistryMsg::SessionClosed { node }));
+            .cast(OrchestratorMsg::Registry(RegistryMsg::SessionClosed {
+                node,
+            }));
     }
 
     /// Records a probe's measurement of the link `from → to`, in Mbit/s.
@@ -305,11 +309,13 @@ impl OrchestratorHandle {
             ActorFault::PanicNodeActor(node) => {
                 OrchestratorMsg::Registry(RegistryMsg::InjectPanic { node, reply })
             }
-            ActorFault::PanicJobActor(job) => OrchestratorMsg::Jobs(JobSupervisorMsg::InjectPanic {
-                job,
-                ring: false,
-                reply,
-            }),
+            ActorFault::PanicJobActor(job) => {
+                OrchestratorMsg::Jobs(JobSupervisorMsg::InjectPanic {
+                    job,
+                    ring: false,
+                    reply,
+                })
+            }
             ActorFault::PanicRingActor(job) => {
                 OrchestratorMsg::Jobs(JobSupervisorMsg::InjectPanic {
                     job,

@@ -113,7 +113,10 @@ pub fn fold(records: &[Record]) -> LogFold {
                 }
             }
             Event::DeltaAccepted(receipt) => {
-                all_receipts.entry(receipt.job).or_default().push(receipt.clone());
+                all_receipts
+                    .entry(receipt.job)
+                    .or_default()
+                    .push(receipt.clone());
             }
         }
     }

@@ -79,11 +79,23 @@ mod tests {
     #[test]
     fn gives_up_after_budget_then_recovers_after_window() {
         let mut b = RestartBudget::new(cfg(3));
-        assert_eq!(b.on_failure(Timestamp(0)), RestartDecision::RestartAfter(10));
-        assert_eq!(b.on_failure(Timestamp(1)), RestartDecision::RestartAfter(20));
-        assert_eq!(b.on_failure(Timestamp(2)), RestartDecision::RestartAfter(40));
+        assert_eq!(
+            b.on_failure(Timestamp(0)),
+            RestartDecision::RestartAfter(10)
+        );
+        assert_eq!(
+            b.on_failure(Timestamp(1)),
+            RestartDecision::RestartAfter(20)
+        );
+        assert_eq!(
+            b.on_failure(Timestamp(2)),
+            RestartDecision::RestartAfter(40)
+        );
         assert_eq!(b.on_failure(Timestamp(3)), RestartDecision::GiveUp);
-        assert_eq!(b.on_failure(Timestamp(2_000)), RestartDecision::RestartAfter(10));
+        assert_eq!(
+            b.on_failure(Timestamp(2_000)),
+            RestartDecision::RestartAfter(10)
+        );
     }
 
     proptest! {

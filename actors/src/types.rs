@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 /// A node's identity: its Ed25519 public key (32 bytes). Shown as 64 lowercase hex digits.
 ///
 /// DESIGN §3: `NodeId` = the public key; the chain binds it to an operator address.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
 pub struct NodeId(#[serde(with = "hex_32")] pub [u8; 32]);
 
 impl NodeId {
@@ -171,10 +171,4 @@ pub struct NodeInfo {
     pub link: LinkProfile,
     /// Region label, e.g. `eu-west`; rings start region-sorted (paper Algorithm 1).
     pub region: String,
-}
-
-impl Default for NodeId {
-    fn default() -> Self {
-        NodeId([0; 32])
-    }
 }

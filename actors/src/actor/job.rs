@@ -249,7 +249,9 @@ impl JobState {
         }
         let _ = self
             .root
-            .cast(OrchestratorMsg::Scheduler(SchedulerMsg::Release { job: self.job.id }));
+            .cast(OrchestratorMsg::Scheduler(SchedulerMsg::Release {
+                job: self.job.id,
+            }));
         let _ = self
             .supervisor
             .cast(JobSupervisorMsg::Finished { view: self.view() });
@@ -306,7 +308,11 @@ impl JobState {
     }
 
     async fn on_ring(&mut self, myself: &ActorRef<JobMsg>, ring: RingView, removed: Vec<NodeId>) {
-        if self.ring.as_ref().is_some_and(|r| r.version >= ring.version) {
+        if self
+            .ring
+            .as_ref()
+            .is_some_and(|r| r.version >= ring.version)
+        {
             return;
         }
         let version = ring.version;
@@ -342,18 +348,30 @@ impl JobState {
                 // The ring is formed and every member was sent it (its assignment): the
                 // model is distributed by the members fetching the checkpoint it names.
                 match self
-                    .transition(myself, JobEvent::NodesReady { ring_version: version })
+                    .transition(
+                        myself,
+                        JobEvent::NodesReady {
+                            ring_version: version,
+                        },
+                    )
                     .await
                 {
                     Ok(()) => self.transition(myself, JobEvent::ModelDistributed).await,
                     Err(e) => Err(e),
                 }
             }
-            JobPhase::Provisioning { .. } => self.transition(myself, JobEvent::ModelDistributed).await,
+            JobPhase::Provisioning { .. } => {
+                self.transition(myself, JobEvent::ModelDistributed).await
+            }
             _ if self.job.phase.is_terminal() => Ok(()),
             _ => {
-                self.transition(myself, JobEvent::RingChanged { ring_version: version })
-                    .await
+                self.transition(
+                    myself,
+                    JobEvent::RingChanged {
+                        ring_version: version,
+                    },
+                )
+                .await
             }
         };
         if let Err(e) = result {

@@ -317,15 +317,19 @@ impl Actor for JobSupervisor {
                 }
                 None => answer(
                     reply,
-                    state.finished.get(&job).cloned().ok_or(JobRequestError::NotFound(job)),
+                    state
+                        .finished
+                        .get(&job)
+                        .cloned()
+                        .ok_or(JobRequestError::NotFound(job)),
                 ),
             },
             JobSupervisorMsg::List { reply } => {
                 let mut views: Vec<JobView> = state.finished.values().cloned().collect();
                 for (id, l) in &state.live {
                     let Some(a) = &l.actor else { continue };
-                    match super::ask_with(a, state.deps.cfg.call_timeout_ms, |reply| {
-                        JobMsg::Get { reply }
+                    match super::ask_with(a, state.deps.cfg.call_timeout_ms, |reply| JobMsg::Get {
+                        reply,
                     })
                     .await
                     {
@@ -407,9 +411,7 @@ impl Actor for JobSupervisor {
                         });
                     }
                     RestartDecision::GiveUp => {
-                        state
-                            .give_up(job, "job actor restart budget spent")
-                            .await;
+                        state.give_up(job, "job actor restart budget spent").await;
                     }
                 }
             }

@@ -140,10 +140,7 @@ impl Actor for NodeActor {
                     state.arm_watchdog(&myself);
                     state.report();
                 }
-                answer(
-                    reply,
-                    result.map(|()| state.deps.cfg.heartbeat.interval_ms),
-                );
+                answer(reply, result.map(|()| state.deps.cfg.heartbeat.interval_ms));
             }
             NodeMsg::Reregister { info, stake, reply } => {
                 state.core.reregister(info, stake, now);

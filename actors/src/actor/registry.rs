@@ -186,7 +186,10 @@ pub struct NodeRegistry;
 
 fn validate(info: &NodeInfo) -> Result<(), RegisterError> {
     let link = &info.link;
-    for (field, v) in [("link.up_mbps", link.up_mbps), ("link.down_mbps", link.down_mbps)] {
+    for (field, v) in [
+        ("link.up_mbps", link.up_mbps),
+        ("link.down_mbps", link.down_mbps),
+    ] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(RegisterError::Invalid {
                 field,
@@ -471,7 +474,10 @@ impl Actor for NodeRegistry {
             }
             RegistryMsg::NodeDown { node, kind } => state.node_down(node, kind).await,
             RegistryMsg::Snapshot { reply } => {
-                answer(reply, state.nodes.values().map(|e| e.view.clone()).collect());
+                answer(
+                    reply,
+                    state.nodes.values().map(|e| e.view.clone()).collect(),
+                );
             }
             RegistryMsg::Links { nodes, reply } => {
                 let index: HashMap<NodeId, usize> =
@@ -490,7 +496,7 @@ impl Actor for NodeRegistry {
                         snap.measured.push((i, j, *mbps));
                     }
                 }
-                snap.measured.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+                snap.measured.sort_by_key(|m| (m.0, m.1));
                 answer(reply, snap);
             }
             RegistryMsg::Respawn { node } => {

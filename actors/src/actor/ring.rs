@@ -288,7 +288,10 @@ impl Actor for RingActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             RingMsg::NodeFailed { node } => {
-                let member = state.ring.as_ref().is_some_and(|r| r.members.contains(&node));
+                let member = state
+                    .ring
+                    .as_ref()
+                    .is_some_and(|r| r.members.contains(&node));
                 if member && state.pending_failures.insert(node) && !state.window_open {
                     state.window_open = true;
                     let wait = Duration::from_millis(state.deps.cfg.ring.coalesce_ms);

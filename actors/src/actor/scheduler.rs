@@ -146,10 +146,12 @@ impl SchedulerState {
             }
             self.placements += 1;
             tracing::info!(job = %p.job, nodes = p.nodes.len(), "job placed");
-            let _ = self.root.cast(OrchestratorMsg::Jobs(JobSupervisorMsg::Place {
-                job: p.job,
-                nodes: p.nodes,
-            }));
+            let _ = self
+                .root
+                .cast(OrchestratorMsg::Jobs(JobSupervisorMsg::Place {
+                    job: p.job,
+                    nodes: p.nodes,
+                }));
         }
     }
 

@@ -239,12 +239,15 @@ impl NodeLink for ChannelNodeLink {
     }
 }
 
+/// What the sink recorded for one epoch: the checkpoint reference and the merged receipts.
+type Published = (String, Vec<DeltaReceipt>);
+
 /// A checkpoint sink that records each epoch's accepted delta hashes and returns a
 /// content-derived reference `mem:<sha256 hex>` over (job, epoch, sorted delta hashes).
 /// Stands in until the validator/merge/publisher pipeline plugs in behind the same port.
 #[derive(Debug, Default)]
 pub struct MemoryCheckpointSink {
-    published: Mutex<BTreeMap<(JobId, u32), (String, Vec<DeltaReceipt>)>>,
+    published: Mutex<BTreeMap<(JobId, u32), Published>>,
     fail: AtomicBool,
 }
 
@@ -279,7 +282,9 @@ impl CheckpointSink for MemoryCheckpointSink {
         deltas: &[DeltaReceipt],
     ) -> Result<String, CheckpointError> {
         if self.fail.load(Ordering::SeqCst) {
-            return Err(CheckpointError::Failed("simulated publication failure".into()));
+            return Err(CheckpointError::Failed(
+                "simulated publication failure".into(),
+            ));
         }
         let mut hashes: Vec<[u8; 32]> = deltas.iter().map(|d| d.delta_hash).collect();
         hashes.sort_unstable();

@@ -100,16 +100,28 @@ impl Graph {
         }
         for v in 0..n {
             let row = bw.row(v);
-            out_nbr[out_cnt[v]..out_cnt[v + 1]].sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
-            in_nbr[in_cnt[v]..in_cnt[v + 1]]
-                .sort_by(|&a, &b| bw.get(b as usize, v).total_cmp(&bw.get(a as usize, v)).then(a.cmp(&b)));
+            out_nbr[out_cnt[v]..out_cnt[v + 1]]
+                .sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+            in_nbr[in_cnt[v]..in_cnt[v + 1]].sort_by(|&a, &b| {
+                bw.get(b as usize, v)
+                    .total_cmp(&bw.get(a as usize, v))
+                    .then(a.cmp(&b))
+            });
         }
         let out_w = (0..n)
-            .flat_map(|v| out_nbr[out_cnt[v]..out_cnt[v + 1]].iter().map(move |&j| (v, j)))
+            .flat_map(|v| {
+                out_nbr[out_cnt[v]..out_cnt[v + 1]]
+                    .iter()
+                    .map(move |&j| (v, j))
+            })
             .map(|(v, j)| bw.get(v, j as usize))
             .collect();
         let in_w = (0..n)
-            .flat_map(|v| in_nbr[in_cnt[v]..in_cnt[v + 1]].iter().map(move |&i| (v, i)))
+            .flat_map(|v| {
+                in_nbr[in_cnt[v]..in_cnt[v + 1]]
+                    .iter()
+                    .map(move |&i| (v, i))
+            })
             .map(|(v, i)| bw.get(i as usize, v))
             .collect();
         Graph {

@@ -122,7 +122,12 @@ impl BandwidthMatrix {
     /// Replaces every pair still flagged estimated with the profile-based estimate of
     /// [`estimate_from_profiles`](Self::estimate_from_profiles); measured pairs are kept.
     /// Pairs involving a node without a profile (`profiles.len() < n`) are set to 0 Mbit/s.
-    pub fn fill_estimates(&mut self, profiles: &[LinkProfile], regions: &[String], est: &LinkEstimate) {
+    pub fn fill_estimates(
+        &mut self,
+        profiles: &[LinkProfile],
+        regions: &[String],
+        est: &LinkEstimate,
+    ) {
         let n = self.n;
         for i in 0..n {
             for j in 0..n {
@@ -202,7 +207,8 @@ impl BandwidthMatrix {
 impl fmt::Debug for BandwidthMatrix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("BandwidthMatrix");
-        d.field("n", &self.n).field("estimated_pairs", &self.estimated_pairs());
+        d.field("n", &self.n)
+            .field("estimated_pairs", &self.estimated_pairs());
         if self.n <= 16 {
             let rows: Vec<&[f32]> = (0..self.n).map(|i| self.row(i)).collect();
             d.field("mbps", &rows);

@@ -41,13 +41,22 @@ pub struct RecoveryPlan {
 /// Never panics: an empty ring, all members failed, duplicates anywhere (a ring's repeated
 /// member keeps its first occurrence), and out-of-range indices are all handled.
 /// O((|order| + |standby|) · |standby|).
-pub fn recover(order: &[usize], failed: &[usize], standby: &[usize], bw: &BandwidthMatrix) -> RecoveryPlan {
+pub fn recover(
+    order: &[usize],
+    failed: &[usize],
+    standby: &[usize],
+    bw: &BandwidthMatrix,
+) -> RecoveryPlan {
     let mut seen = std::collections::HashSet::new();
     let ring: Vec<usize> = order.iter().copied().filter(|v| seen.insert(*v)).collect();
     let members: std::collections::HashSet<usize> = ring.iter().copied().collect();
     let failed_set: std::collections::HashSet<usize> = failed.iter().copied().collect();
 
-    let removed: Vec<usize> = ring.iter().copied().filter(|v| failed_set.contains(v)).collect();
+    let removed: Vec<usize> = ring
+        .iter()
+        .copied()
+        .filter(|v| failed_set.contains(v))
+        .collect();
     let mut ignored_failed = Vec::new();
     let mut dedup = std::collections::HashSet::new();
     for &f in failed {
@@ -55,7 +64,11 @@ pub fn recover(order: &[usize], failed: &[usize], standby: &[usize], bw: &Bandwi
             ignored_failed.push(f);
         }
     }
-    let survivors: Vec<usize> = ring.iter().copied().filter(|v| !failed_set.contains(v)).collect();
+    let survivors: Vec<usize> = ring
+        .iter()
+        .copied()
+        .filter(|v| !failed_set.contains(v))
+        .collect();
 
     let mut usable = Vec::new();
     let mut skipped_standby = Vec::new();
@@ -76,7 +89,11 @@ pub fn recover(order: &[usize], failed: &[usize], standby: &[usize], bw: &Bandwi
     let mut appended = survivors;
     appended.extend_from_slice(&usable);
     let (b_ins, b_app) = (bottleneck(bw, &best_insert), bottleneck(bw, &appended));
-    let (order, bottleneck) = if b_app > b_ins { (appended, b_app) } else { (best_insert, b_ins) };
+    let (order, bottleneck) = if b_app > b_ins {
+        (appended, b_app)
+    } else {
+        (best_insert, b_ins)
+    };
 
     let inserted = usable
         .iter()

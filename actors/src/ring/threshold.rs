@@ -77,10 +77,19 @@ impl RingBuilder for ThresholdRingBuilder {
         let mut best_b = bottleneck(bw, &best);
         let tg = std::time::Instant::now();
         let g = Graph::build(bw, self.candidates);
-        if std::env::var("RING_DEBUG").is_ok() { eprintln!("graph {:?} edges {}", tg.elapsed(), g.out_nbr.len()); }
+        if std::env::var("RING_DEBUG").is_ok() {
+            eprintln!("graph {:?} edges {}", tg.elapsed(), g.out_nbr.len());
+        }
         let tg = std::time::Instant::now();
-        let ub = (0..n).map(|v| g.best_out(v).min(g.best_in(v))).fold(f32::INFINITY, f32::min);
-        let mut levels: Vec<f32> = g.out_w.iter().copied().filter(|&w| w > best_b && w <= ub).collect();
+        let ub = (0..n)
+            .map(|v| g.best_out(v).min(g.best_in(v)))
+            .fold(f32::INFINITY, f32::min);
+        let mut levels: Vec<f32> = g
+            .out_w
+            .iter()
+            .copied()
+            .filter(|&w| w > best_b && w <= ub)
+            .collect();
         levels.sort_unstable_by(f32::total_cmp);
         levels.dedup();
         if levels.is_empty() {
@@ -100,13 +109,28 @@ impl RingBuilder for ThresholdRingBuilder {
         // levels[..lo] pass the necessary conditions; search them for a Hamiltonian cycle.
         let (mut lo, mut hi) = (0, lo);
         let dbg = std::env::var("RING_DEBUG").is_ok();
-        if dbg { eprintln!("necessary {:?}", tg.elapsed()); }
-        if dbg { eprintln!("n={n} levels={} necessary_ok={} best_b={best_b}", levels.len(), hi); }
+        if dbg {
+            eprintln!("necessary {:?}", tg.elapsed());
+        }
+        if dbg {
+            eprintln!(
+                "n={n} levels={} necessary_ok={} best_b={best_b}",
+                levels.len(),
+                hi
+            );
+        }
         while lo < hi {
             let mid = (lo + hi) / 2;
             let t0 = std::time::Instant::now();
             let res = s.find_cycle(levels[mid], &best, self);
-            if dbg { eprintln!("  T={} ok={} {:?}", levels[mid], res.is_some(), t0.elapsed()); }
+            if dbg {
+                eprintln!(
+                    "  T={} ok={} {:?}",
+                    levels[mid],
+                    res.is_some(),
+                    t0.elapsed()
+                );
+            }
             match res {
                 Some(tour) => {
                     let b = bottleneck(bw, &tour);
@@ -199,7 +223,11 @@ impl<'a> Search<'a> {
             while qi < self.queue.len() {
                 let u = self.queue[qi] as usize;
                 qi += 1;
-                let nbrs = if forward { self.g.out_at_least(u, t) } else { self.g.in_at_least(u, t) };
+                let nbrs = if forward {
+                    self.g.out_at_least(u, t)
+                } else {
+                    self.g.in_at_least(u, t)
+                };
                 for &v in nbrs {
                     if !self.mark[v as usize] {
                         self.mark[v as usize] = true;
@@ -234,7 +262,11 @@ impl<'a> Search<'a> {
         for &u in &order {
             let u = u as usize;
             let adj = self.adj(u);
-            let start = if randomize { self.rng.gen_range(0..adj.len()) } else { 0 };
+            let start = if randomize {
+                self.rng.gen_range(0..adj.len())
+            } else {
+                0
+            };
             for k in 0..adj.len() {
                 let v = adj[(start + k) % adj.len()] as usize;
                 if self.match_r[v] == NONE {
@@ -344,7 +376,11 @@ impl<'a> Search<'a> {
         self.pred[a2 as usize] = b as u32;
         let (ra, rb) = (self.find(self.comp[a]), self.find(self.comp[b]));
         if ra != rb {
-            let (big, small) = if self.size[ra as usize] >= self.size[rb as usize] { (ra, rb) } else { (rb, ra) };
+            let (big, small) = if self.size[ra as usize] >= self.size[rb as usize] {
+                (ra, rb)
+            } else {
+                (rb, ra)
+            };
             self.uf[small as usize] = big;
             self.size[big as usize] += self.size[small as usize];
         }
@@ -561,14 +597,22 @@ impl<'a> Search<'a> {
                 gain += bad(at(r), at(r + 1)) - bad(at(r + 1), at(r));
             }
             if gain >= 1 {
-                return Some(Move::Reverse { from: rb + 1, to: n - 1 });
+                return Some(Move::Reverse {
+                    from: rb + 1,
+                    to: n - 1,
+                });
             }
         }
         None
     }
 
     /// Tries to find a ring whose links are all `>= t`.
-    fn find_cycle(&mut self, t: f32, best: &[usize], cfg: &ThresholdRingBuilder) -> Option<Vec<usize>> {
+    fn find_cycle(
+        &mut self,
+        t: f32,
+        best: &[usize],
+        cfg: &ThresholdRingBuilder,
+    ) -> Option<Vec<usize>> {
         let n = self.n;
         for r in 0..cfg.restarts.max(1) {
             if !self.matching(t, r > 0) {
@@ -580,7 +624,9 @@ impl<'a> Search<'a> {
             }
             if r == 0 {
                 let mut tour = best.to_vec();
-                let bad = (0..n).filter(|&k| self.w(tour[k], tour[(k + 1) % n]) < t).count();
+                let bad = (0..n)
+                    .filter(|&k| self.w(tour[k], tour[(k + 1) % n]) < t)
+                    .count();
                 if bad <= 64 + n / 16 && self.repair(&mut tour, t) {
                     return Some(tour);
                 }
@@ -589,7 +635,9 @@ impl<'a> Search<'a> {
         if cfg.search_budget > 0 {
             let t0 = std::time::Instant::now();
             let r = self.dfs(t, cfg.search_budget);
-            if std::env::var("RING_DEBUG").is_ok() { eprintln!("    dfs {:?}", t0.elapsed()); }
+            if std::env::var("RING_DEBUG").is_ok() {
+                eprintln!("    dfs {:?}", t0.elapsed());
+            }
             return r;
         }
         None
@@ -666,7 +714,11 @@ fn apply(order: &[usize], base: usize, mv: Move) -> Vec<usize> {
     let n = order.len();
     let at = |r: usize| order[(base + r) % n];
     match mv {
-        Move::Exchange { ry2, rx3 } => (0..ry2).chain(rx3 + 1..n).chain(ry2..=rx3).map(at).collect(),
+        Move::Exchange { ry2, rx3 } => (0..ry2)
+            .chain(rx3 + 1..n)
+            .chain(ry2..=rx3)
+            .map(at)
+            .collect(),
         Move::Reverse { from, to } => {
             let mut out: Vec<usize> = (0..n).map(at).collect();
             out[from..=to].reverse();
