@@ -16,6 +16,8 @@
 
 pub mod config;
 #[cfg(feature = "testkit")]
+pub mod sim;
+#[cfg(feature = "testkit")]
 pub mod testkit;
 
 pub use hanzod_actors as core;

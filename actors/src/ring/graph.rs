@@ -17,122 +17,129 @@ pub(crate) struct Graph {
 
 impl Graph {
     /// Builds the candidate graph: all edges when `n - 1 <= k`, otherwise the union of each
-    /// node's top-`k` out-edges and top-`k` in-edges. One row-major pass, O(n² + n·k·log).
+    /// node's top-`k` out-edges and top-`k` in-edges. One row-major pass, O(n² + n·k·log k).
     pub fn build(bw: &BandwidthMatrix, k: usize) -> Graph {
         let n = bw.n();
         let k = k.max(2);
-        let mut edges: Vec<(u32, u32)> = Vec::new();
-        if n <= k + 1 {
-            for i in 0..n {
-                for j in 0..n {
-                    if i != j {
-                        edges.push((i as u32, j as u32));
-                    }
-                }
-            }
-        } else {
-            // Per-column top-k buffers (in-edges), filled while streaming rows.
-            let mut in_buf: Vec<(f32, u32)> = vec![(f32::NEG_INFINITY, u32::MAX); n * k];
-            let mut in_min: Vec<f32> = vec![f32::NEG_INFINITY; n];
-            let mut in_min_slot: Vec<usize> = vec![0; n];
-            let mut out_buf: Vec<(f32, u32)> = Vec::with_capacity(k);
+        let edges = if n <= k + 1 {
+            let mut edges = Vec::with_capacity(n * n);
             for i in 0..n {
                 let row = bw.row(i);
-                out_buf.clear();
-                let mut out_min = f32::NEG_INFINITY;
-                let mut out_min_slot = 0;
                 for (j, &w) in row.iter().enumerate() {
-                    if j == i {
-                        continue;
-                    }
-                    if out_buf.len() < k {
-                        out_buf.push((w, j as u32));
-                        if out_buf.len() == k {
-                            (out_min_slot, out_min) = min_slot(&out_buf);
-                        }
-                    } else if w > out_min {
-                        out_buf[out_min_slot] = (w, j as u32);
-                        (out_min_slot, out_min) = min_slot(&out_buf);
-                    }
-                    if w > in_min[j] {
-                        let buf = &mut in_buf[j * k..(j + 1) * k];
-                        buf[in_min_slot[j]] = (w, i as u32);
-                        let (s, m) = min_slot(buf);
-                        in_min_slot[j] = s;
-                        in_min[j] = m;
-                    }
-                }
-                edges.extend(out_buf.iter().map(|&(_, j)| (i as u32, j)));
-            }
-            for j in 0..n {
-                for &(_, i) in &in_buf[j * k..(j + 1) * k] {
-                    if i != u32::MAX {
-                        edges.push((i, j as u32));
+                    if i != j {
+                        edges.push((i as u32, j as u32, w));
                     }
                 }
             }
-            edges.sort_unstable();
-            edges.dedup();
-        }
-        Self::from_edges(bw, n, &edges)
+            edges
+        } else {
+            top_k_edges(bw, k, |_, _| true)
+        };
+        Self::from_edges(n, edges)
     }
 
-    fn from_edges(bw: &BandwidthMatrix, n: usize, edges: &[(u32, u32)]) -> Graph {
-        let mut out_cnt = vec![0usize; n + 1];
-        let mut in_cnt = vec![0usize; n + 1];
-        for &(i, j) in edges {
-            out_cnt[i as usize + 1] += 1;
-            in_cnt[j as usize + 1] += 1;
+    /// The graph on `n` nodes with the given `(from, to, weight)` edges (duplicates merged).
+    pub fn from_edges(n: usize, mut edges: Vec<(u32, u32, f32)>) -> Graph {
+        edges.sort_unstable_by_key(|&(i, j, _)| (i, j));
+        edges.dedup_by_key(|&mut (i, j, _)| (i, j));
+        // Out lists: already grouped by source; sort each group by weight descending.
+        let mut out_start = vec![0usize; n + 1];
+        let mut in_start = vec![0usize; n + 1];
+        for &(i, j, _) in &edges {
+            out_start[i as usize + 1] += 1;
+            in_start[j as usize + 1] += 1;
         }
         for v in 0..n {
-            out_cnt[v + 1] += out_cnt[v];
-            in_cnt[v + 1] += in_cnt[v];
+            out_start[v + 1] += out_start[v];
+            in_start[v + 1] += in_start[v];
         }
-        let m = edges.len();
-        let mut out_nbr = vec![0u32; m];
-        let mut in_nbr = vec![0u32; m];
-        let (mut out_fill, mut in_fill) = (out_cnt.clone(), in_cnt.clone());
-        for &(i, j) in edges {
-            out_nbr[out_fill[i as usize]] = j;
-            out_fill[i as usize] += 1;
-            in_nbr[in_fill[j as usize]] = i;
-            in_fill[j as usize] += 1;
+        let by_weight = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let mut out: Vec<(u32, f32)> = edges.iter().map(|&(_, j, w)| (j, w)).collect();
+        let mut inn: Vec<(u32, f32)> = vec![(0, 0.0); edges.len()];
+        let mut fill = in_start.clone();
+        for &(i, j, w) in &edges {
+            inn[fill[j as usize]] = (i, w);
+            fill[j as usize] += 1;
         }
         for v in 0..n {
-            let row = bw.row(v);
-            out_nbr[out_cnt[v]..out_cnt[v + 1]]
-                .sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
-            in_nbr[in_cnt[v]..in_cnt[v + 1]].sort_by(|&a, &b| {
-                bw.get(b as usize, v)
-                    .total_cmp(&bw.get(a as usize, v))
-                    .then(a.cmp(&b))
-            });
+            out[out_start[v]..out_start[v + 1]].sort_unstable_by(by_weight);
+            inn[in_start[v]..in_start[v + 1]].sort_unstable_by(by_weight);
         }
-        let out_w = (0..n)
-            .flat_map(|v| {
-                out_nbr[out_cnt[v]..out_cnt[v + 1]]
-                    .iter()
-                    .map(move |&j| (v, j))
-            })
-            .map(|(v, j)| bw.get(v, j as usize))
-            .collect();
-        let in_w = (0..n)
-            .flat_map(|v| {
-                in_nbr[in_cnt[v]..in_cnt[v + 1]]
-                    .iter()
-                    .map(move |&i| (v, i))
-            })
-            .map(|(v, i)| bw.get(i as usize, v))
-            .collect();
         Graph {
             n,
-            out_start: out_cnt,
-            out_nbr,
-            out_w,
-            in_start: in_cnt,
-            in_nbr,
-            in_w,
+            out_start,
+            out_nbr: out.iter().map(|e| e.0).collect(),
+            out_w: out.iter().map(|e| e.1).collect(),
+            in_start,
+            in_nbr: inn.iter().map(|e| e.0).collect(),
+            in_w: inn.iter().map(|e| e.1).collect(),
         }
+    }
+
+    /// Strongly connected components of the edges with weight `> t` (Kosaraju, iterative):
+    /// `(count, component of each node)`.
+    pub fn scc_above(&self, t: f32) -> (usize, Vec<u32>) {
+        let n = self.n;
+        let above = |w: &[f32]| w.partition_point(|&x| x > t);
+        let mut seen = vec![false; n];
+        let mut finish = Vec::with_capacity(n);
+        let mut stack: Vec<(usize, usize)> = Vec::new();
+        for s in 0..n {
+            if seen[s] {
+                continue;
+            }
+            seen[s] = true;
+            stack.push((s, 0));
+            while let Some(&mut (v, ref mut idx)) = stack.last_mut() {
+                let (a, b) = (self.out_start[v], self.out_start[v + 1]);
+                let deg = above(&self.out_w[a..b]);
+                if *idx < deg {
+                    let u = self.out_nbr[a + *idx] as usize;
+                    *idx += 1;
+                    if !seen[u] {
+                        seen[u] = true;
+                        stack.push((u, 0));
+                    }
+                } else {
+                    finish.push(v);
+                    stack.pop();
+                }
+            }
+        }
+        let mut comp = vec![u32::MAX; n];
+        let mut count = 0u32;
+        let mut queue = Vec::new();
+        for &s in finish.iter().rev() {
+            if comp[s] != u32::MAX {
+                continue;
+            }
+            comp[s] = count;
+            queue.clear();
+            queue.push(s);
+            while let Some(v) = queue.pop() {
+                let (a, b) = (self.in_start[v], self.in_start[v + 1]);
+                let deg = above(&self.in_w[a..b]);
+                for &u in &self.in_nbr[a..a + deg] {
+                    if comp[u as usize] == u32::MAX {
+                        comp[u as usize] = count;
+                        queue.push(u as usize);
+                    }
+                }
+            }
+            count += 1;
+        }
+        (count as usize, comp)
+    }
+
+    /// All edges as `(from, to, weight)`.
+    pub fn edges(&self) -> Vec<(u32, u32, f32)> {
+        let mut e = Vec::with_capacity(self.out_nbr.len());
+        for v in 0..self.n {
+            for x in self.out_start[v]..self.out_start[v + 1] {
+                e.push((v as u32, self.out_nbr[x], self.out_w[x]));
+            }
+        }
+        e
     }
 
     /// Out-neighbours of `v` whose link is `>= t` (a prefix of the sorted list).
@@ -172,14 +179,92 @@ impl Graph {
     }
 }
 
-fn min_slot(buf: &[(f32, u32)]) -> (usize, f32) {
-    let mut s = 0;
-    let mut m = f32::INFINITY;
-    for (idx, &(w, _)) in buf.iter().enumerate() {
-        if w < m {
-            m = w;
-            s = idx;
+/// For every node, its `k` widest out-edges and `k` widest in-edges among the pairs
+/// `(i, j)`, `i != j`, accepted by `keep`; one row-major pass over the matrix with a
+/// bounded min-heap per node.
+pub(crate) fn top_k_edges(
+    bw: &BandwidthMatrix,
+    k: usize,
+    keep: impl Fn(usize, usize) -> bool,
+) -> Vec<(u32, u32, f32)> {
+    let n = bw.n();
+    let mut in_heap: Vec<(f32, u32)> = vec![(0.0, 0); n * k];
+    let mut in_len: Vec<usize> = vec![0; n];
+    let mut in_min: Vec<f32> = vec![f32::NEG_INFINITY; n];
+    let mut out_heap: Vec<(f32, u32)> = vec![(0.0, 0); k];
+    let mut edges = Vec::with_capacity(2 * n * k);
+    for i in 0..n {
+        let row = bw.row(i);
+        let mut out_len = 0;
+        let mut out_min = f32::NEG_INFINITY;
+        for (j, &w) in row.iter().enumerate() {
+            if w > out_min.min(in_min[j]) && j != i && keep(i, j) {
+                if w > out_min {
+                    out_min = heap_offer(&mut out_heap, &mut out_len, (w, j as u32));
+                }
+                if w > in_min[j] {
+                    in_min[j] = heap_offer(
+                        &mut in_heap[j * k..(j + 1) * k],
+                        &mut in_len[j],
+                        (w, i as u32),
+                    );
+                }
+            }
         }
+        edges.extend(out_heap[..out_len].iter().map(|&(w, j)| (i as u32, j, w)));
     }
-    (s, m)
+    for j in 0..n {
+        edges.extend(
+            in_heap[j * k..j * k + in_len[j]]
+                .iter()
+                .map(|&(w, i)| (i, j as u32, w)),
+        );
+    }
+    edges
+}
+
+/// Offers `item` to the bounded min-heap `heap[..len]` (capacity `heap.len()`); returns the
+/// weight an item must exceed to enter (`-inf` while not full).
+fn heap_offer(heap: &mut [(f32, u32)], len: &mut usize, item: (f32, u32)) -> f32 {
+    let cap = heap.len();
+    if *len < cap {
+        let mut c = *len;
+        heap[c] = item;
+        *len += 1;
+        while c > 0 {
+            let p = (c - 1) / 2;
+            if heap[c].0 < heap[p].0 {
+                heap.swap(c, p);
+                c = p;
+            } else {
+                break;
+            }
+        }
+        return if *len == cap {
+            heap[0].0
+        } else {
+            f32::NEG_INFINITY
+        };
+    }
+    if item.0 <= heap[0].0 {
+        return heap[0].0;
+    }
+    heap[0] = item;
+    let mut p = 0;
+    loop {
+        let (l, r) = (2 * p + 1, 2 * p + 2);
+        let mut m = p;
+        if l < cap && heap[l].0 < heap[m].0 {
+            m = l;
+        }
+        if r < cap && heap[r].0 < heap[m].0 {
+            m = r;
+        }
+        if m == p {
+            break;
+        }
+        heap.swap(p, m);
+        p = m;
+    }
+    heap[0].0
 }
