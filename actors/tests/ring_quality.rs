@@ -66,3 +66,57 @@ fn default_builder_never_loses_to_algorithm1_on_large_rings() {
         }
     }
 }
+
+/// The threshold heuristic on its own (no depth-first search, not seeded with
+/// Algorithm 1's ring) must hold the median bound and beat Algorithm 1 in the median, so a
+/// regression in the heuristic cannot hide behind the exact search or the comparison.
+#[test]
+fn threshold_heuristic_alone_holds_the_median_and_beats_algorithm1() {
+    let heuristic = ThresholdRingBuilder {
+        search_budget: 0,
+        search_max_nodes: 0,
+        compare_algorithm1: false,
+        ..ThresholdRingBuilder::default()
+    };
+    let alg1 = Algorithm1::default();
+    for kind in ["uniform", "clustered"] {
+        let mut ratios = Vec::new();
+        for i in 0..INSTANCES_PER_KIND {
+            let n = 4 + (i % 9) as usize;
+            let seed = 0x0de1_0000 + i;
+            let (bw, regions) = instance(kind, n, seed);
+            let (opt, _) = exact_max_bottleneck(&bw).expect("n <= 12");
+            let got = bottleneck(&bw, &heuristic.build(&bw, &regions));
+            ratios.push(if opt > 0.0 {
+                f64::from(got) / f64::from(opt)
+            } else {
+                1.0
+            });
+        }
+        ratios.sort_by(f64::total_cmp);
+        let (p10, median) = (ratios[ratios.len() / 10], ratios[ratios.len() / 2]);
+        println!(
+            "{kind} heuristic alone: worst {:.3} p10 {p10:.3} median {median:.3}",
+            ratios[0]
+        );
+        assert!(
+            median >= 0.97,
+            "{kind}: heuristic median {median:.3} < 0.97"
+        );
+        assert!(p10 >= 0.90, "{kind}: heuristic p10 {p10:.3} < 0.90");
+        for n in [64usize, 256] {
+            let mut wins = 0;
+            for s in 0..5u64 {
+                let seed = 0xa1_0000 + s;
+                let (bw, regions) = instance(kind, n, seed);
+                let h = bottleneck(&bw, &heuristic.build(&bw, &regions));
+                let a = bottleneck(&bw, &alg1.build(&bw, &regions));
+                wins += usize::from(h >= a);
+            }
+            assert!(
+                wins >= 3,
+                "{kind} n={n}: heuristic beat algorithm1 on only {wins}/5"
+            );
+        }
+    }
+}
