@@ -170,6 +170,8 @@ struct Entry {
     stake: GymWei,
     view: NodeView,
     budget: RestartBudget,
+    /// Registrations of this key (the first is 1).
+    sessions: u32,
 }
 
 /// State of the [`NodeRegistry`].
@@ -264,7 +266,7 @@ impl RegistryState {
         let sessions = match self.nodes.get(&id).and_then(|e| e.actor.clone()) {
             Some(actor) => {
                 // Same key again: one actor, one state; a new heartbeat session.
-                let sessions = super::ask_with(&actor, self.deps.cfg.call_timeout_ms, |reply| {
+                super::ask_with(&actor, self.deps.cfg.call_timeout_ms, |reply| {
                     NodeMsg::Reregister {
                         info: info.clone(),
                         stake,
@@ -273,18 +275,28 @@ impl RegistryState {
                 })
                 .await
                 .map_err(|e| RegisterError::Store(format!("node actor: {e}")))?;
-                if let Some(e) = self.nodes.get_mut(&id) {
-                    e.info = info.clone();
-                    e.stake = stake;
+                match self.nodes.get_mut(&id) {
+                    Some(e) => {
+                        e.info = info.clone();
+                        e.stake = stake;
+                        e.sessions += 1;
+                        e.sessions
+                    }
+                    None => 1,
                 }
-                sessions
             }
             None => {
                 let actor = self
                     .spawn_node(myself, info.clone(), stake, false)
                     .await
                     .map_err(|e| RegisterError::Store(format!("spawn node actor: {e}")))?;
-                let budget = RestartBudget::new(self.deps.cfg.supervision.clone());
+                // A node whose actor crashed keeps its restart budget and session count.
+                let prior = self.nodes.remove(&id);
+                let sessions = prior.as_ref().map_or(0, |e| e.sessions) + 1;
+                let budget = prior.map_or_else(
+                    || RestartBudget::new(self.deps.cfg.supervision.clone()),
+                    |e| e.budget,
+                );
                 let view = NodeView {
                     id,
                     stake,
@@ -295,7 +307,7 @@ impl RegistryState {
                     alive: true,
                     assigned: None,
                 };
-                let prior = self.nodes.insert(
+                self.nodes.insert(
                     id,
                     Entry {
                         actor: Some(actor),
@@ -303,9 +315,10 @@ impl RegistryState {
                         stake,
                         view,
                         budget,
+                        sessions,
                     },
                 );
-                prior.map_or(1, |_| 2)
+                sessions
             }
         };
         if let Some(e) = self.nodes.get_mut(&id) {
@@ -402,6 +415,7 @@ impl Actor for NodeRegistry {
                     stake: n.stake,
                     view,
                     budget: RestartBudget::new(state.deps.cfg.supervision.clone()),
+                    sessions: 1,
                 },
             );
         }
@@ -500,7 +514,13 @@ impl Actor for NodeRegistry {
                 answer(reply, snap);
             }
             RegistryMsg::Respawn { node } => {
-                let Some((info, stake)) = state.nodes.get(&node).map(|e| (e.info.clone(), e.stake))
+                // Skipped when the node registered again during the backoff (it has an
+                // actor already) or was removed.
+                let Some((info, stake)) = state
+                    .nodes
+                    .get(&node)
+                    .filter(|e| e.actor.is_none())
+                    .map(|e| (e.info.clone(), e.stake))
                 else {
                     return Ok(());
                 };
