@@ -83,6 +83,13 @@ impl HarnessConfig {
         self
     }
 
+    /// Whether simulated nodes submit deltas (off: jobs stay in their first epoch, for
+    /// tests about membership only).
+    pub fn auto_deltas(mut self, on: bool) -> Self {
+        self.auto_deltas = on;
+        self
+    }
+
     /// Sets the core settings.
     pub fn core(mut self, core: CoreConfig) -> Self {
         self.core = core;
@@ -497,6 +504,24 @@ impl Harness {
         }
     }
 
+    /// Submits `spec` and waits (60 s of tokio time at most) for its first ring.
+    ///
+    /// # Panics
+    /// When the job is refused or no ring forms in time (the seed is printed).
+    pub async fn submit_and_form(&self, spec: JobSpec) -> (JobId, RingView) {
+        let job = match self.orch.submit_job(spec).await {
+            Ok(job) => job,
+            Err(e) => panic!("job refused: {e} (seed {})", self.cfg.seed),
+        };
+        match self
+            .await_ring(job, Duration::from_secs(60), "ring v1", |r| r.version == 1)
+            .await
+        {
+            Ok(ring) => (job, ring),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     /// Polls `probe` every 50 ms (tokio time) until it returns `Some`, or fails after
     /// `deadline`.
     pub async fn wait_for<T, F, Fut>(
@@ -642,6 +667,15 @@ impl Harness {
     pub fn statuses(&self) -> BTreeMap<usize, SimStatus> {
         (0..self.nodes.len()).map(|i| (i, self.status(i))).collect()
     }
+}
+
+/// The members of `ring` other than `failed`, in ring order: what Algorithm 2 leaves.
+pub fn survivors(ring: &RingView, failed: &[NodeId]) -> Vec<NodeId> {
+    ring.members
+        .iter()
+        .copied()
+        .filter(|m| !failed.contains(m))
+        .collect()
 }
 
 /// One simulated node process.

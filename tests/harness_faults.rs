@@ -3,35 +3,22 @@
 use std::time::Duration;
 
 use hanzod::core::job::JobPhase;
-use hanzod::testkit::{Fault, FaultScript, Harness, HarnessConfig};
+use hanzod::testkit::{survivors, Fault, FaultScript, Harness, HarnessConfig};
 
 const MIN: Duration = Duration::from_secs(60);
 
 #[tokio::test(start_paused = true)]
 async fn ring_of_64_survives_one_then_three_crashes() {
     let h = Harness::start(HarnessConfig::new(64).seed_from_env_or(64)).await;
-    let job = h
-        .orch
-        .submit_job(h.job_spec("crash-64", 64, 1_000))
-        .await
-        .unwrap();
-    let v1 = h
-        .await_ring(job, MIN, "ring v1", |r| r.version == 1)
-        .await
-        .unwrap();
+    let (job, v1) = h.submit_and_form(h.job_spec("crash-64", 64, 1_000)).await;
     assert_eq!(v1.members.len(), 64);
     h.await_members_agree(job, MIN).await.unwrap();
 
     // One crash: the ring drops it at the 30 s timeout.
     let victim = h.index_of(&v1.members[17]).unwrap();
     h.crash(victim);
-    let survivors: Vec<_> = v1
-        .members
-        .iter()
-        .copied()
-        .filter(|m| *m != v1.members[17])
-        .collect();
-    let v2 = h.await_ring_version(job, 2, &survivors, MIN).await.unwrap();
+    let left = survivors(&v1, &[v1.members[17]]);
+    let v2 = h.await_ring_version(job, 2, &left, MIN).await.unwrap();
     let agreed = h.await_members_agree(job, MIN).await.unwrap();
     assert_eq!(agreed, v2);
 
@@ -40,13 +27,8 @@ async fn ring_of_64_survives_one_then_three_crashes() {
     for v in &victims {
         h.crash(h.index_of(v).unwrap());
     }
-    let survivors: Vec<_> = v2
-        .members
-        .iter()
-        .copied()
-        .filter(|m| !victims.contains(m))
-        .collect();
-    let v3 = h.await_ring_version(job, 3, &survivors, MIN).await.unwrap();
+    let left = survivors(&v2, &victims);
+    let v3 = h.await_ring_version(job, 3, &left, MIN).await.unwrap();
     let agreed = h.await_members_agree(job, MIN).await.unwrap();
     assert_eq!(agreed, v3);
     assert_eq!(v3.members.len(), 60);
@@ -69,9 +51,7 @@ async fn ring_of_64_survives_one_then_three_crashes() {
 
 #[tokio::test(start_paused = true)]
 async fn hung_node_fails_at_thirty_seconds_and_not_before() {
-    let mut cfg = HarnessConfig::new(3).seed_from_env_or(3);
-    cfg.auto_deltas = false;
-    let h = Harness::start(cfg).await;
+    let h = Harness::start(HarnessConfig::new(3).seed_from_env_or(3).auto_deltas(false)).await;
     // Let a heartbeat land, then hang right after it.
     tokio::time::sleep(Duration::from_millis(10)).await;
     let before = h.status(1).heartbeats;
@@ -118,9 +98,7 @@ async fn hung_node_fails_at_thirty_seconds_and_not_before() {
 
 #[tokio::test(start_paused = true)]
 async fn slow_heartbeats_within_timeout_keep_the_node_and_beyond_fail_it() {
-    let mut cfg = HarnessConfig::new(2).seed_from_env_or(5);
-    cfg.auto_deltas = false;
-    let h = Harness::start(cfg).await;
+    let h = Harness::start(HarnessConfig::new(2).seed_from_env_or(5).auto_deltas(false)).await;
     h.slow_heartbeats(0, 25_000);
     h.slow_heartbeats(1, 35_000);
     h.await_node_failed(1, 2 * MIN).await.unwrap();
@@ -130,9 +108,7 @@ async fn slow_heartbeats_within_timeout_keep_the_node_and_beyond_fail_it() {
 
 #[tokio::test(start_paused = true)]
 async fn flapping_node_fails_and_rejoins_each_cycle() {
-    let mut cfg = HarnessConfig::new(2).seed_from_env_or(6);
-    cfg.auto_deltas = false;
-    let h = Harness::start(cfg).await;
+    let h = Harness::start(HarnessConfig::new(2).seed_from_env_or(6).auto_deltas(false)).await;
     h.flap(0, 40_000, 20_000, 2);
     tokio::time::sleep(Duration::from_secs(200)).await;
     let s = h.status(0);
@@ -150,14 +126,8 @@ async fn flapping_node_fails_and_rejoins_each_cycle() {
 
 #[tokio::test(start_paused = true)]
 async fn duplicate_registration_keeps_one_node_state() {
-    let mut cfg = HarnessConfig::new(4).seed_from_env_or(7);
-    cfg.auto_deltas = false;
-    let h = Harness::start(cfg).await;
-    let job = h.orch.submit_job(h.job_spec("dup", 4, 10)).await.unwrap();
-    let ring = h
-        .await_ring(job, MIN, "ring", |r| r.version == 1)
-        .await
-        .unwrap();
+    let h = Harness::start(HarnessConfig::new(4).seed_from_env_or(7).auto_deltas(false)).await;
+    let (job, ring) = h.submit_and_form(h.job_spec("dup", 4, 10)).await;
     h.duplicate_registration(2);
     tokio::time::sleep(Duration::from_secs(45)).await;
     let nodes = h.orch.nodes().await.unwrap();
@@ -173,18 +143,8 @@ async fn duplicate_registration_keeps_one_node_state() {
 
 #[tokio::test(start_paused = true)]
 async fn crashed_node_rejoins_as_standby_for_the_next_failure() {
-    let mut cfg = HarnessConfig::new(6).seed_from_env_or(8);
-    cfg.auto_deltas = false;
-    let mut h = Harness::start(cfg).await;
-    let job = h
-        .orch
-        .submit_job(h.job_spec("standby", 5, 10))
-        .await
-        .unwrap();
-    let v1 = h
-        .await_ring(job, MIN, "ring", |r| r.version == 1)
-        .await
-        .unwrap();
+    let mut h = Harness::start(HarnessConfig::new(6).seed_from_env_or(8).auto_deltas(false)).await;
+    let (job, v1) = h.submit_and_form(h.job_spec("standby", 5, 10)).await;
     let spare = (0..6)
         .find(|i| !v1.members.contains(&h.node_id(*i)))
         .unwrap();
@@ -225,14 +185,7 @@ async fn seeded_random_faults_keep_the_invariants() {
         "same seed, same script"
     );
     let mut h = Harness::start(HarnessConfig::new(24).seed_from_env_or(seed)).await;
-    let job = h
-        .orch
-        .submit_job(h.job_spec("chaos", 16, 1_000))
-        .await
-        .unwrap();
-    h.await_ring(job, MIN, "ring", |r| r.version == 1)
-        .await
-        .unwrap();
+    let (job, _) = h.submit_and_form(h.job_spec("chaos", 16, 1_000)).await;
     let mut versions = vec![];
     let mut notices = h.orch.subscribe();
     h.run_script(&script).await.unwrap();

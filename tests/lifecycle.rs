@@ -60,10 +60,7 @@ async fn epoch_deadline_completes_an_epoch_without_the_silent_node() {
     let h = Harness::start(cfg).await;
     let mut spec = h.job_spec("deadline", 3, 2);
     spec.epoch_deadline_ms = 60_000;
-    let job = h.orch.submit_job(spec).await.unwrap();
-    h.await_ring(job, MIN, "ring", |r| r.version == 1)
-        .await
-        .unwrap();
+    let (job, _) = h.submit_and_form(spec).await;
     h.hang(1);
     h.await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
         .await
@@ -102,15 +99,15 @@ async fn job_without_enough_nodes_fails_at_its_pending_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn ring_below_min_nodes_fails_the_job_and_frees_its_nodes() {
-    let mut cfg = HarnessConfig::new(3).seed_from_env_or(24);
-    cfg.auto_deltas = false;
-    let h = Harness::start(cfg).await;
+    let h = Harness::start(
+        HarnessConfig::new(3)
+            .seed_from_env_or(24)
+            .auto_deltas(false),
+    )
+    .await;
     let mut spec = h.job_spec("fragile", 3, 10);
     spec.min_nodes = 3;
-    let job = h.orch.submit_job(spec).await.unwrap();
-    h.await_ring(job, MIN, "ring", |r| r.version == 1)
-        .await
-        .unwrap();
+    let (job, _) = h.submit_and_form(spec).await;
     h.crash(0);
     let phase = h
         .await_phase(job, 2 * MIN, "failed", |p| p.is_terminal())
@@ -132,17 +129,13 @@ async fn ring_below_min_nodes_fails_the_job_and_frees_its_nodes() {
 
 #[tokio::test(start_paused = true)]
 async fn cancel_ends_the_job_and_later_requests_get_typed_errors() {
-    let mut cfg = HarnessConfig::new(3).seed_from_env_or(25);
-    cfg.auto_deltas = false;
-    let h = Harness::start(cfg).await;
-    let job = h
-        .orch
-        .submit_job(h.job_spec("cancel-me", 3, 10))
-        .await
-        .unwrap();
-    h.await_ring(job, MIN, "ring", |r| r.version == 1)
-        .await
-        .unwrap();
+    let h = Harness::start(
+        HarnessConfig::new(3)
+            .seed_from_env_or(25)
+            .auto_deltas(false),
+    )
+    .await;
+    let (job, _) = h.submit_and_form(h.job_spec("cancel-me", 3, 10)).await;
     h.orch.cancel_job(job).await.unwrap();
     let phase = h
         .await_phase(job, MIN, "cancelled", |p| p.is_terminal())
@@ -170,14 +163,13 @@ async fn cancel_ends_the_job_and_later_requests_get_typed_errors() {
 
 #[tokio::test(start_paused = true)]
 async fn deltas_are_checked_against_epoch_membership_and_duplicates() {
-    let mut cfg = HarnessConfig::new(3).seed_from_env_or(26);
-    cfg.auto_deltas = false;
-    let h = Harness::start(cfg).await;
-    let job = h.orch.submit_job(h.job_spec("deltas", 2, 3)).await.unwrap();
-    let ring = h
-        .await_ring(job, MIN, "ring", |r| r.version == 1)
-        .await
-        .unwrap();
+    let h = Harness::start(
+        HarnessConfig::new(3)
+            .seed_from_env_or(26)
+            .auto_deltas(false),
+    )
+    .await;
+    let (job, ring) = h.submit_and_form(h.job_spec("deltas", 2, 3)).await;
     h.await_phase(job, MIN, "running", |p| {
         matches!(p, JobPhase::Running { .. })
     })

@@ -8,40 +8,27 @@ use hanzod::core::events::{Event, FailureKind};
 use hanzod::core::job::JobPhase;
 use hanzod::core::orchestrator::ActorFault;
 use hanzod::core::ports::memory::MemoryStateStore;
-use hanzod::testkit::{Harness, HarnessConfig};
+use hanzod::testkit::{survivors, Harness, HarnessConfig};
 
 const MIN: Duration = Duration::from_secs(60);
 
 fn quiet(n: usize, seed: u64) -> HarnessConfig {
-    let mut cfg = HarnessConfig::new(n).seed_from_env_or(seed);
-    cfg.auto_deltas = false;
-    cfg
+    HarnessConfig::new(n)
+        .seed_from_env_or(seed)
+        .auto_deltas(false)
 }
 
 #[tokio::test(start_paused = true)]
 async fn node_actor_panic_is_a_node_failure_and_its_ring_recovers() {
     let h = Harness::start(quiet(6, 11)).await;
-    let job = h
-        .orch
-        .submit_job(h.job_spec("panic-node", 6, 10))
-        .await
-        .unwrap();
-    let v1 = h
-        .await_ring(job, MIN, "ring", |r| r.version == 1)
-        .await
-        .unwrap();
+    let (job, v1) = h.submit_and_form(h.job_spec("panic-node", 6, 10)).await;
     let victim = v1.members[3];
     assert!(h
         .orch
         .inject(ActorFault::PanicNodeActor(victim))
         .await
         .unwrap());
-    let survivors: Vec<_> = v1
-        .members
-        .iter()
-        .copied()
-        .filter(|m| *m != victim)
-        .collect();
+    let survivors = survivors(&v1, &[victim]);
     // Recovery within the coalescing window, long before any heartbeat timeout.
     let v2 = h
         .await_ring_version(job, 2, &survivors, Duration::from_secs(2))
@@ -75,14 +62,7 @@ async fn node_actor_panic_is_a_node_failure_and_its_ring_recovers() {
 #[tokio::test(start_paused = true)]
 async fn ring_actor_killed_mid_job_is_rebuilt_with_the_same_state() {
     let h = Harness::start(HarnessConfig::new(8).seed_from_env_or(12)).await;
-    let job = h
-        .orch
-        .submit_job(h.job_spec("panic-ring", 7, 50))
-        .await
-        .unwrap();
-    h.await_ring(job, MIN, "ring", |r| r.version == 1)
-        .await
-        .unwrap();
+    let (job, _) = h.submit_and_form(h.job_spec("panic-ring", 7, 50)).await;
     let victim = h.orch.ring(job).await.unwrap().unwrap().members[0];
     h.crash(h.index_of(&victim).unwrap());
     let v2 = h
@@ -131,15 +111,9 @@ async fn ring_actor_killed_mid_job_is_rebuilt_with_the_same_state() {
 #[tokio::test(start_paused = true)]
 async fn ring_actor_killed_during_recovery_owes_the_recovery_after_rebuild() {
     let h = Harness::start(quiet(5, 13)).await;
-    let job = h
-        .orch
-        .submit_job(h.job_spec("panic-mid-recovery", 5, 10))
-        .await
-        .unwrap();
-    let v1 = h
-        .await_ring(job, MIN, "ring", |r| r.version == 1)
-        .await
-        .unwrap();
+    let (job, v1) = h
+        .submit_and_form(h.job_spec("panic-mid-recovery", 5, 10))
+        .await;
     let victim = v1.members[1];
     // The failure is recorded, then the ring actor dies inside the coalescing window,
     // before it reconfigures. The rebuilt actor finds the failure in the log.
@@ -154,12 +128,7 @@ async fn ring_actor_killed_during_recovery_owes_the_recovery_after_rebuild() {
         .inject(ActorFault::PanicRingActor(job))
         .await
         .unwrap());
-    let survivors: Vec<_> = v1
-        .members
-        .iter()
-        .copied()
-        .filter(|m| *m != victim)
-        .collect();
+    let survivors = survivors(&v1, &[victim]);
     h.await_ring_version(job, 2, &survivors, MIN).await.unwrap();
 }
 
