@@ -240,3 +240,53 @@ async fn two_orchestrators_in_one_process_do_not_interfere() {
     assert!(b.orch.nodes().await.unwrap().iter().all(|n| n.alive));
     assert_eq!(b.orch.ring(jb).await.unwrap().unwrap(), rb);
 }
+
+#[tokio::test(start_paused = true)]
+async fn every_subsystem_panics_mid_job_and_the_job_still_publishes_every_epoch() {
+    use hanzod::core::orchestrator::Subsystem;
+    let h = Harness::start(HarnessConfig::new(6).seed_from_env_or(18)).await;
+    let (job, v1) = h
+        .submit_and_form(h.job_spec("panic-subsystems", 6, 6))
+        .await;
+    for (epoch, which) in [
+        (1, Subsystem::Registry),
+        (2, Subsystem::Scheduler),
+        (3, Subsystem::Jobs),
+    ] {
+        h.await_phase(
+            job,
+            10 * MIN,
+            "next epoch",
+            |p| matches!(p, JobPhase::Running { epoch: e, .. } if *e == epoch),
+        )
+        .await
+        .unwrap();
+        let mut notices = h.orch.subscribe();
+        assert!(h
+            .orch
+            .inject(ActorFault::PanicSubsystem(which))
+            .await
+            .unwrap());
+        let what = loop {
+            if let Notice::ActorRestarted { what } = notices.recv().await.unwrap() {
+                break what;
+            }
+        };
+        assert_eq!(what, format!("{which:?}").to_lowercase());
+    }
+    let phase = h
+        .await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
+        .await
+        .unwrap();
+    assert!(
+        matches!(phase, JobPhase::Published { epochs: 6, .. }),
+        "{phase:?}"
+    );
+    assert_eq!(h.sink.checkpoints(job).len(), 6);
+    // Rebuilt registries did not declare live nodes failed: the ring never changed.
+    assert_eq!(
+        h.orch.job(job).await.unwrap().ring.unwrap().version,
+        v1.version
+    );
+    assert!(h.orch.nodes().await.unwrap().iter().all(|n| n.alive));
+}

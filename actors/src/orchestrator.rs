@@ -23,6 +23,7 @@ use tokio::sync::broadcast;
 
 use crate::actor::job::{JobRequestError, JobView};
 use crate::actor::jobs::{JobSupervisorMsg, SubmitError};
+pub use crate::actor::orchestrator::Subsystem;
 use crate::actor::orchestrator::{OrchestratorActor, OrchestratorMsg};
 use crate::actor::registry::{RegisterError, Registration, RegistryMsg};
 use crate::actor::scheduler::SchedulerMsg;
@@ -179,6 +180,8 @@ pub enum ActorFault {
     PanicJobActor(JobId),
     /// Panic in the job's ring actor (rebuilt from the log).
     PanicRingActor(JobId),
+    /// Panic in a whole subsystem (rebuilt with its children from the log).
+    PanicSubsystem(Subsystem),
 }
 
 /// A running orchestrator. Cheap to clone; every method has the configured call deadline.
@@ -323,6 +326,7 @@ impl OrchestratorHandle {
                     reply,
                 })
             }
+            ActorFault::PanicSubsystem(which) => OrchestratorMsg::InjectPanic { which, reply },
         })
         .await
     }

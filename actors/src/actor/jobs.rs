@@ -85,6 +85,8 @@ pub enum JobSupervisorMsg {
         /// The job.
         job: JobId,
     },
+    /// Fault injection: panic in the job supervisor (its job actors go with it).
+    Panic,
     /// Fault injection: make the job's actor (`ring: false`) or its ring actor (`ring: true`)
     /// panic. Replies whether the target exists.
     InjectPanic {
@@ -370,6 +372,7 @@ impl Actor for JobSupervisor {
                     });
                 }
             }
+            JobSupervisorMsg::Panic => panic!("injected fault: job supervisor panic"),
             JobSupervisorMsg::InjectPanic { job, ring, reply } => match state.actor(job) {
                 Some(a) if ring => {
                     let _ = a.cast(JobMsg::InjectRingPanic { reply });

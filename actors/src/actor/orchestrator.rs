@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use super::jobs::{JobSupervisor, JobSupervisorArgs, JobSupervisorMsg};
 use super::registry::{NodeRegistry, RegistryArgs, RegistryMsg};
@@ -21,7 +21,7 @@ use super::{Deps, Notice};
 use crate::supervision::{RestartBudget, RestartDecision};
 
 /// One of the root's children.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Subsystem {
     /// The node registry.
     Registry,
@@ -41,6 +41,13 @@ pub enum OrchestratorMsg {
     Jobs(JobSupervisorMsg),
     /// Rebuild a failed subsystem (after the backoff).
     Respawn(Subsystem),
+    /// Fault injection: make a subsystem panic (it is rebuilt from the log).
+    InjectPanic {
+        /// Which.
+        which: Subsystem,
+        /// Whether it was running.
+        reply: RpcReplyPort<bool>,
+    },
 }
 
 /// State of the root.
@@ -159,6 +166,23 @@ impl Actor for OrchestratorActor {
                 if let Some(a) = &state.jobs {
                     let _ = a.cast(m);
                 }
+            }
+            OrchestratorMsg::InjectPanic { which, reply } => {
+                let sent = match which {
+                    Subsystem::Registry => state
+                        .registry
+                        .as_ref()
+                        .is_some_and(|a| a.cast(RegistryMsg::Panic).is_ok()),
+                    Subsystem::Scheduler => state
+                        .scheduler
+                        .as_ref()
+                        .is_some_and(|a| a.cast(SchedulerMsg::Panic).is_ok()),
+                    Subsystem::Jobs => state
+                        .jobs
+                        .as_ref()
+                        .is_some_and(|a| a.cast(JobSupervisorMsg::Panic).is_ok()),
+                };
+                super::answer(reply, sent);
             }
             OrchestratorMsg::Respawn(which) => {
                 state.spawn(&myself, which).await?;

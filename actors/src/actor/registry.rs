@@ -82,6 +82,8 @@ pub enum RegistryMsg {
         /// The node.
         node: NodeId,
     },
+    /// Fault injection: panic in the registry itself (its node actors go with it).
+    Panic,
     /// Fault injection: make the node's actor panic. Replies whether the node exists.
     InjectPanic {
         /// The node.
@@ -532,6 +534,7 @@ impl Actor for NodeRegistry {
                     what: format!("node {}", node.short()),
                 });
             }
+            RegistryMsg::Panic => panic!("injected fault: node registry panic"),
             RegistryMsg::InjectPanic { node, reply } => {
                 let actor = state.nodes.get(&node).and_then(|e| e.actor.clone());
                 let found = actor.is_some();

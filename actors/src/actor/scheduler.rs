@@ -47,6 +47,8 @@ pub enum SchedulerMsg {
         /// The nodes given (possibly fewer, possibly none).
         reply: RpcReplyPort<Vec<NodeId>>,
     },
+    /// Fault injection: panic in the scheduler.
+    Panic,
     /// Current assignments and queue (observability).
     Inspect {
         /// (pending job ids, node → job).
@@ -260,6 +262,7 @@ impl Actor for Scheduler {
                 }
                 answer(reply, given);
             }
+            SchedulerMsg::Panic => panic!("injected fault: scheduler panic"),
             SchedulerMsg::Inspect { reply } => {
                 let assigned = state.assigned.iter().map(|(n, j)| (*n, *j)).collect();
                 answer(reply, (state.pending.keys().copied().collect(), assigned));
