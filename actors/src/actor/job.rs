@@ -452,6 +452,20 @@ impl Actor for JobActor {
                 if state.placed.is_none() && matches!(state.job.phase, JobPhase::Pending { .. }) {
                     state.placed = Some(nodes);
                     state.spawn_ring(&myself).await?;
+                } else {
+                    // No longer pending, or placed already (a rebuilt actor read the same
+                    // placement from the log): give back any node it does not use.
+                    let mut nodes = nodes;
+                    if let Some(placed) = &state.placed {
+                        nodes.retain(|n| !placed.contains(n));
+                    }
+                    let _ =
+                        state
+                            .root
+                            .cast(OrchestratorMsg::Scheduler(SchedulerMsg::ReleaseNodes {
+                                job: state.job.id,
+                                nodes,
+                            }));
                 }
             }
             JobMsg::RingChanged { ring, removed } => state.on_ring(&myself, ring, removed).await,

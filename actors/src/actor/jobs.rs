@@ -284,10 +284,12 @@ impl Actor for JobSupervisor {
                 tracing::info!(job = %id, name = %job.spec.name, "job submitted");
                 answer(reply, Ok(id));
             }
-            JobSupervisorMsg::Place { job, nodes } => match state.actor(job) {
-                Some(a) => {
+            JobSupervisorMsg::Place { job, nodes } => match state.live.get(&job) {
+                Some(Live { actor: Some(a), .. }) => {
                     let _ = a.cast(JobMsg::Place { nodes });
                 }
+                // Being rebuilt: the placement is in the log, the rebuilt actor forms the ring.
+                Some(_) => {}
                 None => {
                     let _ = state
                         .root
