@@ -195,7 +195,7 @@ pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
     let detections = injected
         .iter()
         .filter_map(|(at, f)| {
-            let (Fault::Crash(i) | Fault::Hang(i)) = f else {
+            let (Fault::Crash(i) | Fault::Hang(i) | Fault::Disconnect(i)) = f else {
                 return None;
             };
             let id = h.node_id(*i);
@@ -231,6 +231,7 @@ pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
 fn describe(h: &Harness, f: &Fault) -> String {
     match f {
         Fault::Crash(i) => format!("crash of node {}", h.node_id(*i).short()),
+        Fault::Disconnect(i) => format!("disconnect of node {}", h.node_id(*i).short()),
         Fault::Hang(i) => format!("hang of node {}", h.node_id(*i).short()),
         other => format!("{other:?}"),
     }

@@ -100,8 +100,12 @@ impl HarnessConfig {
 /// A scripted fault, addressed by node index (0-based, in the harness's node order).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Fault {
-    /// The node process dies: no more heartbeats, its session closes silently.
+    /// The node dies silently (power loss, kernel hang): no more heartbeats and no closed
+    /// session; the orchestrator notices at the heartbeat timeout.
     Crash(usize),
+    /// The node process is killed and its session closes (the transport sees the stream
+    /// end): the orchestrator notices at once.
+    Disconnect(usize),
     /// The node stops heartbeating but keeps its session (a hung process).
     Hang(usize),
     /// A hung node resumes heartbeating (it re-registers if it was declared failed).
@@ -156,8 +160,9 @@ impl FaultScript {
             }
             let at = rng.gen_range(0..horizon_ms.max(1));
             let node = rng.gen_range(0..nodes);
-            let fault = match rng.gen_range(0..6) {
+            let fault = match rng.gen_range(0..7) {
                 0 => Fault::Crash(node),
+                6 => Fault::Disconnect(node),
                 1 => {
                     let back = at + rng.gen_range(5_000..60_000);
                     steps.push((back, Fault::Resume(node)));
@@ -390,6 +395,14 @@ impl Harness {
         self.control(index, Control::Crash);
     }
 
+    /// Kills node `index`'s process and closes its session, as the transport would report.
+    pub fn disconnect(&self, index: usize) {
+        self.control(index, Control::Crash);
+        let id = self.node_id(index);
+        self.link.disconnect(&id);
+        self.orch.session_closed(id);
+    }
+
     /// Hangs node `index`: no more heartbeats until [`Harness::resume`].
     pub fn hang(&self, index: usize) {
         self.control(index, Control::Hang);
@@ -451,6 +464,7 @@ impl Harness {
         tracing::info!(?fault, "injecting fault");
         match fault {
             Fault::Crash(i) => self.crash(*i),
+            Fault::Disconnect(i) => self.disconnect(*i),
             Fault::Hang(i) => self.hang(*i),
             Fault::Resume(i) => self.resume(*i),
             Fault::Flap {

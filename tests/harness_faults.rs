@@ -224,3 +224,78 @@ async fn seeded_random_faults_keep_the_invariants() {
         assert!(!h.status(i).running);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn simultaneous_disconnects_are_one_reconfiguration_detected_at_once() {
+    let h = Harness::start(
+        HarnessConfig::new(16)
+            .seed_from_env_or(9)
+            .auto_deltas(false),
+    )
+    .await;
+    let (job, v1) = h.submit_and_form(h.job_spec("disconnect", 16, 10)).await;
+    let victims = [v1.members[1], v1.members[7], v1.members[8]];
+    let mut notices = h.orch.subscribe();
+    let t0 = tokio::time::Instant::now();
+    for v in &victims {
+        h.disconnect(h.index_of(v).unwrap());
+    }
+    let v2 = h
+        .await_ring_version(job, 2, &survivors(&v1, &victims), MIN)
+        .await
+        .unwrap();
+    // Detected from the closed sessions, not the 30 s timeout: repaired within the
+    // coalescing window, as one reconfiguration.
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    let mut failures = vec![];
+    while let Ok(n) = notices.try_recv() {
+        match n {
+            hanzod::core::actor::Notice::NodeFailed { node, kind, .. } => {
+                failures.push((node, kind))
+            }
+            hanzod::core::actor::Notice::RingChanged { ring, removed, .. } => {
+                assert_eq!(ring, v2, "more than one reconfiguration");
+                assert_eq!(removed.len(), 3);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(failures.len(), 3);
+    assert!(failures
+        .iter()
+        .all(|(_, k)| *k == hanzod::core::events::FailureKind::SessionClosed));
+    h.await_members_agree(job, MIN).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn probed_links_replace_estimates_and_steer_the_ring() {
+    let h = Harness::start(
+        HarnessConfig::new(4)
+            .seed_from_env_or(10)
+            .auto_deltas(false),
+    )
+    .await;
+    let ids = h.node_ids();
+    // Measure every link: slow everywhere except the cycle 0 → 2 → 1 → 3 → 0.
+    let fast = [(0, 2), (2, 1), (1, 3), (3, 0)];
+    for i in 0..4 {
+        for j in 0..4 {
+            if i != j {
+                let mbps = if fast.contains(&(i, j)) { 900.0 } else { 10.0 };
+                h.orch.report_link(ids[i], ids[j], mbps).await.unwrap();
+            }
+        }
+    }
+    let err = h
+        .orch
+        .report_link(ids[0], ids[1], f32::NAN)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("mbps"), "{err}");
+    let (_, ring) = h.submit_and_form(h.job_spec("probed", 4, 10)).await;
+    assert_eq!(ring.estimated_links, 0);
+    assert_eq!(ring.bottleneck_mbps, 900.0);
+    let start = ring.members.iter().position(|m| *m == ids[0]).unwrap();
+    let order: Vec<_> = (0..4).map(|k| ring.members[(start + k) % 4]).collect();
+    assert_eq!(order, [ids[0], ids[2], ids[1], ids[3]]);
+}

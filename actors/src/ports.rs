@@ -137,6 +137,9 @@ pub struct RingView {
     pub members: Vec<NodeId>,
     /// The ring's weakest link in Mbit/s (min over ring edges of B), as computed when built.
     pub bottleneck_mbps: f32,
+    /// How many of the ring's links were estimated from the nodes' declared capacities
+    /// rather than measured by a probe (DESIGN §4); 0 when every link was probed.
+    pub estimated_links: u32,
 }
 
 /// A command from the orchestrator to one node.

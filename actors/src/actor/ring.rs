@@ -160,6 +160,7 @@ impl RingState {
             job: self.job,
             version: 1,
             bottleneck_mbps: finite(bottleneck(&bw, &order)),
+            estimated_links: estimated_links(&bw, &order),
             members,
         };
         tracing::info!(job = %self.job, members = ring.members.len(), bottleneck_mbps = ring.bottleneck_mbps,
@@ -212,11 +213,23 @@ impl RingState {
             version: current.version + 1,
             members: plan.order.iter().map(|&i| nodes[i]).collect(),
             bottleneck_mbps: finite(plan.bottleneck),
+            estimated_links: estimated_links(&bw, &plan.order),
         };
         tracing::info!(job = %self.job, version = ring.version, removed = failed.len(), added = standbys.len(),
             members = ring.members.len(), elapsed_us = started.elapsed().as_micros() as u64, "ring reconfigured");
         self.commit(ring, failed, standbys).await
     }
+}
+
+/// Ring links `order[k] → order[k+1]` (and the closing one) whose bandwidth is estimated.
+fn estimated_links(bw: &BandwidthMatrix, order: &[usize]) -> u32 {
+    if order.len() < 2 {
+        return 0;
+    }
+    let n = order.len();
+    (0..n)
+        .filter(|&k| bw.is_estimated(order[k], order[(k + 1) % n]))
+        .count() as u32
 }
 
 fn finite(x: f32) -> f32 {
