@@ -66,6 +66,8 @@ pub struct SimReport {
     pub detections: Vec<Detection>,
     /// Everything that happened, in order.
     pub timeline: Vec<TimelineEntry>,
+    /// The orchestrator's counters at the end: (name, label, value).
+    pub counters: Vec<(String, String, u64)>,
 }
 
 /// Detection and repair latency for one injected fault.
@@ -223,6 +225,7 @@ pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
         reconfigurations,
         detections,
         timeline,
+        counters: h.metrics.counters(),
     };
     h.orch.shutdown().await;
     report
@@ -271,6 +274,11 @@ pub fn print_human(report: &SimReport) {
             d.detect_ms as f64 / 1000.0,
             d.repair_ms.map_or("-".into(), |r| r.to_string())
         );
+    }
+    println!();
+    println!("counters");
+    for (name, label, value) in &report.counters {
+        println!("  {name}{{{label}}} {value}");
     }
     println!();
     println!(

@@ -26,7 +26,7 @@ use hanzod_actors::job::{JobPhase, JobSpec};
 use hanzod_actors::node::Heartbeat;
 use hanzod_actors::orchestrator::ActorFault;
 use hanzod_actors::ports::memory::{
-    ChannelNodeLink, MemoryChain, MemoryCheckpointSink, MemoryStateStore,
+    ChannelNodeLink, MemoryChain, MemoryCheckpointSink, MemoryMetrics, MemoryStateStore,
 };
 use hanzod_actors::ports::{Clock, DeltaReceipt, NodeCommand, RingView, StateStore};
 use hanzod_actors::types::{GpuInfo, GymWei, JobId, LinkProfile, NodeId, NodeInfo};
@@ -241,6 +241,8 @@ pub struct Harness {
     pub sink: Arc<MemoryCheckpointSink>,
     /// Its node link.
     pub link: ChannelNodeLink,
+    /// Its metrics.
+    pub metrics: Arc<MemoryMetrics>,
     cfg: HarnessConfig,
     nodes: Vec<SimNode>,
     rng: ChaCha8Rng,
@@ -282,7 +284,9 @@ impl Harness {
         let chain = Arc::new(MemoryChain::new());
         let sink = Arc::new(MemoryCheckpointSink::new());
         let link = ChannelNodeLink::new();
+        let metrics = Arc::new(MemoryMetrics::new());
         let orch = Orchestrator::builder()
+            .metrics(metrics.clone())
             .config(cfg.core.clone())
             .state_store(store.clone())
             .chain(chain.clone())
@@ -297,6 +301,7 @@ impl Harness {
             chain,
             sink,
             link,
+            metrics,
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             cfg,
             nodes: vec![],

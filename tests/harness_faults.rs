@@ -94,6 +94,11 @@ async fn hung_node_fails_at_thirty_seconds_and_not_before() {
             .count()
             == 2
     );
+    assert_eq!(h.metrics.counter("node_failures", "heartbeat_timeout"), 1);
+    assert_eq!(
+        h.metrics.counter("heartbeats", "accepted"),
+        h.status(0).heartbeats + h.status(1).heartbeats + h.status(2).heartbeats
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -261,6 +266,12 @@ async fn simultaneous_disconnects_are_one_reconfiguration_detected_at_once() {
         }
     }
     assert_eq!(failures.len(), 3);
+    assert_eq!(h.metrics.counter("node_failures", "session_closed"), 3);
+    assert_eq!(h.metrics.counter("ring_changes", "reconfigured"), 1);
+    let repair = h.metrics.samples("ring_repair_seconds");
+    assert_eq!(repair.len(), 1);
+    // The coalescing window (200 ms) plus the reconfiguration itself.
+    assert!((0.2..0.3).contains(&repair[0]), "{repair:?}");
     assert!(failures
         .iter()
         .all(|(_, k)| *k == hanzod::core::events::FailureKind::SessionClosed));

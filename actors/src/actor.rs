@@ -40,7 +40,7 @@ use crate::config::CoreConfig;
 use crate::events::{Event, FailureKind};
 use crate::job::JobPhase;
 use crate::ports::{
-    ChainReader, CheckpointSink, Clock, NodeLink, RingView, StateStore, StoreError,
+    ChainReader, CheckpointSink, Clock, Metrics, NodeLink, RingView, StateStore, StoreError,
 };
 use crate::ring::RingBuilder;
 use crate::sched::SchedulingPolicy;
@@ -106,6 +106,8 @@ pub struct Deps {
     pub ring_builder: Arc<dyn RingBuilder>,
     /// The scheduling policy.
     pub policy: Arc<dyn SchedulingPolicy>,
+    /// Counters and timings.
+    pub metrics: Arc<dyn Metrics>,
     /// Settings.
     pub cfg: Arc<CoreConfig>,
     /// Observers.

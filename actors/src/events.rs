@@ -19,6 +19,17 @@ pub enum FailureKind {
     ActorCrashed,
 }
 
+impl FailureKind {
+    /// A short snake_case label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FailureKind::HeartbeatTimeout => "heartbeat_timeout",
+            FailureKind::SessionClosed => "session_closed",
+            FailureKind::ActorCrashed => "actor_crashed",
+        }
+    }
+}
+
 impl std::fmt::Display for FailureKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

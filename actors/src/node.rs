@@ -64,6 +64,19 @@ pub enum HeartbeatError {
     },
 }
 
+impl HeartbeatError {
+    /// A short snake_case label for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            HeartbeatError::UnknownNode => "unknown_node",
+            HeartbeatError::Failed => "failed",
+            HeartbeatError::StaleSequence { .. } => "stale_sequence",
+            HeartbeatError::OutsideWindow { .. } => "outside_window",
+            HeartbeatError::Invalid { .. } => "invalid",
+        }
+    }
+}
+
 /// Liveness of a node as the orchestrator sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Liveness {

@@ -32,10 +32,10 @@ use crate::config::{CoreConfig, RingBuilderKind};
 use crate::job::JobSpec;
 use crate::node::{Heartbeat, HeartbeatError};
 use crate::ports::memory::{
-    ChannelNodeLink, MemoryChain, MemoryCheckpointSink, MemoryStateStore, TokioClock,
+    ChannelNodeLink, MemoryChain, MemoryCheckpointSink, MemoryMetrics, MemoryStateStore, TokioClock,
 };
 use crate::ports::{
-    ChainReader, CheckpointSink, Clock, DeltaReceipt, NodeLink, RingView, StateStore,
+    ChainReader, CheckpointSink, Clock, DeltaReceipt, Metrics, NodeLink, RingView, StateStore,
 };
 use crate::ring::{Algorithm1, RingBuilder, ThresholdRingBuilder};
 use crate::sched::{AgingPolicy, NodeView, SchedulingPolicy};
@@ -61,6 +61,7 @@ pub struct OrchestratorBuilder {
     chain: Option<Arc<dyn ChainReader>>,
     link: Option<Arc<dyn NodeLink>>,
     sink: Option<Arc<dyn CheckpointSink>>,
+    metrics: Option<Arc<dyn Metrics>>,
     ring_builder: Option<Arc<dyn RingBuilder>>,
     policy: Option<Arc<dyn SchedulingPolicy>>,
 }
@@ -94,6 +95,11 @@ impl OrchestratorBuilder {
     /// The checkpoint sink (default: [`MemoryCheckpointSink`]).
     pub fn checkpoint_sink(mut self, sink: Arc<dyn CheckpointSink>) -> Self {
         self.sink = Some(sink);
+        self
+    }
+    /// The metrics sink (default: a fresh [`MemoryMetrics`]).
+    pub fn metrics(mut self, metrics: Arc<dyn Metrics>) -> Self {
+        self.metrics = Some(metrics);
         self
     }
     /// The ring builder (default: per `cfg.ring.builder`).
@@ -132,6 +138,9 @@ impl OrchestratorBuilder {
             sink: self
                 .sink
                 .unwrap_or_else(|| Arc::new(MemoryCheckpointSink::new())),
+            metrics: self
+                .metrics
+                .unwrap_or_else(|| Arc::new(MemoryMetrics::new())),
             ring_builder,
             policy,
             cfg: Arc::new(cfg),
@@ -344,6 +353,11 @@ impl OrchestratorHandle {
     /// The event log.
     pub fn state_store(&self) -> Arc<dyn StateStore> {
         self.deps.store.clone()
+    }
+
+    /// The metrics sink.
+    pub fn metrics(&self) -> Arc<dyn Metrics> {
+        self.deps.metrics.clone()
     }
 
     /// The clock.

@@ -11,6 +11,7 @@
 //! | [`ChainReader`] | [`memory::MemoryChain`] | EVM JSON-RPC (`GYMToken`) |
 //! | [`NodeLink`] | [`memory::ChannelNodeLink`] | gRPC session streams |
 //! | [`CheckpointSink`] | [`memory::MemoryCheckpointSink`] | validator + merge + IPFS/HF publisher |
+//! | [`Metrics`] | [`memory::MemoryMetrics`] | Prometheus registry on :9551 |
 
 pub mod memory;
 
@@ -222,4 +223,29 @@ pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
         epoch: u32,
         deltas: &[DeltaReceipt],
     ) -> Result<String, CheckpointError>;
+}
+
+/// Where the actors report what they count and time. One instance per orchestrator (not a
+/// process-global registry), so two orchestrators in one process keep separate figures.
+///
+/// Names are snake_case without a prefix (the exporter adds `hanzod_`); each counter has
+/// one label value (e.g. the refusal reason). Implementations must be cheap and must not
+/// block: they are called from actor handlers.
+///
+/// | name | label | meaning |
+/// |---|---|---|
+/// | `heartbeats` | `accepted` or the refusal reason | heartbeats by outcome |
+/// | `registrations` | `accepted` or the refusal reason | registrations by outcome |
+/// | `node_failures` | failure kind | nodes declared failed |
+/// | `ring_changes` | `formed` or `reconfigured` | rings recorded |
+/// | `job_transitions` | phase entered | job state machine transitions |
+/// | `actor_restarts` | `node`, `job`, `ring` or the subsystem | supervisor rebuilds |
+///
+/// Observations (histograms): `ring_repair_seconds` (first failure reported to the ring
+/// actor → new ring recorded, including the coalescing window).
+pub trait Metrics: Send + Sync + std::fmt::Debug + 'static {
+    /// Adds `by` to counter `name{label}`.
+    fn incr(&self, name: &'static str, label: &str, by: u64);
+    /// Records one sample of histogram `name`.
+    fn observe(&self, name: &'static str, value: f64);
 }

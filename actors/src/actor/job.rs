@@ -208,6 +208,9 @@ impl JobState {
             && matches!(next.phase, JobPhase::Running { .. });
         self.job = next;
         tracing::info!(job = %self.job.id, phase = self.job.phase.name(), "job transition");
+        self.deps
+            .metrics
+            .incr("job_transitions", self.job.phase.name(), 1);
         self.deps.notify(Notice::JobPhase {
             job: self.job.id,
             phase: self.job.phase.clone(),
@@ -510,6 +513,7 @@ impl Actor for JobActor {
             JobMsg::RespawnRing => {
                 if state.ring_actor.is_none() && !state.job.phase.is_terminal() {
                     state.spawn_ring(&myself).await?;
+                    state.deps.metrics.incr("actor_restarts", "ring", 1);
                     state.deps.notify(Notice::ActorRestarted {
                         what: format!("ring {}", state.job.id),
                     });

@@ -369,6 +369,7 @@ impl Actor for JobSupervisor {
             JobSupervisorMsg::Respawn { job } => {
                 if state.live.contains_key(&job) {
                     state.spawn_job(&myself, job).await?;
+                    state.deps.metrics.incr("actor_restarts", "job", 1);
                     state.deps.notify(Notice::ActorRestarted {
                         what: format!("job {job}"),
                     });

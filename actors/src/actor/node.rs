@@ -136,10 +136,15 @@ impl Actor for NodeActor {
         match msg {
             NodeMsg::Heartbeat { hb, reply } => {
                 let result = state.core.on_heartbeat(&hb, now);
-                if result.is_ok() {
-                    state.arm_watchdog(&myself);
-                    state.report();
-                }
+                let label = match &result {
+                    Ok(()) => {
+                        state.arm_watchdog(&myself);
+                        state.report();
+                        "accepted"
+                    }
+                    Err(e) => e.reason(),
+                };
+                state.deps.metrics.incr("heartbeats", label, 1);
                 answer(reply, result.map(|()| state.deps.cfg.heartbeat.interval_ms));
             }
             NodeMsg::Reregister { info, stake, reply } => {

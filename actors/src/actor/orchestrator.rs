@@ -186,9 +186,9 @@ impl Actor for OrchestratorActor {
             }
             OrchestratorMsg::Respawn(which) => {
                 state.spawn(&myself, which).await?;
-                state.deps.notify(Notice::ActorRestarted {
-                    what: format!("{which:?}").to_lowercase(),
-                });
+                let what = format!("{which:?}").to_lowercase();
+                state.deps.metrics.incr("actor_restarts", &what, 1);
+                state.deps.notify(Notice::ActorRestarted { what });
             }
         }
         Ok(())

@@ -139,6 +139,20 @@ pub enum RegisterError {
     },
 }
 
+impl RegisterError {
+    /// A short snake_case label for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RegisterError::InsufficientStake { .. } => "insufficient_stake",
+            RegisterError::UnknownNode(_) => "unknown_node",
+            RegisterError::Unbound => "unbound",
+            RegisterError::ChainUnavailable(_) => "chain_unavailable",
+            RegisterError::Store(_) => "store",
+            RegisterError::Invalid { .. } => "invalid",
+        }
+    }
+}
+
 impl From<StoreError> for RegisterError {
     fn from(e: StoreError) -> Self {
         RegisterError::Store(e.to_string())
@@ -348,6 +362,7 @@ impl RegistryState {
             return;
         };
         entry.view.alive = false;
+        self.deps.metrics.incr("node_failures", kind.label(), 1);
         if let Err(e) = self.deps.persist(Event::NodeFailed { node, kind }).await {
             // The failure is still acted on; a rebuilt ring re-derives it from the timeout.
             tracing::error!(node = %node.short(), error = %e, "could not record node failure");
@@ -433,9 +448,14 @@ impl Actor for NodeRegistry {
         match msg {
             RegistryMsg::Register { info, reply } => {
                 let result = state.register(&myself, info).await;
-                if let Err(e) = &result {
-                    tracing::info!(error = %e, "registration refused");
-                }
+                let label = match &result {
+                    Ok(_) => "accepted",
+                    Err(e) => {
+                        tracing::info!(error = %e, "registration refused");
+                        e.reason()
+                    }
+                };
+                state.deps.metrics.incr("registrations", label, 1);
                 answer(reply, result);
             }
             RegistryMsg::Heartbeat { hb, reply } => {
@@ -443,7 +463,10 @@ impl Actor for NodeRegistry {
                     Some(actor) => {
                         let _ = actor.cast(NodeMsg::Heartbeat { hb, reply });
                     }
-                    None => answer(reply, Err(HeartbeatError::UnknownNode)),
+                    None => {
+                        state.deps.metrics.incr("heartbeats", "unknown_node", 1);
+                        answer(reply, Err(HeartbeatError::UnknownNode));
+                    }
                 }
             }
             RegistryMsg::SessionClosed { node } => {
@@ -530,6 +553,7 @@ impl Actor for NodeRegistry {
                 if let Some(e) = state.nodes.get_mut(&node) {
                     e.actor = Some(actor);
                 }
+                state.deps.metrics.incr("actor_restarts", "node", 1);
                 state.deps.notify(Notice::ActorRestarted {
                     what: format!("node {}", node.short()),
                 });

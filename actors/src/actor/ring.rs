@@ -62,6 +62,8 @@ pub struct RingState {
     placed: Vec<NodeId>,
     pending_failures: BTreeSet<NodeId>,
     window_open: bool,
+    /// When the oldest failure still owed a reconfiguration was reported (tokio time).
+    first_failure: Option<tokio::time::Instant>,
     parent: ActorRef<JobMsg>,
     root: ActorRef<OrchestratorMsg>,
     deps: Deps,
@@ -115,6 +117,17 @@ impl RingState {
                 added: added.clone(),
             })
             .await?;
+        let change = if ring.version == 1 {
+            "formed"
+        } else {
+            "reconfigured"
+        };
+        self.deps.metrics.incr("ring_changes", change, 1);
+        if let Some(t) = self.first_failure.take() {
+            self.deps
+                .metrics
+                .observe("ring_repair_seconds", t.elapsed().as_secs_f64());
+        }
         self.ring = Some(ring.clone());
         self.broadcast().await;
         self.deps.notify(Notice::RingChanged {
@@ -181,6 +194,7 @@ impl RingState {
             .collect();
         self.pending_failures.clear();
         if failed.is_empty() {
+            self.first_failure = None;
             return Ok(());
         }
         let started = Instant::now();
@@ -261,6 +275,7 @@ impl Actor for RingActor {
             min_vram_bytes: args.min_vram_bytes,
             ring: j.ring.map(|(_, r)| r),
             placed: j.placed.unwrap_or_default(),
+            first_failure: (!j.failed_since_ring.is_empty()).then(tokio::time::Instant::now),
             pending_failures: j.failed_since_ring,
             window_open: false,
             parent: args.parent,
@@ -306,6 +321,9 @@ impl Actor for RingActor {
                     .as_ref()
                     .is_some_and(|r| r.members.contains(&node));
                 if member && state.pending_failures.insert(node) && !state.window_open {
+                    state
+                        .first_failure
+                        .get_or_insert_with(tokio::time::Instant::now);
                     state.window_open = true;
                     let wait = Duration::from_millis(state.deps.cfg.ring.coalesce_ms);
                     myself.send_after(wait, || RingMsg::Reconfigure);

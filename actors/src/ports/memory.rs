@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::{
     ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, DeltaReceipt, LinkError,
-    NodeCommand, NodeLink, Snapshot, StateStore, StoreError,
+    Metrics, NodeCommand, NodeLink, Snapshot, StateStore, StoreError,
 };
 use crate::events::{Event, Record};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
@@ -300,5 +300,70 @@ impl CheckpointSink for MemoryCheckpointSink {
             .unwrap_or_else(|p| p.into_inner())
             .insert((job, epoch), (cid.clone(), deltas.to_vec()));
         Ok(cid)
+    }
+}
+
+/// Metrics kept in memory: counters by (name, label) and every histogram sample. The
+/// embedded default, and what tests read.
+#[derive(Debug, Default)]
+pub struct MemoryMetrics {
+    counters: Mutex<BTreeMap<(&'static str, String), u64>>,
+    samples: Mutex<BTreeMap<&'static str, Vec<f64>>>,
+}
+
+impl MemoryMetrics {
+    /// Empty.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The value of counter `name{label}` (0 when never incremented).
+    pub fn counter(&self, name: &str, label: &str) -> u64 {
+        self.counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|((n, l), _)| *n == name && l == label)
+            .map_or(0, |(_, v)| *v)
+    }
+
+    /// Every counter: (name, label, value), sorted.
+    pub fn counters(&self) -> Vec<(String, String, u64)> {
+        self.counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|((n, l), v)| (n.to_string(), l.clone(), *v))
+            .collect()
+    }
+
+    /// The samples of histogram `name`, in arrival order.
+    pub fn samples(&self, name: &str) -> Vec<f64> {
+        self.samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+impl Metrics for MemoryMetrics {
+    fn incr(&self, name: &'static str, label: &str, by: u64) {
+        *self
+            .counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((name, label.to_string()))
+            .or_default() += by;
+    }
+
+    fn observe(&self, name: &'static str, value: f64) {
+        self.samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name)
+            .or_default()
+            .push(value);
     }
 }
