@@ -26,9 +26,9 @@ use hanzod_actors::job::{JobPhase, JobSpec};
 use hanzod_actors::node::Heartbeat;
 use hanzod_actors::orchestrator::ActorFault;
 use hanzod_actors::ports::memory::{
-    ChannelNodeLink, MemoryChain, MemoryCheckpointSink, MemoryMetrics, MemoryStateStore,
+    ChannelNodeLink, MemoryChain, MemoryCheckpointSink, MemoryMetrics, MemoryStateStore, TokioClock,
 };
-use hanzod_actors::ports::{Clock, DeltaReceipt, NodeCommand, RingView, StateStore};
+use hanzod_actors::ports::{Clock, DeltaReceipt, NodeCommand, RingView, StateStore, SystemClock};
 use hanzod_actors::types::{GpuInfo, GymWei, JobId, LinkProfile, NodeId, NodeInfo};
 use hanzod_actors::{Orchestrator, OrchestratorError, OrchestratorHandle};
 use rand::{Rng, SeedableRng};
@@ -285,7 +285,17 @@ impl Harness {
         let sink = Arc::new(MemoryCheckpointSink::new());
         let link = ChannelNodeLink::new();
         let metrics = Arc::new(MemoryMetrics::new());
+        // Time never runs backwards across a restart on the same log, even when the
+        // previous run advanced paused tokio time far beyond the wall clock.
+        let last = store
+            .read_after(0)
+            .await
+            .ok()
+            .and_then(|r| r.last().map(|r| r.at))
+            .unwrap_or_default();
+        let clock = TokioClock::starting_at(SystemClock.now().max(last.plus_ms(1)));
         let orch = Orchestrator::builder()
+            .clock(Arc::new(clock))
             .metrics(metrics.clone())
             .config(cfg.core.clone())
             .state_store(store.clone())

@@ -8,6 +8,7 @@ use hanzod::core::events::{Event, FailureKind};
 use hanzod::core::job::JobPhase;
 use hanzod::core::orchestrator::ActorFault;
 use hanzod::core::ports::memory::MemoryStateStore;
+use hanzod::core::ports::StateStore;
 use hanzod::testkit::{survivors, Harness, HarnessConfig};
 
 const MIN: Duration = Duration::from_secs(60);
@@ -199,7 +200,9 @@ async fn a_new_orchestrator_on_the_same_log_resumes_the_job() {
     first.orch.shutdown().await;
     drop(first);
     // A standby starts on the same log; the nodes (same seed, same keys) reconnect.
+    let last_at = store.read_after(0).await.unwrap().last().unwrap().at;
     let second = Harness::start_on(HarnessConfig::new(4).seed_from_env_or(15), store).await;
+    assert!(second.orch.clock().now() > last_at, "time ran backwards");
     let view = second.orch.job(job).await.unwrap();
     assert!(
         matches!(view.phase, JobPhase::Running { epoch: 1, .. }),
