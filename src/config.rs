@@ -99,6 +99,15 @@ fn merge(base: &mut toml::Value, over: toml::Value) {
     }
 }
 
+fn typed(layer: &str, value: toml::Value) -> Result<Config, ConfigError> {
+    value
+        .try_into()
+        .map_err(|e: toml::de::Error| ConfigError::Invalid {
+            layer: layer.to_string(),
+            message: e.to_string(),
+        })
+}
+
 fn parse(layer: &str, text: &str) -> Result<toml::Value, ConfigError> {
     toml::from_str(text).map_err(|e| ConfigError::Invalid {
         layer: layer.to_string(),
@@ -115,11 +124,14 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let mut value = parse("defaults", DEFAULT_TOML)?;
         if let Some(path) = file {
+            let layer = path.display().to_string();
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                path: path.display().to_string(),
+                path: layer.clone(),
                 source,
             })?;
-            merge(&mut value, parse(&path.display().to_string(), &text)?);
+            merge(&mut value, parse(&layer, &text)?);
+            // Schema errors (unknown key, wrong type) are reported against the file.
+            typed(&layer, value.clone())?;
         }
         let mut env_layer = toml::Table::new();
         let mut set = |section: &str, key: &str, v: toml::Value| {
@@ -143,12 +155,18 @@ impl Config {
             set("log", "format", toml::Value::String(v));
         }
         merge(&mut value, toml::Value::Table(env_layer));
-        value
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Invalid {
-                layer: "merged configuration".into(),
-                message: e.to_string(),
-            })
+        let cfg = typed("environment", value)?;
+        cfg.core.validate().map_err(|e| ConfigError::Invalid {
+            layer: "settings".into(),
+            message: e.to_string(),
+        })?;
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&cfg.log.filter) {
+            return Err(ConfigError::Invalid {
+                layer: "settings".into(),
+                message: format!("log.filter {:?}: {e}", cfg.log.filter),
+            });
+        }
+        Ok(cfg)
     }
 }
 
@@ -170,7 +188,17 @@ mod tests {
         let f = dir.join("bad.toml");
         std::fs::write(&f, "[core.heartbeat]\ninterval_msec = 5\n").unwrap();
         let err = Config::load(Some(&f), |_| None).unwrap_err().to_string();
-        assert!(err.contains("interval_msec"), "{err}");
+        assert!(
+            err.contains("interval_msec") && err.contains("bad.toml"),
+            "{err}"
+        );
+        let err = Config::load(None, |k| (k == "HANZO_LOG_FORMAT").then(|| "xml".into()));
+        assert!(err.unwrap_err().to_string().starts_with("environment"));
+        let err = Config::load(None, |k| (k == "HANZO_LOG").then(|| "not[valid".into()));
+        assert!(err.unwrap_err().to_string().contains("log.filter"));
+        std::fs::write(&f, "[core.heartbeat]\ntimeout_ms = 5000\n").unwrap();
+        let err = Config::load(Some(&f), |_| None).unwrap_err().to_string();
+        assert!(err.contains("heartbeat.timeout_ms"), "{err}");
     }
 
     #[test]
@@ -180,14 +208,14 @@ mod tests {
         let f = dir.join("over.toml");
         std::fs::write(
             &f,
-            "[core.heartbeat]\ntimeout_ms = 9000\n[chain]\nchain_id = 1\n",
+            "[core.heartbeat]\ntimeout_ms = 45000\n[chain]\nchain_id = 1\n",
         )
         .unwrap();
         let c = Config::load(Some(&f), |k| {
             (k == "HANZO_CHAIN_ID").then(|| "31337".into())
         })
         .unwrap();
-        assert_eq!(c.core.heartbeat.timeout_ms, 9000);
+        assert_eq!(c.core.heartbeat.timeout_ms, 45_000);
         assert_eq!(c.core.heartbeat.interval_ms, 10_000);
         assert_eq!(c.chain.chain_id, 31337);
         let bad = Config::load(None, |k| (k == "HANZO_CHAIN_ID").then(|| "x".into()));

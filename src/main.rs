@@ -36,8 +36,8 @@ enum Command {
         /// Nodes the job asks for.
         #[arg(long, default_value_t = 48)]
         job_nodes: u32,
-        /// Epochs to train.
-        #[arg(long, default_value_t = 5)]
+        /// Epochs to train (1..=10000).
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         epochs: u32,
         /// Ring members to kill during the run.
         #[arg(long, default_value_t = 3)]
@@ -63,6 +63,7 @@ fn init_logging(cfg: &Config) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match cfg.log.format {
         LogFormat::Json => builder.json().init(),
@@ -105,10 +106,29 @@ fn main() -> ExitCode {
                 eprintln!("error: need 2 <= --job-nodes <= --nodes");
                 return ExitCode::from(2);
             }
+            if crash + hang > job_nodes as usize {
+                eprintln!("note: --crash + --hang exceed the ring size; every member is hit");
+            }
+            // Injected actor panics are faults of the simulation, not crashes of hanzod:
+            // report them in one line instead of a panic message and backtrace.
+            let default_hook = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                let msg = info
+                    .payload()
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                if msg.starts_with("injected fault") {
+                    tracing::warn!("{msg}");
+                } else {
+                    default_hook(info);
+                }
+            }));
             let args = hanzod::sim::SimArgs {
                 nodes,
                 job_nodes,
-                epochs: epochs.max(1),
+                epochs,
                 crash,
                 hang,
                 faults,

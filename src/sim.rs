@@ -88,6 +88,9 @@ pub struct Detection {
 pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
     let mut hc = HarnessConfig::new(args.nodes).core(cfg.core.clone());
     hc.seed = args.seed;
+    hc.print_seed = false;
+    // A fixed start (2026-01-01T00:00:00Z): the same seed prints the same report.
+    hc.start_at = Some(hanzod_actors::types::Timestamp(1_767_225_600_000));
     // Local training takes 20–60 s per epoch on each simulated node.
     hc.compute_ms = (20_000, 60_000);
     let mut h = Harness::start(hc).await;
@@ -134,18 +137,23 @@ pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
         let _ = h.apply(fault).await;
         injected.push((start.elapsed().as_millis() as u64, fault.clone()));
     }
-    let phase = h
-        .await_phase(job, Duration::from_secs(86_400), "job ended", |p| {
-            p.is_terminal()
-        })
-        .await
-        .unwrap_or_else(|_| JobPhase::Failed {
-            reason: hanzod_actors::job::FailReason::Other("did not end in a simulated day".into()),
-            phase: "Running".into(),
-            at: h.orch.clock().now(),
-        });
+    // Every epoch ends by its deadline at the latest; allow all of them, twice over.
+    let limit = Duration::from_millis(
+        2 * u64::from(args.epochs.max(1)) * h.job_spec("", 2, 1).epoch_deadline_ms,
+    );
+    let _ = h
+        .await_phase(job, limit, "job ended", |p| p.is_terminal())
+        .await;
     let simulated_ms = start.elapsed().as_millis() as u64;
     let view = h.orch.job(job).await.ok();
+    let phase = match &view {
+        Some(v) => v.phase.clone(),
+        None => JobPhase::Failed {
+            reason: hanzod_actors::job::FailReason::Other("job not found".into()),
+            phase: "unknown".into(),
+            at: h.orch.clock().now(),
+        },
+    };
     let final_ring = view.as_ref().and_then(|v| v.ring.clone());
 
     // Timeline and latencies from the event log (every record is stamped by the clock,
@@ -173,7 +181,7 @@ pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
             } => {
                 ring_changes.push((removed.clone(), at_ms));
                 format!(
-                    "ring v{}: {} members, bottleneck {:.0} Mbit/s (-{} +{})",
+                    "ring v{}: {} member(s), bottleneck {:.0} Mbit/s (-{} +{})",
                     ring.version,
                     ring.members.len(),
                     ring.bottleneck_mbps,
@@ -194,12 +202,18 @@ pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
         timeline.push(TimelineEntry { at_ms, what });
     }
     let reconfigurations = ring_changes.len().saturating_sub(1);
+    // Only the first crash, hang or disconnect of a node is measured; a later one hits a
+    // node that is already gone.
+    let mut hit = std::collections::HashSet::new();
     let detections = injected
         .iter()
         .filter_map(|(at, f)| {
             let (Fault::Crash(i) | Fault::Hang(i) | Fault::Disconnect(i)) = f else {
                 return None;
             };
+            if !hit.insert(*i) {
+                return None;
+            }
             let id = h.node_id(*i);
             let (_, failed) = failed_at.iter().find(|(n, t)| *n == id && *t >= *at)?;
             let repair = ring_changes
@@ -232,11 +246,35 @@ pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
 }
 
 fn describe(h: &Harness, f: &Fault) -> String {
+    let node = |i: &usize| h.node_id(*i).short();
     match f {
-        Fault::Crash(i) => format!("crash of node {}", h.node_id(*i).short()),
-        Fault::Disconnect(i) => format!("disconnect of node {}", h.node_id(*i).short()),
-        Fault::Hang(i) => format!("hang of node {}", h.node_id(*i).short()),
-        other => format!("{other:?}"),
+        Fault::Crash(i) => format!("crash of node {}", node(i)),
+        Fault::Disconnect(i) => format!("disconnect of node {}", node(i)),
+        Fault::Hang(i) => format!("hang of node {}", node(i)),
+        Fault::Resume(i) => format!("resume of node {}", node(i)),
+        Fault::Rejoin(i) => format!("rejoin of node {}", node(i)),
+        Fault::DuplicateRegistration(i) => format!("duplicate registration of node {}", node(i)),
+        Fault::PanicNodeActor(i) => format!("panic of node {}'s actor", node(i)),
+        Fault::Flap {
+            node: i,
+            down_ms,
+            up_ms,
+            cycles,
+        } => format!(
+            "flapping of node {} ({cycles}x {down_ms} ms down, {up_ms} ms up)",
+            node(i)
+        ),
+        Fault::SlowHeartbeats {
+            node: i,
+            interval_ms,
+        } => {
+            format!(
+                "slow heartbeats of node {} (every {interval_ms} ms)",
+                node(i)
+            )
+        }
+        Fault::PanicRingActor(j) => format!("panic of {j}'s ring actor"),
+        Fault::PanicJobActor(j) => format!("panic of {j}'s actor"),
     }
 }
 
@@ -247,7 +285,7 @@ fn phase_text(p: &JobPhase) -> String {
             ring_version,
         } => format!("running epoch {epoch} (ring v{ring_version})"),
         JobPhase::Aggregating { epoch, .. } => format!("aggregating epoch {epoch}"),
-        JobPhase::Published { epochs, .. } => format!("published after {epochs} epochs"),
+        JobPhase::Published { epochs, .. } => format!("published after {epochs} epoch(s)"),
         JobPhase::Failed { reason, .. } => format!("failed: {reason}"),
         other => other.name().to_lowercase(),
     }

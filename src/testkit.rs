@@ -29,7 +29,7 @@ use hanzod_actors::ports::memory::{
     ChannelNodeLink, MemoryChain, MemoryCheckpointSink, MemoryMetrics, MemoryStateStore, TokioClock,
 };
 use hanzod_actors::ports::{Clock, DeltaReceipt, NodeCommand, RingView, StateStore, SystemClock};
-use hanzod_actors::types::{GpuInfo, GymWei, JobId, LinkProfile, NodeId, NodeInfo};
+use hanzod_actors::types::{GpuInfo, GymWei, JobId, LinkProfile, NodeId, NodeInfo, Timestamp};
 use hanzod_actors::{Orchestrator, OrchestratorError, OrchestratorHandle};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -55,6 +55,11 @@ pub struct HarnessConfig {
     pub compute_ms: (u64, u64),
     /// Whether simulated nodes submit deltas at all.
     pub auto_deltas: bool,
+    /// The orchestrator clock's start (default: the wall clock). Fix it for output that
+    /// is identical across runs of one seed.
+    pub start_at: Option<Timestamp>,
+    /// Print the seed to stderr at start and when a test panics (default true).
+    pub print_seed: bool,
 }
 
 impl HarnessConfig {
@@ -71,6 +76,8 @@ impl HarnessConfig {
             vram_bytes: 80 << 30,
             compute_ms: (2_000, 8_000),
             auto_deltas: true,
+            start_at: None,
+            print_seed: true,
         }
     }
 
@@ -138,6 +145,40 @@ pub enum Fault {
     PanicRingActor(JobId),
     /// The job actor panics.
     PanicJobActor(JobId),
+}
+
+impl Fault {
+    /// The node index the fault targets, if it targets a node.
+    pub fn node(&self) -> Option<usize> {
+        match self {
+            Fault::Crash(i)
+            | Fault::Disconnect(i)
+            | Fault::Hang(i)
+            | Fault::Resume(i)
+            | Fault::Rejoin(i)
+            | Fault::DuplicateRegistration(i)
+            | Fault::PanicNodeActor(i)
+            | Fault::Flap { node: i, .. }
+            | Fault::SlowHeartbeats { node: i, .. } => Some(*i),
+            Fault::PanicRingActor(_) | Fault::PanicJobActor(_) => None,
+        }
+    }
+}
+
+/// Why the harness refused a step.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HarnessError {
+    /// The fault names a node index the harness does not have.
+    #[error("no node {index}: the harness has {nodes} nodes")]
+    NoSuchNode {
+        /// The index given.
+        index: usize,
+        /// How many nodes there are.
+        nodes: usize,
+    },
+    /// The orchestrator refused or did not answer.
+    #[error(transparent)]
+    Orchestrator(#[from] OrchestratorError),
 }
 
 /// Faults at times (ms after the script starts), applied in time order.
@@ -250,7 +291,7 @@ pub struct Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() && self.cfg.print_seed {
             eprintln!(
                 "hanzod testkit: run seed = {} (replay with HANZOD_SEED={})",
                 self.cfg.seed, self.cfg.seed
@@ -259,10 +300,10 @@ impl Drop for Harness {
     }
 }
 
-/// A condition that did not hold by its deadline.
+/// A condition that did not hold by its deadline, or can no longer hold.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("timed out after {waited_ms} ms waiting for {what} (seed {seed})")]
-pub struct WaitTimeout {
+#[error("gave up after {waited_ms} ms waiting for {what} (seed {seed})")]
+pub struct WaitError {
     /// What was awaited.
     pub what: String,
     /// How long, ms.
@@ -280,7 +321,9 @@ impl Harness {
 
     /// As [`Harness::start`], on an existing event log (to test rebuilding from it).
     pub async fn start_on(cfg: HarnessConfig, store: Arc<MemoryStateStore>) -> Harness {
-        eprintln!("hanzod testkit: seed = {}", cfg.seed);
+        if cfg.print_seed {
+            eprintln!("hanzod testkit: seed = {}", cfg.seed);
+        }
         let chain = Arc::new(MemoryChain::new());
         let sink = Arc::new(MemoryCheckpointSink::new());
         let link = ChannelNodeLink::new();
@@ -293,7 +336,8 @@ impl Harness {
             .ok()
             .and_then(|r| r.last().map(|r| r.at))
             .unwrap_or_default();
-        let clock = TokioClock::starting_at(SystemClock.now().max(last.plus_ms(1)));
+        let start = cfg.start_at.unwrap_or_else(|| SystemClock.now());
+        let clock = TokioClock::starting_at(start.max(last.plus_ms(1)));
         let orch = Orchestrator::builder()
             .clock(Arc::new(clock))
             .metrics(metrics.clone())
@@ -334,7 +378,10 @@ impl Harness {
         let mut key = [0u8; 32];
         self.rng.fill(&mut key);
         let id = NodeId(key);
-        let region = self.cfg.regions[self.rng.gen_range(0..self.cfg.regions.len().max(1))].clone();
+        let region = match self.cfg.regions.len() {
+            0 => "default".to_string(),
+            n => self.cfg.regions[self.rng.gen_range(0..n)].clone(),
+        };
         let info = NodeInfo {
             id,
             gpu: GpuInfo {
@@ -380,6 +427,9 @@ impl Harness {
     }
 
     /// The id of node `index`.
+    ///
+    /// # Panics
+    /// When `index` is not below the number of nodes (a bug in the test).
     pub fn node_id(&self, index: usize) -> NodeId {
         self.nodes[index].id
     }
@@ -395,6 +445,9 @@ impl Harness {
     }
 
     /// What node `index` has seen.
+    ///
+    /// # Panics
+    /// When `index` is not below the number of nodes (a bug in the test).
     pub fn status(&self, index: usize) -> SimStatus {
         self.nodes[index].status.borrow().clone()
     }
@@ -474,9 +527,18 @@ impl Harness {
         self.nodes[index].status = status_rx;
     }
 
-    /// Applies one fault now.
-    pub async fn apply(&mut self, fault: &Fault) -> Result<(), OrchestratorError> {
+    /// Applies one fault now. A fault naming a node index the harness does not have is
+    /// refused with [`HarnessError::NoSuchNode`].
+    pub async fn apply(&mut self, fault: &Fault) -> Result<(), HarnessError> {
         tracing::info!(?fault, "injecting fault");
+        if let Some(index) = fault.node() {
+            if index >= self.nodes.len() {
+                return Err(HarnessError::NoSuchNode {
+                    index,
+                    nodes: self.nodes.len(),
+                });
+            }
+        }
         match fault {
             Fault::Crash(i) => self.crash(*i),
             Fault::Disconnect(i) => self.disconnect(*i),
@@ -508,8 +570,8 @@ impl Harness {
         Ok(())
     }
 
-    /// Runs `script`, sleeping (tokio time) between steps.
-    pub async fn run_script(&mut self, script: &FaultScript) -> Result<(), OrchestratorError> {
+    /// Runs `script`, sleeping (tokio time) between steps; stops at the first refused step.
+    pub async fn run_script(&mut self, script: &FaultScript) -> Result<(), HarnessError> {
         let start = tokio::time::Instant::now();
         for (at, fault) in &script.steps {
             tokio::time::sleep_until(start + Duration::from_millis(*at)).await;
@@ -558,7 +620,7 @@ impl Harness {
         what: &str,
         deadline: Duration,
         mut probe: F,
-    ) -> Result<T, WaitTimeout>
+    ) -> Result<T, WaitError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
@@ -569,7 +631,7 @@ impl Harness {
                 return Ok(v);
             }
             if start.elapsed() >= deadline {
-                return Err(WaitTimeout {
+                return Err(WaitError {
                     what: what.into(),
                     waited_ms: start.elapsed().as_millis() as u64,
                     seed: self.cfg.seed,
@@ -586,7 +648,7 @@ impl Harness {
         deadline: Duration,
         what: &str,
         pred: impl Fn(&RingView) -> bool,
-    ) -> Result<RingView, WaitTimeout> {
+    ) -> Result<RingView, WaitError> {
         let orch = self.orch.clone();
         self.wait_for(what, deadline, || {
             let orch = orch.clone();
@@ -608,7 +670,7 @@ impl Harness {
         version: u64,
         members: &[NodeId],
         deadline: Duration,
-    ) -> Result<RingView, WaitTimeout> {
+    ) -> Result<RingView, WaitError> {
         let mut want = members.to_vec();
         want.sort();
         self.await_ring(job, deadline, &format!("{job} ring v{version}"), |r| {
@@ -626,7 +688,7 @@ impl Harness {
         deadline: Duration,
         what: &str,
         pred: impl Fn(&JobPhase) -> bool,
-    ) -> Result<JobPhase, WaitTimeout> {
+    ) -> Result<JobPhase, WaitError> {
         let orch = self.orch.clone();
         self.wait_for(what, deadline, || {
             let orch = orch.clone();
@@ -646,7 +708,7 @@ impl Harness {
         &self,
         index: usize,
         deadline: Duration,
-    ) -> Result<(), WaitTimeout> {
+    ) -> Result<(), WaitError> {
         let id = self.node_id(index);
         let orch = self.orch.clone();
         self.wait_for(&format!("node {index} failed"), deadline, || {
@@ -665,14 +727,19 @@ impl Harness {
         &self,
         job: JobId,
         deadline: Duration,
-    ) -> Result<RingView, WaitTimeout> {
+    ) -> Result<RingView, WaitError> {
+        let what = format!("{job} members agree on the ring");
         let orch = self.orch.clone();
-        self.wait_for(
-            &format!("{job} members agree on the ring"),
-            deadline,
-            || {
+        let outcome = self
+            .wait_for(&what, deadline, || {
                 let orch = orch.clone();
                 async move {
+                    // A job that ended released its members: they will never agree.
+                    if let Ok(v) = orch.job(job).await {
+                        if v.phase.is_terminal() {
+                            return Some(Err(v.phase.name()));
+                        }
+                    }
                     let ring = orch.ring(job).await.ok()??;
                     let agree = ring.members.iter().all(|m| {
                         self.index_of(m).is_some_and(|i| {
@@ -680,11 +747,15 @@ impl Harness {
                             s.running && s.ring.as_ref() == Some(&ring)
                         })
                     });
-                    agree.then_some(ring)
+                    agree.then_some(Ok(ring))
                 }
-            },
-        )
-        .await
+            })
+            .await?;
+        outcome.map_err(|phase| WaitError {
+            what: format!("{what}, but the job ended ({phase})"),
+            waited_ms: 0,
+            seed: self.cfg.seed,
+        })
     }
 
     /// The recorded events of the log (for assertions on what was made durable).

@@ -37,6 +37,69 @@ impl Default for CoreConfig {
     }
 }
 
+/// A setting out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("core.{key}: {reason}")]
+pub struct ConfigError {
+    /// The key, e.g. `heartbeat.timeout_ms`.
+    pub key: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl CoreConfig {
+    /// Checks every setting's range and the relations between them (a timeout shorter
+    /// than the interval would fail every node). Called by the builder before starting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key, reason: &str| {
+            Err(ConfigError {
+                key,
+                reason: reason.to_string(),
+            })
+        };
+        let hb = &self.heartbeat;
+        if hb.interval_ms == 0 {
+            return err("heartbeat.interval_ms", "must be > 0");
+        }
+        if hb.timeout_ms <= hb.interval_ms {
+            return err(
+                "heartbeat.timeout_ms",
+                "must be longer than heartbeat.interval_ms (a node would fail between two heartbeats)",
+            );
+        }
+        if hb.replay_window_ms == 0 {
+            return err("heartbeat.replay_window_ms", "must be > 0");
+        }
+        let el = &self.eligibility;
+        if !(0.0..=1.0).contains(&el.min_uptime) {
+            return err("eligibility.min_uptime", "must be a fraction in [0, 1]");
+        }
+        if el.uptime_window_ms == 0 {
+            return err("eligibility.uptime_window_ms", "must be > 0");
+        }
+        if self.scheduler.tick_ms == 0 {
+            return err("scheduler.tick_ms", "must be > 0");
+        }
+        if !(self.ring.cross_region_factor.is_finite() && self.ring.cross_region_factor >= 0.0) {
+            return err("ring.cross_region_factor", "must be a finite number >= 0");
+        }
+        let sup = &self.supervision;
+        if sup.max_restarts == 0 {
+            return err("supervision.max_restarts", "must be >= 1");
+        }
+        if sup.backoff_base_ms > sup.backoff_max_ms {
+            return err(
+                "supervision.backoff_base_ms",
+                "must not exceed supervision.backoff_max_ms",
+            );
+        }
+        if self.call_timeout_ms == 0 {
+            return err("call_timeout_ms", "must be > 0");
+        }
+        Ok(())
+    }
+}
+
 /// Heartbeat protocol (paper §4.4, DESIGN §3).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -134,6 +197,9 @@ pub struct RingConfig {
     pub builder: RingBuilderKind,
     /// Estimated cross-region link = min(up, down) × this factor (same region: × 1).
     pub cross_region_factor: f32,
+    /// Every this many ms the current ring is sent again to its members, so one that
+    /// missed an update converges (0: never). Default: the heartbeat interval.
+    pub resync_ms: u64,
 }
 
 impl Default for RingConfig {
@@ -142,6 +208,7 @@ impl Default for RingConfig {
             coalesce_ms: 200,
             builder: RingBuilderKind::Threshold,
             cross_region_factor: 0.5,
+            resync_ms: 10_000,
         }
     }
 }
@@ -167,6 +234,45 @@ impl Default for SupervisionConfig {
             window_ms: 60_000,
             backoff_base_ms: 50,
             backoff_max_ms: 5_000,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_name_their_key() {
+        CoreConfig::default().validate().unwrap();
+        type Setter = Box<dyn Fn(&mut CoreConfig)>;
+        let cases: Vec<(&str, Setter)> = vec![
+            (
+                "heartbeat.interval_ms",
+                Box::new(|c| c.heartbeat.interval_ms = 0),
+            ),
+            (
+                "heartbeat.timeout_ms",
+                Box::new(|c| c.heartbeat.timeout_ms = 5_000),
+            ),
+            (
+                "eligibility.min_uptime",
+                Box::new(|c| c.eligibility.min_uptime = 7.5),
+            ),
+            ("call_timeout_ms", Box::new(|c| c.call_timeout_ms = 0)),
+            (
+                "ring.cross_region_factor",
+                Box::new(|c| c.ring.cross_region_factor = f32::NAN),
+            ),
+            (
+                "supervision.backoff_base_ms",
+                Box::new(|c| c.supervision.backoff_base_ms = 10_000),
+            ),
+        ];
+        for (key, set) in cases {
+            let mut c = CoreConfig::default();
+            set(&mut c);
+            assert_eq!(c.validate().unwrap_err().key, key);
         }
     }
 }

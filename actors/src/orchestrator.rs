@@ -116,6 +116,8 @@ impl OrchestratorBuilder {
     /// Starts the actor tree (rebuilding from the state store's log, if it has one).
     pub async fn start(self) -> Result<OrchestratorHandle, OrchestratorError> {
         let cfg = self.cfg;
+        cfg.validate()
+            .map_err(|e| OrchestratorError::Config(e.to_string()))?;
         let ring_builder = self.ring_builder.unwrap_or_else(|| match cfg.ring.builder {
             RingBuilderKind::Threshold => Arc::new(ThresholdRingBuilder::default()),
             RingBuilderKind::Algorithm1 => Arc::new(Algorithm1::default()),
@@ -160,6 +162,9 @@ pub enum OrchestratorError {
     /// not answer within the call deadline. Retry later.
     #[error("orchestrator unavailable: {0}")]
     Unavailable(String),
+    /// The settings are out of range (names the key).
+    #[error("configuration: {0}")]
+    Config(String),
     /// Registration refused.
     #[error(transparent)]
     Register(#[from] RegisterError),

@@ -31,6 +31,9 @@ pub enum RingMsg {
     },
     /// The coalescing window closed: reconfigure now.
     Reconfigure,
+    /// Periodic resend of the current ring to its members, so a member that missed an
+    /// update (hung, reconnected) converges; members ignore a version they already have.
+    Resync,
     /// The current ring.
     Get {
         /// The ring, None before formation.
@@ -286,9 +289,13 @@ impl Actor for RingActor {
 
     async fn post_start(
         &self,
-        _myself: ActorRef<RingMsg>,
+        myself: ActorRef<RingMsg>,
         state: &mut RingState,
     ) -> Result<(), ActorProcessingErr> {
+        let every = state.deps.cfg.ring.resync_ms;
+        if every > 0 {
+            myself.send_interval(Duration::from_millis(every), || RingMsg::Resync);
+        }
         match &state.ring {
             None => state.form().await?,
             Some(ring) => {
@@ -330,6 +337,7 @@ impl Actor for RingActor {
                 }
             }
             RingMsg::Reconfigure => state.reconfigure().await?,
+            RingMsg::Resync => state.broadcast().await,
             RingMsg::Get { reply } => answer(reply, state.ring.clone()),
             RingMsg::InjectPanic => panic!("injected fault: ring actor panic"),
         }
