@@ -38,8 +38,6 @@ pub struct Config {
 pub struct ChainConfig {
     /// EVM chain id (36900 for the Hanzo chain).
     pub chain_id: u64,
-    /// In-process ledger: stake of any node key not otherwise known, in whole GYM (0: unbound).
-    pub default_stake_gym: u64,
 }
 
 /// Log output.
