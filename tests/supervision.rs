@@ -293,3 +293,40 @@ async fn every_subsystem_panics_mid_job_and_the_job_still_publishes_every_epoch(
     );
     assert!(h.orch.nodes().await.unwrap().iter().all(|n| n.alive));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_state_store_outage_during_faults_loses_nothing_and_stops_nothing() {
+    use hanzod::core::orchestrator::Subsystem;
+    let h = Harness::start(HarnessConfig::new(6).seed_from_env_or(19)).await;
+    let (job, v1) = h.submit_and_form(h.job_spec("outage", 5, 3)).await;
+    // The store goes away; meanwhile a ring member dies and the scheduler is rebuilt
+    // (its rebuild cannot read the log until the store is back).
+    h.store.set_available(false);
+    let victim = v1.members[2];
+    h.disconnect(h.index_of(&victim).unwrap());
+    assert!(h
+        .orch
+        .inject(ActorFault::PanicSubsystem(Subsystem::Scheduler))
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(h.orch.is_running(), "an outage stopped the orchestrator");
+    h.store.set_available(true);
+    // The repair that could not be recorded is recorded now, with a standby.
+    let v2 = h
+        .await_ring(job, MIN, "ring without the victim", |r| {
+            r.version >= 2 && !r.members.contains(&victim)
+        })
+        .await
+        .unwrap();
+    assert_eq!(v2.members.len(), 5);
+    let phase = h
+        .await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
+        .await
+        .unwrap();
+    assert!(
+        matches!(phase, JobPhase::Published { epochs: 3, .. }),
+        "{phase:?}"
+    );
+    assert!(h.orch.is_running());
+}

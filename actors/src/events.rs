@@ -50,6 +50,9 @@ pub enum Event {
         info: NodeInfo,
         /// Its stake read from the chain at admission, in GYM wei.
         stake: GymWei,
+        /// Its active slashing penalty read at admission, if any.
+        #[serde(default)]
+        penalty_until: Option<Timestamp>,
     },
     /// A node was declared failed.
     NodeFailed {

@@ -213,6 +213,10 @@ pub enum CheckpointError {
 ///
 /// The core calls it once per epoch in `Aggregating(e)` and records the returned checkpoint
 /// reference (a CID once the publication issue lands).
+///
+/// Must be idempotent per (job, epoch): a job actor rebuilt while a publication was in
+/// flight calls it again for the same epoch with the same deltas, and must get the same
+/// reference back, not a second checkpoint.
 #[async_trait]
 pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
     /// Merges `deltas` of `job`'s epoch `epoch` and publishes the result; returns the

@@ -5,9 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::events::{Event, Record};
-use crate::job::Job;
+use crate::job::{Job, JobPhase};
 use crate::ports::{DeltaReceipt, RingView};
-use crate::types::{GymWei, JobId, NodeId, NodeInfo};
+use crate::types::{GymWei, JobId, NodeId, NodeInfo, Timestamp};
 
 /// What the log says about one job.
 #[derive(Debug, Clone)]
@@ -18,8 +18,12 @@ pub struct JobFold {
     pub placed: Option<Vec<NodeId>>,
     /// The latest ring and the sequence number of the record that set it.
     pub ring: Option<(u64, RingView)>,
-    /// Accepted deltas of the job's current epoch (empty unless `Running`), by node.
+    /// Accepted deltas of the job's current epoch (while `Running` or `Aggregating` it), by
+    /// node.
     pub receipts: BTreeMap<NodeId, DeltaReceipt>,
+    /// When the job entered its current phase (the `at` of the record), so timers resume
+    /// where they stood: an epoch deadline counts from the epoch's start, not a rebuild.
+    pub phase_since: Timestamp,
     /// Ring members declared failed after the latest ring was recorded: recovery owed.
     pub failed_since_ring: BTreeSet<NodeId>,
 }
@@ -31,6 +35,8 @@ pub struct NodeFold {
     pub info: NodeInfo,
     /// Its stake at its latest admission.
     pub stake: GymWei,
+    /// Its active slashing penalty at its latest admission.
+    pub penalty_until: Option<Timestamp>,
     /// Whether its latest event is a failure.
     pub failed: bool,
 }
@@ -55,6 +61,14 @@ impl LogFold {
     }
 }
 
+/// The epoch a job is running or aggregating.
+fn epoch_of(phase: &JobPhase) -> Option<u32> {
+    match phase {
+        JobPhase::Running { epoch, .. } | JobPhase::Aggregating { epoch, .. } => Some(*epoch),
+        _ => None,
+    }
+}
+
 /// Folds `records` (in log order) into a [`LogFold`]. Events the fold cannot apply (which
 /// the writers never produce) are skipped with a warning rather than aborting recovery.
 pub fn fold(records: &[Record]) -> LogFold {
@@ -64,12 +78,17 @@ pub fn fold(records: &[Record]) -> LogFold {
     for r in records {
         out.last_seq = r.seq;
         match &r.event {
-            Event::NodeRegistered { info, stake } => {
+            Event::NodeRegistered {
+                info,
+                stake,
+                penalty_until,
+            } => {
                 out.nodes.insert(
                     info.id,
                     NodeFold {
                         info: info.clone(),
                         stake: *stake,
+                        penalty_until: *penalty_until,
                         failed: false,
                     },
                 );
@@ -91,6 +110,7 @@ pub fn fold(records: &[Record]) -> LogFold {
                         placed: None,
                         ring: None,
                         receipts: BTreeMap::new(),
+                        phase_since: r.at,
                         failed_since_ring: BTreeSet::new(),
                     },
                 );
@@ -102,8 +122,13 @@ pub fn fold(records: &[Record]) -> LogFold {
             }
             Event::Job { job, event } => {
                 if let Some(j) = out.jobs.get_mut(job) {
+                    let before = j.job.phase.name();
+                    let epoch_before = epoch_of(&j.job.phase);
                     if let Err(e) = j.job.apply(event, r.at) {
                         tracing::warn!(seq = r.seq, %job, error = %e, "skipping unappliable job event in replay");
+                    } else if j.job.phase.name() != before || epoch_of(&j.job.phase) != epoch_before
+                    {
+                        j.phase_since = r.at;
                     }
                 }
             }
@@ -121,7 +146,7 @@ pub fn fold(records: &[Record]) -> LogFold {
         }
     }
     for (id, j) in out.jobs.iter_mut() {
-        if let crate::job::JobPhase::Running { epoch, .. } = j.job.phase {
+        if let Some(epoch) = epoch_of(&j.job.phase) {
             for r in all_receipts.remove(id).unwrap_or_default() {
                 if r.epoch == epoch {
                     j.receipts.insert(r.node, r);
@@ -138,4 +163,77 @@ pub fn fold(records: &[Record]) -> LogFold {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{JobEvent, JobSpec};
+
+    fn rec(seq: u64, event: Event) -> Record {
+        Record {
+            seq,
+            at: Timestamp(1_000 * seq),
+            event,
+        }
+    }
+
+    /// Regression: a job actor rebuilt while its epoch is being published must publish it
+    /// with the epoch's deltas, not with none.
+    #[test]
+    fn aggregating_epoch_keeps_its_receipts_and_start_time() {
+        let job = JobId(1);
+        let spec = JobSpec {
+            name: "j".into(),
+            epochs: 2,
+            min_nodes: 1,
+            max_nodes: 2,
+            min_vram_bytes: 0,
+            pending_deadline_ms: 1_000_000,
+            epoch_deadline_ms: 1_000_000,
+            utility: 1.0,
+            submitter_stake: GymWei::gym(1),
+        };
+        let (a, b) = (NodeId([1; 32]), NodeId([2; 32]));
+        let delta = |node, epoch| {
+            Event::DeltaAccepted(DeltaReceipt {
+                job,
+                node,
+                epoch,
+                step: 1,
+                delta_hash: [epoch as u8; 32],
+            })
+        };
+        let ev = |event| Event::Job { job, event };
+        let records = vec![
+            rec(1, Event::JobSubmitted { job, spec }),
+            rec(2, ev(JobEvent::NodesReady { ring_version: 1 })),
+            rec(3, ev(JobEvent::ModelDistributed)),
+            rec(4, delta(a, 0)),
+            rec(5, delta(b, 0)),
+            rec(6, ev(JobEvent::EpochComplete { epoch: 0 })),
+        ];
+        let fold = fold(&records);
+        let j = &fold.jobs[&job];
+        assert!(matches!(
+            j.job.phase,
+            JobPhase::Aggregating { epoch: 0, .. }
+        ));
+        assert_eq!(j.receipts.len(), 2);
+        assert_eq!(j.phase_since, Timestamp(6_000));
+        // Once published, the next epoch starts empty, timed from its own start.
+        let mut more = records.clone();
+        more.push(rec(
+            7,
+            ev(JobEvent::CheckpointPublished {
+                epoch: 0,
+                checkpoint: "c0".into(),
+            }),
+        ));
+        let fold = super::fold(&more);
+        let j = &fold.jobs[&job];
+        assert!(matches!(j.job.phase, JobPhase::Running { epoch: 1, .. }));
+        assert!(j.receipts.is_empty());
+        assert_eq!(j.phase_since, Timestamp(7_000));
+    }
 }

@@ -20,7 +20,7 @@ use crate::events::Event;
 use crate::job::{FailReason, Job, JobError, JobEvent, JobPhase};
 use crate::ports::{DeltaReceipt, NodeCommand, RingView};
 use crate::supervision::{RestartBudget, RestartDecision};
-use crate::types::{JobId, NodeId};
+use crate::types::{JobId, NodeId, Timestamp};
 
 /// Messages of a [`JobActor`].
 pub enum JobMsg {
@@ -72,6 +72,11 @@ pub enum JobMsg {
     },
     /// Rebuild the ring actor (after the backoff).
     RespawnRing,
+    /// Re-derive what is owed in the current phase and do it (after a rebuild, or after a
+    /// write the state store refused): fail a pending job past its deadline, finish
+    /// provisioning, complete an epoch that is complete or past its deadline, publish an
+    /// aggregated epoch.
+    Reconcile,
     /// Fault injection: panic in this actor.
     InjectPanic,
     /// Fault injection: make the ring actor panic; replies whether it exists.
@@ -173,6 +178,8 @@ pub struct JobState {
     placed: Option<Vec<NodeId>>,
     ring: Option<RingView>,
     receipts: BTreeMap<NodeId, DeltaReceipt>,
+    /// When the current phase (and epoch) began; timers count from here.
+    phase_since: Timestamp,
     ring_actor: Option<ActorRef<RingMsg>>,
     ring_budget: RestartBudget,
     root: ActorRef<OrchestratorMsg>,
@@ -197,15 +204,25 @@ impl JobState {
         let now = self.deps.now();
         let mut next = self.job.clone();
         next.apply(&event, now)?;
-        self.deps
+        if let Err(e) = self
+            .deps
             .persist(Event::Job {
                 job: self.job.id,
                 event: event.clone(),
             })
             .await
-            .map_err(|e| JobRequestError::Store(e.to_string()))?;
+        {
+            // Nothing changed; whatever this transition was owed is re-derived later.
+            tracing::warn!(job = %self.job.id, error = %e, "job transition not recorded; will reconcile");
+            let wait = Duration::from_millis(self.deps.cfg.supervision.backoff_max_ms);
+            myself.send_after(wait, || JobMsg::Reconcile);
+            return Err(JobRequestError::Store(e.to_string()));
+        }
         let entered_epoch = !matches!(self.job.phase, JobPhase::Running { .. })
             && matches!(next.phase, JobPhase::Running { .. });
+        if next.phase.name() != self.job.phase.name() || entered_epoch {
+            self.phase_since = now;
+        }
         self.job = next;
         tracing::info!(job = %self.job.id, phase = self.job.phase.name(), "job transition");
         self.deps
@@ -217,7 +234,7 @@ impl JobState {
         });
         if entered_epoch {
             self.receipts.clear();
-            self.arm_epoch_deadline(myself);
+            self.arm_timers(myself);
         }
         if self.job.phase.is_terminal() {
             self.finish(myself).await;
@@ -225,10 +242,48 @@ impl JobState {
         Ok(())
     }
 
-    fn arm_epoch_deadline(&self, myself: &ActorRef<JobMsg>) {
-        if let JobPhase::Running { epoch, .. } = self.job.phase {
-            let wait = Duration::from_millis(self.job.spec.epoch_deadline_ms);
-            myself.send_after(wait, move || JobMsg::EpochDeadline { epoch });
+    /// Arms the timer of the current phase: the epoch deadline counts from the epoch's
+    /// start and the pending deadline from submission, so a rebuild does not extend them.
+    fn arm_timers(&self, myself: &ActorRef<JobMsg>) {
+        let now = self.deps.now();
+        match self.job.phase {
+            JobPhase::Running { epoch, .. } => {
+                let due = self.phase_since.plus_ms(self.job.spec.epoch_deadline_ms);
+                let wait = Duration::from_millis(due.since(now));
+                myself.send_after(wait, move || JobMsg::EpochDeadline { epoch });
+            }
+            JobPhase::Pending { deadline, .. } => {
+                let wait = Duration::from_millis(deadline.since(now));
+                myself.send_after(wait, || JobMsg::PendingDeadline);
+            }
+            _ => {}
+        }
+    }
+
+    /// See [`JobMsg::Reconcile`].
+    async fn reconcile(&mut self, myself: &ActorRef<JobMsg>) {
+        let now = self.deps.now();
+        match self.job.phase.clone() {
+            JobPhase::Pending { .. } => {
+                if let Some(event) = self.job.tick(now) {
+                    let _ = self.transition(myself, event).await;
+                }
+            }
+            JobPhase::Provisioning { .. } => {
+                if self.ring.is_some() {
+                    let _ = self.transition(myself, JobEvent::ModelDistributed).await;
+                }
+            }
+            JobPhase::Running { epoch, .. } => {
+                let due = self.phase_since.plus_ms(self.job.spec.epoch_deadline_ms);
+                if now >= due {
+                    self.complete_epoch(myself, epoch).await;
+                } else {
+                    self.maybe_complete(myself).await;
+                }
+            }
+            JobPhase::Aggregating { epoch, .. } => self.publish(myself, epoch).await,
+            JobPhase::Published { .. } | JobPhase::Failed { .. } => {}
         }
     }
 
@@ -261,7 +316,23 @@ impl JobState {
         myself.stop(Some("job ended".into()));
     }
 
-    async fn spawn_ring(&mut self, myself: &ActorRef<JobMsg>) -> Result<(), ActorProcessingErr> {
+    /// Spawns the ring actor; when it cannot start (its rebuild could not read the log),
+    /// tries again after the longest backoff without spending the restart budget.
+    async fn spawn_ring(&mut self, myself: &ActorRef<JobMsg>) {
+        match self.try_spawn_ring(myself).await {
+            Ok(actor) => self.ring_actor = Some(actor),
+            Err(e) => {
+                tracing::warn!(job = %self.job.id, error = %e, "ring actor could not start; retrying");
+                let wait = Duration::from_millis(self.deps.cfg.supervision.backoff_max_ms);
+                myself.send_after(wait, || JobMsg::RespawnRing);
+            }
+        }
+    }
+
+    async fn try_spawn_ring(
+        &mut self,
+        myself: &ActorRef<JobMsg>,
+    ) -> Result<ActorRef<RingMsg>, ActorProcessingErr> {
         let (actor, _) = Actor::spawn_linked(
             None,
             RingActor,
@@ -275,8 +346,7 @@ impl JobState {
             myself.get_cell(),
         )
         .await?;
-        self.ring_actor = Some(actor);
-        Ok(())
+        Ok(actor)
     }
 
     /// Completes the running epoch when every ring member has submitted.
@@ -298,6 +368,12 @@ impl JobState {
             tracing::warn!(job = %self.job.id, error = %e, "could not complete epoch");
             return;
         }
+        self.publish(myself, epoch).await;
+    }
+
+    /// Publishes the aggregated epoch through the sink (idempotent per job and epoch, so a
+    /// rebuilt actor may publish again) and records the outcome.
+    async fn publish(&mut self, myself: &ActorRef<JobMsg>, epoch: u32) {
         let deltas: Vec<DeltaReceipt> = self.receipts.values().cloned().collect();
         let event = match self.deps.sink.publish(self.job.id, epoch, &deltas).await {
             Ok(checkpoint) => JobEvent::CheckpointPublished { epoch, checkpoint },
@@ -310,7 +386,7 @@ impl JobState {
         }
     }
 
-    async fn on_ring(&mut self, myself: &ActorRef<JobMsg>, ring: RingView, removed: Vec<NodeId>) {
+    async fn on_ring(&mut self, myself: &ActorRef<JobMsg>, ring: RingView) {
         if self
             .ring
             .as_ref()
@@ -318,24 +394,10 @@ impl JobState {
         {
             return;
         }
+        // (The ring actor released the removed members when it recorded the ring.)
         let version = ring.version;
         let size = ring.members.len() as u32;
         self.ring = Some(ring);
-        if !removed.is_empty() {
-            let _ = self
-                .root
-                .cast(OrchestratorMsg::Scheduler(SchedulerMsg::ReleaseNodes {
-                    job: self.job.id,
-                    nodes: removed.clone(),
-                }));
-            for n in &removed {
-                let _ = self
-                    .deps
-                    .link
-                    .send(n, NodeCommand::Release { job: self.job.id })
-                    .await;
-            }
-        }
         let min = self.job.spec.min_nodes;
         let result = match self.job.phase {
             _ if size < min => {
@@ -406,6 +468,7 @@ impl Actor for JobActor {
             placed: j.placed,
             ring: j.ring.map(|(_, r)| r),
             receipts: j.receipts,
+            phase_since: j.phase_since,
             ring_actor: None,
             ring_budget: RestartBudget::new(args.deps.cfg.supervision.clone()),
             root: args.root,
@@ -419,27 +482,14 @@ impl Actor for JobActor {
         myself: ActorRef<JobMsg>,
         state: &mut JobState,
     ) -> Result<(), ActorProcessingErr> {
-        match &state.job.phase {
-            JobPhase::Pending { deadline, .. } => {
-                let wait = deadline.since(state.deps.now());
-                myself.send_after(Duration::from_millis(wait), || JobMsg::PendingDeadline);
-            }
-            JobPhase::Running { .. } => state.arm_epoch_deadline(&myself),
-            _ => {}
-        }
+        state.arm_timers(&myself);
         if state.placed.is_some() && !state.job.phase.is_terminal() {
-            state.spawn_ring(&myself).await?;
+            state.spawn_ring(&myself).await;
         }
-        if let JobPhase::Aggregating { epoch, .. } = state.job.phase {
-            // Rebuilt mid-aggregation: publish again (the sink is idempotent per epoch).
-            let deltas: Vec<DeltaReceipt> = state.receipts.values().cloned().collect();
-            let event = match state.deps.sink.publish(state.job.id, epoch, &deltas).await {
-                Ok(checkpoint) => JobEvent::CheckpointPublished { epoch, checkpoint },
-                Err(e) => JobEvent::Fail {
-                    reason: FailReason::PublicationFailed(e.to_string()),
-                },
-            };
-            let _ = state.transition(&myself, event).await;
+        // Whatever a previous incarnation left half done (an aggregation in flight, a
+        // deadline that passed while no actor ran) is done now.
+        if !matches!(state.job.phase, JobPhase::Pending { .. }) {
+            state.reconcile(&myself).await;
         }
         Ok(())
     }
@@ -454,7 +504,7 @@ impl Actor for JobActor {
             JobMsg::Place { nodes } => {
                 if state.placed.is_none() && matches!(state.job.phase, JobPhase::Pending { .. }) {
                     state.placed = Some(nodes);
-                    state.spawn_ring(&myself).await?;
+                    state.spawn_ring(&myself).await;
                 } else {
                     // No longer pending, or placed already (a rebuilt actor read the same
                     // placement from the log): give back any node it does not use.
@@ -471,18 +521,12 @@ impl Actor for JobActor {
                             }));
                 }
             }
-            JobMsg::RingChanged { ring, removed } => state.on_ring(&myself, ring, removed).await,
+            JobMsg::RingChanged { ring, .. } => state.on_ring(&myself, ring).await,
             JobMsg::NodeFailed { node } => {
-                let member = state
-                    .ring
-                    .as_ref()
-                    .map(|r| r.members.contains(&node))
-                    .or_else(|| state.placed.as_ref().map(|p| p.contains(&node)))
-                    .unwrap_or(false);
-                if member {
-                    if let Some(r) = &state.ring_actor {
-                        let _ = r.cast(RingMsg::NodeFailed { node });
-                    }
+                // The ring actor judges membership against its own (newest) ring: this
+                // actor's copy may lag behind a standby just inserted.
+                if let Some(r) = &state.ring_actor {
+                    let _ = r.cast(RingMsg::NodeFailed { node });
                 }
             }
             JobMsg::Delta { receipt, reply } => {
@@ -512,13 +556,16 @@ impl Actor for JobActor {
             JobMsg::GetRing { reply } => answer(reply, Ok(state.ring.clone())),
             JobMsg::RespawnRing => {
                 if state.ring_actor.is_none() && !state.job.phase.is_terminal() {
-                    state.spawn_ring(&myself).await?;
-                    state.deps.metrics.incr("actor_restarts", "ring", 1);
-                    state.deps.notify(Notice::ActorRestarted {
-                        what: format!("ring {}", state.job.id),
-                    });
+                    state.spawn_ring(&myself).await;
+                    if state.ring_actor.is_some() {
+                        state.deps.metrics.incr("actor_restarts", "ring", 1);
+                        state.deps.notify(Notice::ActorRestarted {
+                            what: format!("ring {}", state.job.id),
+                        });
+                    }
                 }
             }
+            JobMsg::Reconcile => state.reconcile(&myself).await,
             JobMsg::InjectPanic => panic!("injected fault: job actor panic"),
             JobMsg::InjectRingPanic { reply } => {
                 let found = state.ring_actor.is_some();

@@ -108,9 +108,6 @@ pub enum SubmitError {
     /// The job could not be recorded durably.
     #[error("state store: {0}")]
     Store(String),
-    /// The job actor could not start.
-    #[error("could not start job: {0}")]
-    Spawn(String),
 }
 
 /// Spawn arguments of the [`JobSupervisor`].
@@ -140,11 +137,35 @@ pub struct JobSupervisorState {
 pub struct JobSupervisor;
 
 impl JobSupervisorState {
-    async fn spawn_job(
+    /// Spawns `job`'s actor. When that fails (its rebuild could not read the log), the job
+    /// stays live without an actor and a respawn is scheduled; requests meanwhile get
+    /// `Restarting`.
+    async fn spawn_job(&mut self, myself: &ActorRef<JobSupervisorMsg>, job: JobId) {
+        let budget = RestartBudget::new(self.deps.cfg.supervision.clone());
+        self.live.entry(job).or_insert(Live {
+            actor: None,
+            budget,
+        });
+        match self.try_spawn_job(myself, job).await {
+            Ok(actor) => {
+                self.by_actor.insert(actor.get_id(), job);
+                if let Some(l) = self.live.get_mut(&job) {
+                    l.actor = Some(actor);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(%job, error = %e, "job actor could not start; retrying");
+                let wait = Duration::from_millis(self.deps.cfg.supervision.backoff_max_ms);
+                myself.send_after(wait, move || JobSupervisorMsg::Respawn { job });
+            }
+        }
+    }
+
+    async fn try_spawn_job(
         &mut self,
         myself: &ActorRef<JobSupervisorMsg>,
         job: JobId,
-    ) -> Result<(), ActorProcessingErr> {
+    ) -> Result<ActorRef<JobMsg>, ActorProcessingErr> {
         let (actor, _) = Actor::spawn_linked(
             None,
             JobActor,
@@ -157,16 +178,7 @@ impl JobSupervisorState {
             myself.get_cell(),
         )
         .await?;
-        self.by_actor.insert(actor.get_id(), job);
-        let budget = RestartBudget::new(self.deps.cfg.supervision.clone());
-        self.live
-            .entry(job)
-            .or_insert(Live {
-                actor: None,
-                budget,
-            })
-            .actor = Some(actor);
-        Ok(())
+        Ok(actor)
     }
 
     fn actor(&self, job: JobId) -> Option<ActorRef<JobMsg>> {
@@ -239,7 +251,7 @@ impl Actor for JobSupervisor {
                 let view = JobView::of(&j.job, j.ring.map(|(_, r)| r), 0);
                 state.finished.insert(id, view);
             } else {
-                state.spawn_job(&myself, id).await?;
+                state.spawn_job(&myself, id).await;
             }
         }
         Ok(())
@@ -271,10 +283,9 @@ impl Actor for JobSupervisor {
                     return Ok(());
                 }
                 state.next_id = JobId(id.0 + 1);
-                if let Err(e) = state.spawn_job(&myself, id).await {
-                    answer(reply, Err(SubmitError::Spawn(e.to_string())));
-                    return Ok(());
-                }
+                // The job is durable from here: it is accepted even if its actor has to be
+                // started again later.
+                state.spawn_job(&myself, id).await;
                 let job = Job::new(id, spec, state.deps.now());
                 if let Some(p) = pending_of(&job) {
                     let _ = state
@@ -329,20 +340,31 @@ impl Actor for JobSupervisor {
                 ),
             },
             JobSupervisorMsg::List { reply } => {
+                // Asked concurrently, off this handler: a job busy publishing must not
+                // stall the routing of every other job's messages.
                 let mut views: Vec<JobView> = state.finished.values().cloned().collect();
+                let timeout = state.deps.cfg.call_timeout_ms;
+                let mut asks = tokio::task::JoinSet::new();
                 for (id, l) in &state.live {
-                    let Some(a) = &l.actor else { continue };
-                    match super::ask_with(a, state.deps.cfg.call_timeout_ms, |reply| JobMsg::Get {
-                        reply,
-                    })
-                    .await
-                    {
-                        Ok(Ok(v)) => views.push(v),
-                        _ => tracing::warn!(job = %id, "job actor did not answer a list request"),
-                    }
+                    let Some(a) = l.actor.clone() else { continue };
+                    let id = *id;
+                    asks.spawn(async move {
+                        let r = super::ask_with(&a, timeout, |reply| JobMsg::Get { reply }).await;
+                        (id, r)
+                    });
                 }
-                views.sort_by_key(|v| v.id);
-                answer(reply, views);
+                tokio::spawn(async move {
+                    while let Some(Ok((id, r))) = asks.join_next().await {
+                        match r {
+                            Ok(Ok(v)) => views.push(v),
+                            _ => {
+                                tracing::warn!(job = %id, "job actor did not answer a list request")
+                            }
+                        }
+                    }
+                    views.sort_by_key(|v| v.id);
+                    answer(reply, views);
+                });
             }
             JobSupervisorMsg::Ring { job, reply } => match state.actor(job) {
                 Some(a) => {
@@ -367,8 +389,8 @@ impl Actor for JobSupervisor {
                 state.finished.insert(job, view);
             }
             JobSupervisorMsg::Respawn { job } => {
-                if state.live.contains_key(&job) {
-                    state.spawn_job(&myself, job).await?;
+                if state.live.get(&job).is_some_and(|l| l.actor.is_none()) {
+                    state.spawn_job(&myself, job).await;
                     state.deps.metrics.incr("actor_restarts", "job", 1);
                     state.deps.notify(Notice::ActorRestarted {
                         what: format!("job {job}"),

@@ -76,17 +76,21 @@ impl NodeState {
         });
     }
 
-    fn report(&self) {
+    fn report(&self, myself: &ActorRef<NodeMsg>) {
         let view = self.core.view(self.deps.now(), None);
-        let _ = self.registry.cast(RegistryMsg::Status(view));
+        let _ = self.registry.cast(RegistryMsg::Status {
+            view,
+            from: myself.get_id(),
+        });
     }
 
-    fn fail(&mut self, kind: FailureKind, now: Timestamp) {
+    fn fail(&mut self, myself: &ActorRef<NodeMsg>, kind: FailureKind, now: Timestamp) {
         if self.core.mark_failed(now) {
             tracing::info!(node = %self.core.id().short(), %kind, "node failed");
             let _ = self.registry.cast(RegistryMsg::NodeDown {
                 node: self.core.id(),
                 kind,
+                from: myself.get_id(),
             });
         }
     }
@@ -139,7 +143,7 @@ impl Actor for NodeActor {
                 let label = match &result {
                     Ok(()) => {
                         state.arm_watchdog(&myself);
-                        state.report();
+                        state.report(&myself);
                         "accepted"
                     }
                     Err(e) => e.reason(),
@@ -150,13 +154,13 @@ impl Actor for NodeActor {
             NodeMsg::Reregister { info, stake, reply } => {
                 state.core.reregister(info, stake, now);
                 state.arm_watchdog(&myself);
-                state.report();
+                state.report(&myself);
                 answer(reply, state.core.sessions());
             }
-            NodeMsg::SessionClosed => state.fail(FailureKind::SessionClosed, now),
+            NodeMsg::SessionClosed => state.fail(&myself, FailureKind::SessionClosed, now),
             NodeMsg::Watchdog { generation } => {
                 if generation == state.generation && state.core.liveness() == Liveness::Alive {
-                    state.fail(FailureKind::HeartbeatTimeout, now);
+                    state.fail(&myself, FailureKind::HeartbeatTimeout, now);
                 }
             }
             NodeMsg::InjectPanic => panic!("injected fault: node actor panic"),

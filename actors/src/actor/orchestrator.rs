@@ -185,7 +185,14 @@ impl Actor for OrchestratorActor {
                 super::answer(reply, sent);
             }
             OrchestratorMsg::Respawn(which) => {
-                state.spawn(&myself, which).await?;
+                if let Err(e) = state.spawn(&myself, which).await {
+                    // Its rebuild could not read the log (state store down): not the
+                    // subsystem's fault, so retry without spending its restart budget.
+                    tracing::warn!(subsystem = ?which, error = %e, "subsystem rebuild failed; retrying");
+                    let wait = Duration::from_millis(state.deps.cfg.supervision.backoff_max_ms);
+                    myself.send_after(wait, move || OrchestratorMsg::Respawn(which));
+                    return Ok(());
+                }
                 let what = format!("{which:?}").to_lowercase();
                 state.deps.metrics.incr("actor_restarts", &what, 1);
                 state.deps.notify(Notice::ActorRestarted { what });

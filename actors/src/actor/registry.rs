@@ -22,7 +22,7 @@ use crate::node::{Heartbeat, HeartbeatError};
 use crate::ports::{ChainError, StoreError};
 use crate::sched::NodeView;
 use crate::supervision::{RestartBudget, RestartDecision};
-use crate::types::{GymWei, LinkProfile, NodeId, NodeInfo};
+use crate::types::{GymWei, LinkProfile, NodeId, NodeInfo, Timestamp};
 
 /// Messages of the [`NodeRegistry`].
 pub enum RegistryMsg {
@@ -30,6 +30,17 @@ pub enum RegistryMsg {
     Register {
         /// What it declares.
         info: NodeInfo,
+        /// The outcome.
+        reply: RpcReplyPort<Result<Registration, RegisterError>>,
+    },
+    /// The chain facts of a registration were read: admit the node.
+    Admit {
+        /// What it declares.
+        info: NodeInfo,
+        /// Its stake, GYM wei (already checked against the minimum).
+        stake: GymWei,
+        /// Its active penalty, if any.
+        penalty: Option<Timestamp>,
         /// The outcome.
         reply: RpcReplyPort<Result<Registration, RegisterError>>,
     },
@@ -57,13 +68,20 @@ pub enum RegistryMsg {
         reply: RpcReplyPort<Result<(), RegisterError>>,
     },
     /// A node actor's latest status.
-    Status(NodeView),
+    Status {
+        /// The status.
+        view: NodeView,
+        /// The reporting actor: reports of a replaced (crashed) actor are ignored.
+        from: ActorId,
+    },
     /// A node actor declared its node failed.
     NodeDown {
         /// The node.
         node: NodeId,
         /// Why.
         kind: FailureKind,
+        /// The reporting actor: reports of a replaced (crashed) actor are ignored.
+        from: ActorId,
     },
     /// Every node's latest status.
     Snapshot {
@@ -91,6 +109,12 @@ pub enum RegistryMsg {
         /// Whether it was found.
         reply: RpcReplyPort<bool>,
     },
+}
+
+/// Counts and logs a refused registration.
+fn refused(deps: &Deps, e: &RegisterError) {
+    tracing::info!(error = %e, "registration refused");
+    deps.metrics.incr("registrations", e.reason(), 1);
 }
 
 /// A successful registration.
@@ -224,6 +248,38 @@ fn validate(info: &NodeInfo) -> Result<(), RegisterError> {
     Ok(())
 }
 
+/// Reads the node's stake and penalty from the chain, off the registry's handler (a slow
+/// RPC endpoint must not stall heartbeats), and checks the minimum stake (paper §3.3).
+async fn chain_facts(
+    deps: &Deps,
+    node: NodeId,
+) -> Result<(GymWei, Option<Timestamp>), RegisterError> {
+    let limit = deps.call_timeout();
+    let stake = match tokio::time::timeout(limit, deps.chain.stake_of(&node)).await {
+        Err(_) => {
+            return Err(RegisterError::ChainUnavailable(
+                "stake read timed out".into(),
+            ))
+        }
+        Ok(Ok(s)) => s,
+        Ok(Err(ChainError::Unbound(_))) => return Err(RegisterError::Unbound),
+        Ok(Err(ChainError::Unavailable(e))) => return Err(RegisterError::ChainUnavailable(e)),
+    };
+    let need = deps.cfg.eligibility.rules().min_stake;
+    if stake < need {
+        return Err(RegisterError::InsufficientStake { have: stake, need });
+    }
+    let penalty = match tokio::time::timeout(limit, deps.chain.penalty_until(&node)).await {
+        Err(_) => {
+            return Err(RegisterError::ChainUnavailable(
+                "penalty read timed out".into(),
+            ))
+        }
+        Ok(r) => r.map_err(|e| RegisterError::ChainUnavailable(e.to_string()))?,
+    };
+    Ok((stake, penalty))
+}
+
 impl RegistryState {
     async fn spawn_node(
         &mut self,
@@ -254,27 +310,14 @@ impl RegistryState {
         &mut self,
         myself: &ActorRef<RegistryMsg>,
         info: NodeInfo,
+        stake: GymWei,
+        penalty: Option<Timestamp>,
     ) -> Result<Registration, RegisterError> {
-        validate(&info)?;
-        let stake = match self.deps.chain.stake_of(&info.id).await {
-            Ok(s) => s,
-            Err(ChainError::Unbound(_)) => return Err(RegisterError::Unbound),
-            Err(ChainError::Unavailable(e)) => return Err(RegisterError::ChainUnavailable(e)),
-        };
-        let need = self.deps.cfg.eligibility.rules().min_stake;
-        if stake < need {
-            return Err(RegisterError::InsufficientStake { have: stake, need });
-        }
-        let penalty = self
-            .deps
-            .chain
-            .penalty_until(&info.id)
-            .await
-            .map_err(|e| RegisterError::ChainUnavailable(e.to_string()))?;
         self.deps
             .persist(Event::NodeRegistered {
                 info: info.clone(),
                 stake,
+                penalty_until: penalty,
             })
             .await?;
         let id = info.id;
@@ -419,7 +462,7 @@ impl Actor for NodeRegistry {
                 stake: n.stake,
                 vram_bytes: n.info.gpu.vram_bytes,
                 uptime: 1.0,
-                penalty_until: None,
+                penalty_until: n.penalty_until,
                 region: n.info.region.clone(),
                 alive: !n.failed,
                 assigned: None,
@@ -447,15 +490,41 @@ impl Actor for NodeRegistry {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             RegistryMsg::Register { info, reply } => {
-                let result = state.register(&myself, info).await;
-                let label = match &result {
-                    Ok(_) => "accepted",
-                    Err(e) => {
-                        tracing::info!(error = %e, "registration refused");
-                        e.reason()
+                if let Err(e) = validate(&info) {
+                    refused(&state.deps, &e);
+                    answer(reply, Err(e));
+                    return Ok(());
+                }
+                let deps = state.deps.clone();
+                let registry = myself.clone();
+                tokio::spawn(async move {
+                    match chain_facts(&deps, info.id).await {
+                        Ok((stake, penalty)) => {
+                            let _ = registry.cast(RegistryMsg::Admit {
+                                info,
+                                stake,
+                                penalty,
+                                reply,
+                            });
+                        }
+                        Err(e) => {
+                            refused(&deps, &e);
+                            answer(reply, Err(e));
+                        }
                     }
-                };
-                state.deps.metrics.incr("registrations", label, 1);
+                });
+            }
+            RegistryMsg::Admit {
+                info,
+                stake,
+                penalty,
+                reply,
+            } => {
+                let result = state.register(&myself, info, stake, penalty).await;
+                match &result {
+                    Ok(_) => state.deps.metrics.incr("registrations", "accepted", 1),
+                    Err(e) => refused(&state.deps, e),
+                }
                 answer(reply, result);
             }
             RegistryMsg::Heartbeat { hb, reply } => {
@@ -504,14 +573,21 @@ impl Actor for NodeRegistry {
                 };
                 answer(reply, result);
             }
-            RegistryMsg::Status(view) => {
+            RegistryMsg::Status { view, from } => {
                 if let Some(e) = state.nodes.get_mut(&view.id) {
-                    let penalty = e.view.penalty_until;
-                    e.view = view;
-                    e.view.penalty_until = penalty;
+                    if e.actor.as_ref().map(|a| a.get_id()) == Some(from) {
+                        let penalty = e.view.penalty_until;
+                        e.view = view;
+                        e.view.penalty_until = penalty;
+                    }
                 }
             }
-            RegistryMsg::NodeDown { node, kind } => state.node_down(node, kind).await,
+            RegistryMsg::NodeDown { node, kind, from } => {
+                let current = state.nodes.get(&node).and_then(|e| e.actor.as_ref());
+                if current.map(|a| a.get_id()) == Some(from) {
+                    state.node_down(node, kind).await;
+                }
+            }
             RegistryMsg::Snapshot { reply } => {
                 answer(
                     reply,
@@ -549,7 +625,16 @@ impl Actor for NodeRegistry {
                 else {
                     return Ok(());
                 };
-                let actor = state.spawn_node(&myself, info, stake, true).await?;
+                let actor = match state.spawn_node(&myself, info, stake, true).await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Not the node's fault: try again later, without spending its budget.
+                        tracing::warn!(node = %node.short(), error = %e, "node actor respawn failed; retrying");
+                        let wait = Duration::from_millis(state.deps.cfg.supervision.backoff_max_ms);
+                        myself.send_after(wait, move || RegistryMsg::Respawn { node });
+                        return Ok(());
+                    }
+                };
                 if let Some(e) = state.nodes.get_mut(&node) {
                     e.actor = Some(actor);
                 }

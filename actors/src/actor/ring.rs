@@ -138,6 +138,9 @@ impl RingState {
             removed: removed.clone(),
             added,
         });
+        // Released right after the record, by the actor that made it: a job actor that dies
+        // before hearing of the change cannot leak them.
+        self.release(removed.clone()).await;
         let _ = self.parent.cast(JobMsg::RingChanged { ring, removed });
         Ok(())
     }
@@ -170,7 +173,14 @@ impl RingState {
             }
         }
         let (bw, regions, _) = self.links(&nodes).await;
-        let order = self.deps.ring_builder.build(&bw, &regions);
+        let mut order = self.deps.ring_builder.build(&bw, &regions);
+        if !is_permutation(&order, nodes.len()) {
+            // A custom builder broke its contract: never put a node in twice or index past
+            // the members; fall back to placement order and say so.
+            tracing::error!(job = %self.job, builder = self.deps.ring_builder.name(),
+                "ring builder returned an invalid order; using placement order");
+            order = (0..nodes.len()).collect();
+        }
         let members: Vec<NodeId> = order.iter().map(|&i| nodes[i]).collect();
         let ring = RingView {
             job: self.job,
@@ -184,21 +194,26 @@ impl RingState {
         self.commit(ring, dead, vec![]).await
     }
 
-    async fn reconfigure(&mut self) -> Result<(), ActorProcessingErr> {
+    /// Repairs the ring for every pending failure, plus any member the registry reports
+    /// dead (a failure whose record or notice was lost is still caught here). When the new
+    /// ring cannot be recorded, the standbys are given back and it is tried again later.
+    async fn reconfigure(&mut self, myself: &ActorRef<RingMsg>) {
         self.window_open = false;
         let Some(current) = self.ring.clone() else {
-            return Ok(());
+            return;
         };
+        let (_, _, alive) = self.links(&current.members).await;
         let failed: Vec<NodeId> = current
             .members
             .iter()
-            .filter(|m| self.pending_failures.contains(m))
-            .copied()
+            .zip(alive)
+            .filter(|(m, alive)| self.pending_failures.contains(m) || !alive)
+            .map(|(m, _)| *m)
             .collect();
         self.pending_failures.clear();
         if failed.is_empty() {
             self.first_failure = None;
-            return Ok(());
+            return;
         }
         let started = Instant::now();
         let standbys: Vec<NodeId> = ask(&self.root, &self.deps, |reply| {
@@ -234,8 +249,44 @@ impl RingState {
         };
         tracing::info!(job = %self.job, version = ring.version, removed = failed.len(), added = standbys.len(),
             members = ring.members.len(), elapsed_us = started.elapsed().as_micros() as u64, "ring reconfigured");
-        self.commit(ring, failed, standbys).await
+        if let Err(e) = self.commit(ring, failed.clone(), standbys.clone()).await {
+            tracing::warn!(job = %self.job, error = %e, "new ring not recorded; retrying");
+            self.release(standbys).await;
+            self.pending_failures.extend(failed);
+            self.window_open = true;
+            let wait = Duration::from_millis(self.deps.cfg.supervision.backoff_max_ms);
+            myself.send_after(wait, || RingMsg::Reconfigure);
+        }
     }
+
+    /// Gives `nodes` back to the scheduler and tells them they left the job.
+    async fn release(&self, nodes: Vec<NodeId>) {
+        if nodes.is_empty() {
+            return;
+        }
+        for n in &nodes {
+            let _ = self
+                .deps
+                .link
+                .send(n, NodeCommand::Release { job: self.job })
+                .await;
+        }
+        let _ = self
+            .root
+            .cast(OrchestratorMsg::Scheduler(SchedulerMsg::ReleaseNodes {
+                job: self.job,
+                nodes,
+            }));
+    }
+}
+
+/// Whether `order` holds each of `0..n` exactly once.
+fn is_permutation(order: &[usize], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    order.len() == n
+        && order
+            .iter()
+            .all(|&i| i < n && !std::mem::replace(&mut seen[i], true))
 }
 
 /// Ring links `order[k] → order[k+1]` (and the closing one) whose bandwidth is estimated.
@@ -307,9 +358,8 @@ impl Actor for RingActor {
                     ring,
                     removed: vec![],
                 });
-                if !state.pending_failures.is_empty() {
-                    state.reconfigure().await?;
-                }
+                // Recovery owed by the log, or members that died while no ring actor ran.
+                state.reconfigure(&myself).await;
             }
         }
         Ok(())
@@ -336,7 +386,7 @@ impl Actor for RingActor {
                     myself.send_after(wait, || RingMsg::Reconfigure);
                 }
             }
-            RingMsg::Reconfigure => state.reconfigure().await?,
+            RingMsg::Reconfigure => state.reconfigure(&myself).await,
             RingMsg::Resync => state.broadcast().await,
             RingMsg::Get { reply } => answer(reply, state.ring.clone()),
             RingMsg::InjectPanic => panic!("injected fault: ring actor panic"),

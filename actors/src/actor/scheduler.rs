@@ -222,8 +222,12 @@ impl Actor for Scheduler {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SchedulerMsg::Enqueue(job) => {
-                state.pending.insert(job.id, job);
-                state.queue_match(&myself);
+                // A late enqueue of a job a rebuilt scheduler already placed from the log
+                // must not place it twice.
+                if !state.assigned.values().any(|j| *j == job.id) {
+                    state.pending.insert(job.id, job);
+                    state.queue_match(&myself);
+                }
             }
             SchedulerMsg::Tick => state.run_match().await,
             SchedulerMsg::NodesChanged => state.queue_match(&myself),
