@@ -223,7 +223,10 @@ async fn a_new_orchestrator_on_the_same_log_resumes_the_job() {
 #[tokio::test(start_paused = true)]
 async fn two_orchestrators_in_one_process_do_not_interfere() {
     let a = Harness::start(quiet(3, 16)).await;
-    let b = Harness::start(quiet(5, 17)).await;
+    // Distinct seeds (distinct node keys) even when HANZOD_SEED overrides both.
+    let mut cb = quiet(5, 17);
+    cb.seed = a.seed().wrapping_add(1);
+    let b = Harness::start(cb).await;
     let ja = a.orch.submit_job(a.job_spec("a", 3, 5)).await.unwrap();
     let jb = b.orch.submit_job(b.job_spec("b", 5, 5)).await.unwrap();
     assert_eq!(ja, jb, "each orchestrator numbers its own jobs");
