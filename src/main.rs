@@ -30,28 +30,8 @@ enum Command {
     /// Run a job on simulated nodes with seeded faults, in simulated time, and report how
     /// failures were detected and rings repaired (the fault-injection harness).
     Sim {
-        /// Simulated nodes (the job's ring plus idle standbys).
-        #[arg(long, default_value_t = 64)]
-        nodes: usize,
-        /// Nodes the job asks for.
-        #[arg(long, default_value_t = 48)]
-        job_nodes: u32,
-        /// Epochs to train (1..=10000).
-        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-        epochs: u32,
-        /// Ring members to kill during the run.
-        #[arg(long, default_value_t = 3)]
-        crash: usize,
-        /// Ring members that hang (stop heartbeating) during the run.
-        #[arg(long, default_value_t = 1)]
-        hang: usize,
-        /// Additional random faults (hangs, flapping, slow heartbeats, duplicate
-        /// registrations, actor panics).
-        #[arg(long, default_value_t = 0)]
-        faults: usize,
-        /// Seed of the run; the same seed replays it.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
+        #[command(flatten)]
+        args: hanzod::sim::SimArgs,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -92,21 +72,12 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Sim {
-            nodes,
-            job_nodes,
-            epochs,
-            crash,
-            hang,
-            faults,
-            seed,
-            json,
-        } => {
-            if job_nodes < 2 || nodes < job_nodes as usize {
+        Command::Sim { args, json } => {
+            if args.job_nodes < 2 || args.nodes < args.job_nodes as usize {
                 eprintln!("error: need 2 <= --job-nodes <= --nodes");
                 return ExitCode::from(2);
             }
-            if crash + hang > job_nodes as usize {
+            if args.crash + args.hang > args.job_nodes as usize {
                 eprintln!("note: --crash + --hang exceed the ring size; every member is hit");
             }
             // Injected actor panics are faults of the simulation, not crashes of hanzod:
@@ -125,15 +96,6 @@ fn main() -> ExitCode {
                     default_hook(info);
                 }
             }));
-            let args = hanzod::sim::SimArgs {
-                nodes,
-                job_nodes,
-                epochs,
-                crash,
-                hang,
-                faults,
-                seed,
-            };
             // Simulated time: timers fire as soon as nothing else can run.
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_time()

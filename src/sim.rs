@@ -16,22 +16,30 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::testkit::{Fault, FaultScript, Harness, HarnessConfig};
 
-/// What to simulate.
-#[derive(Debug, Clone)]
+/// What to simulate (also the `hanzod sim` flags).
+#[derive(Debug, Clone, clap::Args)]
 pub struct SimArgs {
-    /// Simulated nodes registered (the job's ring plus idle standbys).
+    /// Simulated nodes (the job's ring plus idle standbys).
+    #[arg(long, default_value_t = 64)]
     pub nodes: usize,
     /// Nodes the job asks for (its ring size when enough are eligible).
+    #[arg(long, default_value_t = 48)]
     pub job_nodes: u32,
-    /// Epochs to train.
+    /// Epochs to train (1..=10000).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub epochs: u32,
     /// Ring members whose process is killed, at seeded times during the run.
+    #[arg(long, default_value_t = 3)]
     pub crash: usize,
     /// Ring members that hang (stop heartbeating, never resume).
+    #[arg(long, default_value_t = 1)]
     pub hang: usize,
-    /// Additional random node faults drawn by [`FaultScript::random`].
+    /// Additional random faults (hangs, flapping, slow heartbeats, disconnects, duplicate
+    /// registrations, actor panics), drawn from the seed.
+    #[arg(long, default_value_t = 0)]
     pub faults: usize,
-    /// The seed of the run.
+    /// The seed of the run; the same seed replays it.
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
 }
 

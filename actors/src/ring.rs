@@ -76,3 +76,13 @@ pub fn bottleneck(bw: &BandwidthMatrix, order: &[usize]) -> f32 {
 fn region_of(regions: &[String], i: usize) -> Option<&str> {
     regions.get(i).map(String::as_str)
 }
+
+/// Whether `order` holds each of `0..n` exactly once: the contract of
+/// [`RingBuilder::build`], checked before a builder's output is used.
+pub fn is_permutation(order: &[usize], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    order.len() == n
+        && order
+            .iter()
+            .all(|&i| i < n && !std::mem::replace(&mut seen[i], true))
+}

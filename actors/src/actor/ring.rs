@@ -19,7 +19,7 @@ use super::scheduler::SchedulerMsg;
 use super::{answer, ask, Deps, Notice};
 use crate::events::Event;
 use crate::ports::{NodeCommand, RingView};
-use crate::ring::{bottleneck, recover, BandwidthMatrix, LinkEstimate};
+use crate::ring::{bottleneck, is_permutation, recover, BandwidthMatrix, LinkEstimate};
 use crate::types::{JobId, NodeId};
 
 /// Messages of a [`RingActor`].
@@ -278,15 +278,6 @@ impl RingState {
                 nodes,
             }));
     }
-}
-
-/// Whether `order` holds each of `0..n` exactly once.
-fn is_permutation(order: &[usize], n: usize) -> bool {
-    let mut seen = vec![false; n];
-    order.len() == n
-        && order
-            .iter()
-            .all(|&i| i < n && !std::mem::replace(&mut seen[i], true))
 }
 
 /// Ring links `order[k] → order[k+1]` (and the closing one) whose bandwidth is estimated.

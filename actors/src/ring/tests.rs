@@ -44,14 +44,6 @@ fn builders() -> Vec<Box<dyn RingBuilder>> {
     ]
 }
 
-fn is_permutation(order: &[usize], n: usize) -> bool {
-    let mut seen = vec![false; n];
-    order.len() == n
-        && order
-            .iter()
-            .all(|&v| v < n && !std::mem::replace(&mut seen[v], true))
-}
-
 fn brute_bottleneck(bw: &BandwidthMatrix, order: &[usize]) -> f32 {
     if order.len() < 2 {
         return f32::INFINITY;
