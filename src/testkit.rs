@@ -238,6 +238,8 @@ pub struct SimStatus {
     pub stale_rejected: u32,
     /// Successful registrations.
     pub registrations: u32,
+    /// The session number of the latest registration (as the orchestrator counts them).
+    pub session: u32,
     /// Heartbeats accepted by the orchestrator.
     pub heartbeats: u64,
     /// Heartbeats refused (any reason).
@@ -468,7 +470,7 @@ impl Harness {
         self.control(index, Control::Crash);
         let id = self.node_id(index);
         self.link.disconnect(&id);
-        self.orch.session_closed(id);
+        self.orch.session_closed(id, self.status(index).session);
     }
 
     /// Hangs node `index`: no more heartbeats until [`Harness::resume`].
@@ -796,9 +798,10 @@ struct Sim {
 impl Sim {
     async fn register(&self) -> bool {
         match self.orch.register_node(self.info.clone()).await {
-            Ok(_) => {
+            Ok(reg) => {
                 self.status.send_modify(|s| {
                     s.registrations += 1;
+                    s.session = reg.sessions;
                     s.running = true;
                     s.heartbeating = true;
                 });

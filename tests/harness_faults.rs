@@ -310,3 +310,33 @@ async fn probed_links_replace_estimates_and_steer_the_ring() {
     let order: Vec<_> = (0..4).map(|k| ring.members[(start + k) % 4]).collect();
     assert_eq!(order, [ids[0], ids[2], ids[1], ids[3]]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_close_of_an_old_session_does_not_fail_a_reregistered_node() {
+    let h = Harness::start(
+        HarnessConfig::new(2)
+            .seed_from_env_or(12)
+            .auto_deltas(false),
+    )
+    .await;
+    let id = h.node_id(0);
+    h.duplicate_registration(0);
+    h.wait_for("second session", MIN, || async {
+        (h.status(0).session == 2).then_some(())
+    })
+    .await
+    .unwrap();
+    // The transport reports the first stream's end after the node registered again.
+    h.orch.session_closed(id, 1);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let alive = |nodes: Vec<hanzod::core::sched::NodeView>| {
+        nodes.iter().find(|n| n.id == id).unwrap().alive
+    };
+    assert!(
+        alive(h.orch.nodes().await.unwrap()),
+        "stale close failed the node"
+    );
+    h.orch.session_closed(id, 2);
+    h.await_node_failed(0, MIN).await.unwrap();
+    assert_eq!(h.metrics.counter("node_failures", "session_closed"), 1);
+}

@@ -91,6 +91,14 @@ pub enum Event {
         /// The transition.
         event: JobEvent,
     },
+    /// The scheduler gave standbys to a job's ring (before the ring that uses them is
+    /// recorded), so a rebuilt scheduler does not give them to another job.
+    StandbysGranted {
+        /// The job.
+        job: JobId,
+        /// The standbys.
+        nodes: Vec<NodeId>,
+    },
     /// A ring was formed (version 1) or reconfigured (paper Algorithms 1 and 2).
     RingChanged {
         /// The new ring.
@@ -110,6 +118,7 @@ impl Event {
         match self {
             Event::JobSubmitted { job, .. }
             | Event::JobPlaced { job, .. }
+            | Event::StandbysGranted { job, .. }
             | Event::Job { job, .. } => Some(*job),
             Event::RingChanged { ring, .. } => Some(ring.job),
             Event::DeltaAccepted(r) => Some(r.job),

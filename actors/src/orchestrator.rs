@@ -237,12 +237,15 @@ impl OrchestratorHandle {
             .await??)
     }
 
-    /// The node's session closed: it is failed now rather than at the timeout.
-    pub fn session_closed(&self, node: NodeId) {
+    /// The node's session `session` (the [`Registration::sessions`] it was opened with)
+    /// closed: the node is failed now rather than at the timeout. The close of an older
+    /// session, delivered after the node registered again, is ignored.
+    pub fn session_closed(&self, node: NodeId, session: u32) {
         let _ = self
             .root
             .cast(OrchestratorMsg::Registry(RegistryMsg::SessionClosed {
                 node,
+                session,
             }));
     }
 

@@ -26,6 +26,9 @@ pub struct JobFold {
     pub phase_since: Timestamp,
     /// Ring members declared failed after the latest ring was recorded: recovery owed.
     pub failed_since_ring: BTreeSet<NodeId>,
+    /// Standbys granted after the latest ring was recorded (the next ring uses or returns
+    /// them); they count as the job's until then.
+    pub granted_since_ring: BTreeSet<NodeId>,
 }
 
 /// What the log says about one node.
@@ -112,6 +115,7 @@ pub fn fold(records: &[Record]) -> LogFold {
                         receipts: BTreeMap::new(),
                         phase_since: r.at,
                         failed_since_ring: BTreeSet::new(),
+                        granted_since_ring: BTreeSet::new(),
                     },
                 );
             }
@@ -132,9 +136,15 @@ pub fn fold(records: &[Record]) -> LogFold {
                     }
                 }
             }
+            Event::StandbysGranted { job, nodes } => {
+                if let Some(j) = out.jobs.get_mut(job) {
+                    j.granted_since_ring.extend(nodes.iter().copied());
+                }
+            }
             Event::RingChanged { ring, .. } => {
                 if let Some(j) = out.jobs.get_mut(&ring.job) {
                     j.ring = Some((r.seq, ring.clone()));
+                    j.granted_since_ring.clear();
                 }
             }
             Event::DeltaAccepted(receipt) => {
@@ -235,5 +245,33 @@ mod tests {
         assert!(matches!(j.job.phase, JobPhase::Running { epoch: 1, .. }));
         assert!(j.receipts.is_empty());
         assert_eq!(j.phase_since, Timestamp(7_000));
+
+        // Standbys granted count as the job's until a ring is recorded after them.
+        let c = NodeId([3; 32]);
+        more.push(rec(
+            8,
+            Event::StandbysGranted {
+                job,
+                nodes: vec![c],
+            },
+        ));
+        assert!(super::fold(&more).jobs[&job]
+            .granted_since_ring
+            .contains(&c));
+        more.push(rec(
+            9,
+            Event::RingChanged {
+                ring: RingView {
+                    job,
+                    version: 2,
+                    members: vec![a, c],
+                    bottleneck_mbps: 1.0,
+                    estimated_links: 0,
+                },
+                removed: vec![b],
+                added: vec![c],
+            },
+        ));
+        assert!(super::fold(&more).jobs[&job].granted_since_ring.is_empty());
     }
 }

@@ -55,6 +55,8 @@ pub enum RegistryMsg {
     SessionClosed {
         /// The node.
         node: NodeId,
+        /// Which registration session closed ([`Registration::sessions`]).
+        session: u32,
     },
     /// A probe measured the link `from → to`.
     ReportLink {
@@ -538,8 +540,9 @@ impl Actor for NodeRegistry {
                     }
                 }
             }
-            RegistryMsg::SessionClosed { node } => {
-                if let Some(actor) = state.nodes.get(&node).and_then(|e| e.actor.clone()) {
+            RegistryMsg::SessionClosed { node, session } => {
+                let current = state.nodes.get(&node).filter(|e| e.sessions == session);
+                if let Some(actor) = current.and_then(|e| e.actor.clone()) {
                     let _ = actor.cast(NodeMsg::SessionClosed);
                 }
             }

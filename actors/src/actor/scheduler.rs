@@ -186,7 +186,7 @@ impl Actor for Scheduler {
             }
             match (&j.ring, &j.placed) {
                 (Some((_, ring)), _) => {
-                    for m in &ring.members {
+                    for m in ring.members.iter().chain(&j.granted_since_ring) {
                         assigned.insert(*m, *id);
                     }
                 }
@@ -260,7 +260,21 @@ impl Actor for Scheduler {
                     let kb = b.stake.as_gym_f64() * b.uptime;
                     kb.total_cmp(&ka).then(a.id.cmp(&b.id))
                 });
-                let given: Vec<NodeId> = nodes.into_iter().take(count).map(|n| n.id).collect();
+                let mut given: Vec<NodeId> = nodes.into_iter().take(count).map(|n| n.id).collect();
+                if reply.is_closed() {
+                    given.clear(); // the ring actor gave up waiting: grant nothing
+                }
+                if !given.is_empty() {
+                    // Durable before it is answered: a rebuilt scheduler keeps them the job's.
+                    let event = Event::StandbysGranted {
+                        job,
+                        nodes: given.clone(),
+                    };
+                    if let Err(e) = state.deps.persist(event).await {
+                        tracing::warn!(%job, error = %e, "standby grant not recorded; none given");
+                        given.clear();
+                    }
+                }
                 for n in &given {
                     state.assigned.insert(*n, job);
                 }
