@@ -32,11 +32,8 @@ pub enum NodeMsg {
     },
     /// The node's session closed: fail it now rather than at the timeout.
     SessionClosed,
-    /// Watchdog tick armed by the heartbeat that had this generation.
-    Watchdog {
-        /// Generation of the heartbeat that armed it; stale ticks are ignored.
-        generation: u64,
-    },
+    /// The watchdog timer fired (there is at most one outstanding at a time).
+    Watchdog,
     /// Fault injection: panic inside the handler (tests supervision).
     InjectPanic,
 }
@@ -58,7 +55,7 @@ pub struct NodeActorArgs {
 /// State of a [`NodeActor`].
 pub struct NodeState {
     core: NodeCore,
-    generation: u64,
+    watchdog_armed: bool,
     registry: ActorRef<RegistryMsg>,
     deps: Deps,
 }
@@ -67,13 +64,16 @@ pub struct NodeState {
 pub struct NodeActor;
 
 impl NodeState {
+    /// Makes sure one timer is due at (or before) the failure deadline. One timer per
+    /// node however fast it heartbeats: when it fires early (heartbeats moved the
+    /// deadline), it is re-armed for the remainder.
     fn arm_watchdog(&mut self, myself: &ActorRef<NodeMsg>) {
-        self.generation += 1;
-        let generation = self.generation;
+        if self.watchdog_armed {
+            return;
+        }
+        self.watchdog_armed = true;
         let wait = self.core.deadline().since(self.deps.now());
-        myself.send_after(Duration::from_millis(wait), move || NodeMsg::Watchdog {
-            generation,
-        });
+        myself.send_after(Duration::from_millis(wait), || NodeMsg::Watchdog);
     }
 
     fn report(&self, myself: &ActorRef<NodeMsg>) {
@@ -120,7 +120,7 @@ impl Actor for NodeActor {
         }
         let mut state = NodeState {
             core,
-            generation: 0,
+            watchdog_armed: false,
             registry: args.registry,
             deps: args.deps,
         };
@@ -158,9 +158,12 @@ impl Actor for NodeActor {
                 answer(reply, state.core.sessions());
             }
             NodeMsg::SessionClosed => state.fail(&myself, FailureKind::SessionClosed, now),
-            NodeMsg::Watchdog { generation } => {
-                if generation == state.generation && state.core.liveness() == Liveness::Alive {
+            NodeMsg::Watchdog => {
+                state.watchdog_armed = false;
+                if state.core.is_overdue(now) {
                     state.fail(&myself, FailureKind::HeartbeatTimeout, now);
+                } else if state.core.liveness() == Liveness::Alive {
+                    state.arm_watchdog(&myself);
                 }
             }
             NodeMsg::InjectPanic => panic!("injected fault: node actor panic"),
