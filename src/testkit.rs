@@ -615,6 +615,33 @@ impl Harness {
         }
     }
 
+    /// Injects an actor fault and waits (60 s of tokio time at most) until its supervisor
+    /// reports the rebuild; returns what was rebuilt (e.g. `ring job-1`, `scheduler`).
+    pub async fn panic_and_await_restart(&self, fault: ActorFault) -> Result<String, WaitError> {
+        let mut notices = self.orch.subscribe();
+        let gave_up = |what: &str| WaitError {
+            what: format!("rebuild after {fault:?} ({what})"),
+            waited_ms: 0,
+            seed: self.cfg.seed,
+        };
+        if !self.orch.inject(fault).await.unwrap_or(false) {
+            return Err(gave_up("no such actor"));
+        }
+        let wait = async {
+            loop {
+                match notices.recv().await {
+                    Ok(hanzod_actors::actor::Notice::ActorRestarted { what }) => return Some(what),
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(_) => return None,
+                }
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(60), wait).await {
+            Ok(Some(what)) => Ok(what),
+            _ => Err(gave_up("no restart reported")),
+        }
+    }
+
     /// Polls `probe` every 50 ms (tokio time) until it returns `Some`, or fails after
     /// `deadline`.
     pub async fn wait_for<T, F, Fut>(

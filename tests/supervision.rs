@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hanzod::core::actor::Notice;
 use hanzod::core::events::{Event, FailureKind};
 use hanzod::core::job::JobPhase;
 use hanzod::core::orchestrator::ActorFault;
@@ -79,17 +78,10 @@ async fn ring_actor_killed_mid_job_is_rebuilt_with_the_same_state() {
     .await
     .unwrap();
     let before = h.orch.job(job).await.unwrap();
-    let mut notices = h.orch.subscribe();
-    assert!(h
-        .orch
-        .inject(ActorFault::PanicRingActor(job))
+    let restarted = h
+        .panic_and_await_restart(ActorFault::PanicRingActor(job))
         .await
-        .unwrap());
-    let restarted = loop {
-        if let Notice::ActorRestarted { what } = notices.recv().await.unwrap() {
-            break what;
-        }
-    };
+        .unwrap();
     assert_eq!(restarted, format!("ring {job}"));
     // Same ring, same version: nothing re-decided, nothing lost.
     assert_eq!(h.orch.ring(job).await.unwrap().unwrap(), v2);
@@ -267,17 +259,10 @@ async fn every_subsystem_panics_mid_job_and_the_job_still_publishes_every_epoch(
         )
         .await
         .unwrap();
-        let mut notices = h.orch.subscribe();
-        assert!(h
-            .orch
-            .inject(ActorFault::PanicSubsystem(which))
+        let what = h
+            .panic_and_await_restart(ActorFault::PanicSubsystem(which))
             .await
-            .unwrap());
-        let what = loop {
-            if let Notice::ActorRestarted { what } = notices.recv().await.unwrap() {
-                break what;
-            }
-        };
+            .unwrap();
         assert_eq!(what, format!("{which:?}").to_lowercase());
     }
     let phase = h
