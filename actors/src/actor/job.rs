@@ -33,8 +33,6 @@ pub enum JobMsg {
     RingChanged {
         /// The ring.
         ring: RingView,
-        /// Members removed.
-        removed: Vec<NodeId>,
     },
     /// A node failed somewhere; the job checks whether it is a member.
     NodeFailed {
@@ -521,7 +519,7 @@ impl Actor for JobActor {
                             }));
                 }
             }
-            JobMsg::RingChanged { ring, .. } => state.on_ring(&myself, ring).await,
+            JobMsg::RingChanged { ring } => state.on_ring(&myself, ring).await,
             JobMsg::NodeFailed { node } => {
                 // The ring actor judges membership against its own (newest) ring: this
                 // actor's copy may lag behind a standby just inserted.

@@ -27,8 +27,8 @@ pub enum NodeMsg {
         info: NodeInfo,
         /// Stake read at this registration.
         stake: GymWei,
-        /// Acknowledged once applied; carries the session count.
-        reply: RpcReplyPort<u32>,
+        /// Acknowledged once applied.
+        reply: RpcReplyPort<()>,
     },
     /// The node's session closed: fail it now rather than at the timeout.
     SessionClosed,
@@ -155,7 +155,7 @@ impl Actor for NodeActor {
                 state.core.reregister(info, stake, now);
                 state.arm_watchdog(&myself);
                 state.report(&myself);
-                answer(reply, state.core.sessions());
+                answer(reply, ());
             }
             NodeMsg::SessionClosed => state.fail(&myself, FailureKind::SessionClosed, now),
             NodeMsg::Watchdog => {

@@ -140,8 +140,8 @@ impl RingState {
         });
         // Released right after the record, by the actor that made it: a job actor that dies
         // before hearing of the change cannot leak them.
-        self.release(removed.clone()).await;
-        let _ = self.parent.cast(JobMsg::RingChanged { ring, removed });
+        self.release(removed).await;
+        let _ = self.parent.cast(JobMsg::RingChanged { ring });
         Ok(())
     }
 
@@ -163,7 +163,7 @@ impl RingState {
     async fn form(&mut self) -> Result<(), ActorProcessingErr> {
         let started = Instant::now();
         // Nodes that failed between placement and formation are left out from the start.
-        let (_, _, alive) = self.links(&self.placed).await;
+        let (mut bw, mut regions, alive) = self.links(&self.placed).await;
         let (mut nodes, mut dead) = (vec![], vec![]);
         for (n, a) in self.placed.iter().zip(alive) {
             if a {
@@ -172,7 +172,9 @@ impl RingState {
                 dead.push(*n);
             }
         }
-        let (bw, regions, _) = self.links(&nodes).await;
+        if !dead.is_empty() {
+            (bw, regions, _) = self.links(&nodes).await;
+        }
         let mut order = self.deps.ring_builder.build(&bw, &regions);
         if !is_permutation(&order, nodes.len()) {
             // A custom builder broke its contract: never put a node in twice or index past
@@ -345,10 +347,7 @@ impl Actor for RingActor {
                 // then owe any recovery the log shows.
                 let ring = ring.clone();
                 state.broadcast().await;
-                let _ = state.parent.cast(JobMsg::RingChanged {
-                    ring,
-                    removed: vec![],
-                });
+                let _ = state.parent.cast(JobMsg::RingChanged { ring });
                 // Recovery owed by the log, or members that died while no ring actor ran.
                 state.reconfigure(&myself).await;
             }
