@@ -149,9 +149,7 @@ pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
     let limit = Duration::from_millis(
         2 * u64::from(args.epochs.max(1)) * h.job_spec("", 2, 1).epoch_deadline_ms,
     );
-    let _ = h
-        .await_phase(job, limit, "job ended", |p| p.is_terminal())
-        .await;
+    let _ = h.await_end(job, limit).await;
     let simulated_ms = start.elapsed().as_millis() as u64;
     let view = h.orch.job(job).await.ok();
     let phase = match &view {

@@ -732,6 +732,12 @@ impl Harness {
         .await
     }
 
+    /// Waits until `job` ends (Published or Failed); returns its final phase.
+    pub async fn await_end(&self, job: JobId, deadline: Duration) -> Result<JobPhase, WaitError> {
+        self.await_phase(job, deadline, &format!("{job} to end"), |p| p.is_terminal())
+            .await
+    }
+
     /// Waits until node `index` is reported dead (`alive == false`) by the orchestrator.
     pub async fn await_node_failed(
         &self,

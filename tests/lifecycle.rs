@@ -22,10 +22,7 @@ async fn job_runs_every_epoch_to_published() {
         .await
         .unwrap();
     let mut notices = h.orch.subscribe();
-    let phase = h
-        .await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
-        .await
-        .unwrap();
+    let phase = h.await_end(job, 10 * MIN).await.unwrap();
     let JobPhase::Published { epochs, checkpoint } = phase else {
         panic!("{phase:?}")
     };
@@ -62,9 +59,7 @@ async fn epoch_deadline_completes_an_epoch_without_the_silent_node() {
     spec.epoch_deadline_ms = 60_000;
     let (job, _) = h.submit_and_form(spec).await;
     h.hang(1);
-    h.await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
-        .await
-        .unwrap();
+    h.await_end(job, 10 * MIN).await.unwrap();
     let published = h.sink.checkpoints(job);
     assert!(published.iter().all(|(_, _, d)| *d == 2), "{published:?}");
 }
@@ -81,10 +76,7 @@ async fn job_without_enough_nodes_fails_at_its_pending_deadline() {
         h.orch.job(job).await.unwrap().phase,
         JobPhase::Pending { .. }
     ));
-    let phase = h
-        .await_phase(job, MIN, "failed", |p| p.is_terminal())
-        .await
-        .unwrap();
+    let phase = h.await_end(job, MIN).await.unwrap();
     assert!(
         matches!(
             phase,
@@ -109,10 +101,7 @@ async fn ring_below_min_nodes_fails_the_job_and_frees_its_nodes() {
     spec.min_nodes = 3;
     let (job, _) = h.submit_and_form(spec).await;
     h.crash(0);
-    let phase = h
-        .await_phase(job, 2 * MIN, "failed", |p| p.is_terminal())
-        .await
-        .unwrap();
+    let phase = h.await_end(job, 2 * MIN).await.unwrap();
     assert!(
         matches!(
             phase,
@@ -137,10 +126,7 @@ async fn cancel_ends_the_job_and_later_requests_get_typed_errors() {
     .await;
     let (job, _) = h.submit_and_form(h.job_spec("cancel-me", 3, 10)).await;
     h.orch.cancel_job(job).await.unwrap();
-    let phase = h
-        .await_phase(job, MIN, "cancelled", |p| p.is_terminal())
-        .await
-        .unwrap();
+    let phase = h.await_end(job, MIN).await.unwrap();
     assert!(matches!(
         phase,
         JobPhase::Failed {

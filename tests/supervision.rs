@@ -157,10 +157,7 @@ async fn job_actor_killed_mid_epoch_resumes_and_publishes_every_epoch() {
         view.deltas_this_epoch >= accepted,
         "accepted deltas lost in the rebuild"
     );
-    let phase = h
-        .await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
-        .await
-        .unwrap();
+    let phase = h.await_end(job, 10 * MIN).await.unwrap();
     assert!(
         matches!(phase, JobPhase::Published { epochs: 4, .. }),
         "{phase:?}"
@@ -202,10 +199,7 @@ async fn a_new_orchestrator_on_the_same_log_resumes_the_job() {
         view.phase
     );
     assert_eq!(view.ring.as_ref().unwrap().version, ring.version);
-    let phase = second
-        .await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
-        .await
-        .unwrap();
+    let phase = second.await_end(job, 10 * MIN).await.unwrap();
     assert!(
         matches!(phase, JobPhase::Published { epochs: 3, .. }),
         "{phase:?}"
@@ -265,10 +259,7 @@ async fn every_subsystem_panics_mid_job_and_the_job_still_publishes_every_epoch(
             .unwrap();
         assert_eq!(what, format!("{which:?}").to_lowercase());
     }
-    let phase = h
-        .await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
-        .await
-        .unwrap();
+    let phase = h.await_end(job, 10 * MIN).await.unwrap();
     assert!(
         matches!(phase, JobPhase::Published { epochs: 6, .. }),
         "{phase:?}"
@@ -308,10 +299,7 @@ async fn a_state_store_outage_during_faults_loses_nothing_and_stops_nothing() {
         .await
         .unwrap();
     assert_eq!(v2.members.len(), 5);
-    let phase = h
-        .await_phase(job, 10 * MIN, "published", |p| p.is_terminal())
-        .await
-        .unwrap();
+    let phase = h.await_end(job, 10 * MIN).await.unwrap();
     assert!(
         matches!(phase, JobPhase::Published { epochs: 3, .. }),
         "{phase:?}"
