@@ -1,13 +1,25 @@
 //! # hanzod-proto
 //!
-//! Wire types of hanzod's gRPC API (`hanzod.v1`). This crate holds only what travels on the
+//! Wire types of hanzod's gRPC API (`hanzod.v1`), generated from `proto/hanzod/v1/*.proto`
+//! (which document every message and field). This crate holds only what travels on the
 //! wire — no domain logic — and depends on nothing of ours; `hanzod` converts between these
-//! types and the core's in one place.
+//! types and the core's in one place (`hanzod::grpc::convert`).
 //!
-//! The services (NodeService with challenge–response registration and a per-node session
-//! stream, JobService, admin reads) are compiled here from `proto/hanzod/v1/*.proto` once
-//! the gRPC issue lands; until then the crate only fixes the package name and version.
+//! Services: `NodeService` (challenge–response registration and one signed session stream
+//! per node, delta upload), `JobService` (submit, get, list, watch, cancel) and
+//! `AdminService` (nodes, rings). [`FILE_DESCRIPTOR_SET`] feeds gRPC server reflection, so
+//! `grpcurl` works without the .proto files.
 #![warn(missing_docs)]
+
+/// The protobuf package `hanzod.v1`: messages, clients (`*_client`) and servers (`*_server`).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod v1 {
+    tonic::include_proto!("hanzod.v1");
+}
+
+/// The encoded `FileDescriptorSet` of every `hanzod.v1` file, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/hanzod_v1_descriptor.bin"));
 
 /// The protobuf package of the API.
 pub const PACKAGE: &str = "hanzod.v1";
@@ -17,3 +29,16 @@ pub const DEFAULT_GRPC_PORT: u16 = 9550;
 
 /// The default Prometheus metrics port (DESIGN §10).
 pub const DEFAULT_METRICS_PORT: u16 = 9551;
+
+/// Signature domains: every signed byte string starts with one of these, so a signature
+/// made for one purpose can never be replayed as another.
+pub mod domain {
+    /// Registration: `REGISTER || nonce || NodeInfo bytes`.
+    pub const REGISTER: &[u8] = b"hanzod.v1.register";
+    /// Session messages: `SESSION || NodeMessage bytes`.
+    pub const SESSION: &[u8] = b"hanzod.v1.session";
+    /// GPU attestation: `GPU || node id || model || vram (u64 BE) || major || minor`.
+    pub const GPU: &[u8] = b"hanzod.v1.gpu";
+    /// Delta uploads: `DELTA || DeltaHeader bytes || sha256`.
+    pub const DELTA: &[u8] = b"hanzod.v1.delta";
+}
