@@ -5,12 +5,17 @@
 //!
 //! | variable | key |
 //! |---|---|
+//! | `HANZO_RPC` | `chain.rpc_url` |
 //! | `HANZO_CHAIN_ID` | `chain.chain_id` |
+//! | `IPFS_URL` | `publish.ipfs_url` |
+//! | `VALKEY_URL` | `state.valkey_url` |
+//! | `HF_TOKEN` | `publish.hf_token` |
+//! | `ORCHESTRATOR_KEY` | `orchestrator.key` |
 //! | `HANZO_LOG` | `log.filter` |
 //! | `HANZO_LOG_FORMAT` | `log.format` |
+//! | `HANZOD_ADMIN_TOKEN` | `server.admin_token` |
 //!
-//! (`HANZO_RPC`, `IPFS_URL`, `VALKEY_URL`, `HF_TOKEN`, `ORCHESTRATOR_KEY` join this table
-//! with the adapters that use them.)
+//! Any other variable starting with `HANZO_` is an error (a typo must not be ignored).
 
 use std::path::Path;
 
@@ -26,10 +31,94 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 pub struct Config {
     /// The actor core.
     pub core: CoreConfig,
+    /// The gRPC server and the metrics exporter.
+    pub server: ServerConfig,
+    /// Admission of nodes and link probes.
+    pub nodes: NodesConfig,
     /// The chain.
     pub chain: ChainConfig,
+    /// The state store.
+    pub state: StateConfig,
+    /// Checkpoint publication.
+    pub publish: PublishConfig,
+    /// The orchestrator's own identity.
+    pub orchestrator: OrchestratorConfig,
     /// Logging.
     pub log: LogConfig,
+}
+
+/// The daemon's listeners and transport limits (DESIGN §10).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// gRPC listen address, e.g. `0.0.0.0:9550`.
+    pub grpc_addr: String,
+    /// Prometheus listen address, e.g. `0.0.0.0:9551`; empty disables the exporter.
+    pub metrics_addr: String,
+    /// Largest gRPC message accepted or sent, bytes.
+    pub max_message_bytes: usize,
+    /// Most concurrent HTTP/2 streams per connection.
+    pub max_concurrent_streams: u32,
+    /// HTTP/2 PING interval, ms.
+    pub keepalive_interval_ms: u64,
+    /// A peer that does not answer a PING within this many ms is dropped.
+    pub keepalive_timeout_ms: u64,
+    /// Messages buffered per node session before the node counts as not reading.
+    pub session_queue: usize,
+    /// A session stream must send its first message within this many ms.
+    pub first_message_timeout_ms: u64,
+    /// On SIGTERM/SIGINT, wait at most this many ms for calls in flight.
+    pub shutdown_grace_ms: u64,
+    /// When not empty, JobService and AdminService calls need
+    /// `authorization: Bearer <admin_token>`.
+    pub admin_token: String,
+    /// TLS; plaintext when `cert` is empty.
+    pub tls: TlsConfig,
+    /// Abuse limits.
+    pub limits: LimitsConfig,
+}
+
+/// TLS 1.3 material, PEM files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Certificate chain; empty serves plaintext.
+    pub cert: String,
+    /// Private key.
+    pub key: String,
+    /// When not empty, clients must present a certificate signed by this CA (mutual TLS).
+    pub client_ca: String,
+}
+
+/// Per-node limits of the node service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Session messages per node per second, sustained.
+    pub messages_per_s: u32,
+    /// Session messages per node in a burst.
+    pub burst: u32,
+    /// Refused messages before a session is closed `RESOURCE_EXHAUSTED`.
+    pub max_violations: u32,
+    /// Challenge + Register calls per node key per minute.
+    pub registrations_per_min: u32,
+    /// Registration nonces outstanding at once.
+    pub max_pending_challenges: usize,
+    /// A nonce expires after this many ms.
+    pub challenge_ttl_ms: u64,
+}
+
+/// Node admission and probing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodesConfig {
+    /// Ed25519 keys (64 hex digits each) trusted to sign GPU attestations; empty is
+    /// development mode: attestations are not checked (logged loudly at start).
+    pub attesters: Vec<String>,
+    /// Bytes each link probe transfers.
+    pub probe_bytes: u64,
+    /// A probe result is accepted for this many ms after the request.
+    pub probe_ttl_ms: u64,
 }
 
 /// Chain settings.
@@ -38,6 +127,37 @@ pub struct Config {
 pub struct ChainConfig {
     /// EVM chain id (36900 for the Hanzo chain).
     pub chain_id: u64,
+    /// EVM JSON-RPC endpoint (`HANZO_RPC`); empty uses the embedded in-process ledger.
+    pub rpc_url: String,
+    /// With the embedded ledger: the stake every node's operator holds, in whole GYM.
+    pub dev_stake_gym: u64,
+}
+
+/// State store settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    /// Valkey URL (`VALKEY_URL`), e.g. `redis://kv:6379`; empty uses the in-memory store.
+    pub valkey_url: String,
+}
+
+/// Publication settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishConfig {
+    /// Kubo RPC URL (`IPFS_URL`), e.g. `http://ipfs:5001`; empty uses the embedded store.
+    pub ipfs_url: String,
+    /// Hugging Face Hub token (`HF_TOKEN`); a secret, never printed.
+    pub hf_token: String,
+}
+
+/// The orchestrator's identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrchestratorConfig {
+    /// Its Ed25519 key (`ORCHESTRATOR_KEY`): 64 hex digits, or the path of a key file;
+    /// empty generates a fresh key at each start. A secret, never printed.
+    pub key: String,
 }
 
 /// Log output.
@@ -139,6 +259,18 @@ impl Config {
                 .as_table_mut()
                 .map(|t| t.insert(key.to_string(), v));
         };
+        for (var, section, key) in [
+            ("HANZO_RPC", "chain", "rpc_url"),
+            ("IPFS_URL", "publish", "ipfs_url"),
+            ("VALKEY_URL", "state", "valkey_url"),
+            ("HF_TOKEN", "publish", "hf_token"),
+            ("ORCHESTRATOR_KEY", "orchestrator", "key"),
+            ("HANZOD_ADMIN_TOKEN", "server", "admin_token"),
+        ] {
+            if let Some(v) = env(var) {
+                set(section, key, toml::Value::String(v));
+            }
+        }
         if let Some(v) = env("HANZO_CHAIN_ID") {
             let id = v.parse::<i64>().map_err(|e| ConfigError::Invalid {
                 layer: "environment".into(),
@@ -164,9 +296,118 @@ impl Config {
                 message: format!("log.filter {:?}: {e}", cfg.log.filter),
             });
         }
+        cfg.check().map_err(|message| ConfigError::Invalid {
+            layer: "settings".into(),
+            message,
+        })?;
         Ok(cfg)
     }
+
+    /// Refuses environment variables that look like ours but are not: any `HANZO_*` name
+    /// other than those in the module table.
+    pub fn check_env_names<'a>(
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), ConfigError> {
+        for name in names {
+            if name.starts_with("HANZO_") && !KNOWN_HANZO_VARS.contains(&name) {
+                return Err(ConfigError::Invalid {
+                    layer: "environment".into(),
+                    message: format!(
+                        "unknown variable {name} (known: {})",
+                        KNOWN_HANZO_VARS.join(", ")
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let s = &self.server;
+        s.grpc_addr
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| format!("server.grpc_addr {:?}: {e}", s.grpc_addr))?;
+        if !s.metrics_addr.is_empty() {
+            s.metrics_addr
+                .parse::<std::net::SocketAddr>()
+                .map_err(|e| format!("server.metrics_addr {:?}: {e}", s.metrics_addr))?;
+        }
+        for (key, v) in [
+            ("server.max_message_bytes", s.max_message_bytes as u64),
+            (
+                "server.max_concurrent_streams",
+                s.max_concurrent_streams as u64,
+            ),
+            ("server.keepalive_interval_ms", s.keepalive_interval_ms),
+            ("server.keepalive_timeout_ms", s.keepalive_timeout_ms),
+            ("server.session_queue", s.session_queue as u64),
+            (
+                "server.first_message_timeout_ms",
+                s.first_message_timeout_ms,
+            ),
+            (
+                "server.limits.messages_per_s",
+                s.limits.messages_per_s as u64,
+            ),
+            ("server.limits.burst", s.limits.burst as u64),
+            (
+                "server.limits.registrations_per_min",
+                s.limits.registrations_per_min as u64,
+            ),
+            (
+                "server.limits.max_pending_challenges",
+                s.limits.max_pending_challenges as u64,
+            ),
+            ("server.limits.challenge_ttl_ms", s.limits.challenge_ttl_ms),
+            ("nodes.probe_ttl_ms", self.nodes.probe_ttl_ms),
+        ] {
+            if v == 0 {
+                return Err(format!("{key} must be greater than 0"));
+            }
+        }
+        if s.tls.cert.is_empty() != s.tls.key.is_empty() {
+            return Err("server.tls.cert and server.tls.key go together".into());
+        }
+        if !s.tls.client_ca.is_empty() && s.tls.cert.is_empty() {
+            return Err("server.tls.client_ca needs server.tls.cert and key".into());
+        }
+        for (i, k) in self.nodes.attesters.iter().enumerate() {
+            let mut b = [0u8; 32];
+            if hex::decode_to_slice(k, &mut b).is_err()
+                || ed25519_dalek::VerifyingKey::from_bytes(&b).is_err()
+            {
+                return Err(format!(
+                    "nodes.attesters[{i}] is not an Ed25519 public key (64 hex digits)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The configuration with secrets (`publish.hf_token`, `orchestrator.key`,
+    /// `server.admin_token`) replaced by `"<redacted>"`, for printing.
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        for s in [
+            &mut c.publish.hf_token,
+            &mut c.orchestrator.key,
+            &mut c.server.admin_token,
+        ] {
+            if !s.is_empty() {
+                *s = "<redacted>".into();
+            }
+        }
+        c
+    }
 }
+
+/// The `HANZO_*` variables we read.
+pub const KNOWN_HANZO_VARS: &[&str] = &[
+    "HANZO_RPC",
+    "HANZO_CHAIN_ID",
+    "HANZO_LOG",
+    "HANZO_LOG_FORMAT",
+];
 
 #[cfg(test)]
 mod tests {
@@ -177,6 +418,54 @@ mod tests {
         let c = Config::load(None, |_| None).unwrap();
         assert_eq!(c.core, CoreConfig::default());
         assert_eq!(c.chain.chain_id, 36900);
+        assert_eq!(c.server.grpc_addr, "0.0.0.0:9550");
+        assert!(c.nodes.attesters.is_empty());
+    }
+
+    #[test]
+    fn compose_environment_names_map_to_keys_and_secrets_are_redacted() {
+        let env = |k: &str| {
+            Some(match k {
+                "HANZO_RPC" => "http://127.0.0.1:8545".to_string(),
+                "IPFS_URL" => "http://ipfs:5001".into(),
+                "VALKEY_URL" => "redis://kv:6379".into(),
+                "HF_TOKEN" => "hf_secret".into(),
+                "ORCHESTRATOR_KEY" => "11".repeat(32),
+                "HANZOD_ADMIN_TOKEN" => "tok".into(),
+                _ => return None,
+            })
+        };
+        let c = Config::load(None, env).unwrap();
+        assert_eq!(c.chain.rpc_url, "http://127.0.0.1:8545");
+        assert_eq!(c.publish.ipfs_url, "http://ipfs:5001");
+        assert_eq!(c.state.valkey_url, "redis://kv:6379");
+        assert_eq!(c.publish.hf_token, "hf_secret");
+        assert_eq!(c.server.admin_token, "tok");
+        let printed = toml::to_string(&c.redacted()).unwrap();
+        assert!(!printed.contains("hf_secret") && !printed.contains(&"11".repeat(32)));
+        assert!(!printed.contains("\"tok\""));
+        assert!(Config::check_env_names(["HANZO_RPC", "PATH"]).is_ok());
+        let err = Config::check_env_names(["HANZO_CHAINID"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("HANZO_CHAINID"), "{err}");
+    }
+
+    #[test]
+    fn server_settings_are_checked() {
+        let dir = std::env::temp_dir().join(format!("hanzod-cfg3-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("s.toml");
+        for (text, key) in [
+            ("[server]\ngrpc_addr = \"nowhere\"\n", "server.grpc_addr"),
+            ("[server.limits]\nburst = 0\n", "server.limits.burst"),
+            ("[server.tls]\ncert = \"c.pem\"\n", "server.tls.cert"),
+            ("[nodes]\nattesters = [\"xyz\"]\n", "nodes.attesters[0]"),
+        ] {
+            std::fs::write(&f, text).unwrap();
+            let err = Config::load(Some(&f), |_| None).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
     }
 
     #[test]

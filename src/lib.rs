@@ -14,7 +14,14 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod agent;
+pub mod cli;
+pub mod client;
 pub mod config;
+pub mod grpc;
+pub mod identity;
+pub mod metrics;
+pub mod serve;
 #[cfg(feature = "testkit")]
 pub mod sim;
 #[cfg(feature = "testkit")]

@@ -3,17 +3,23 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use hanzod::client::ClientOptions;
 use hanzod::config::{Config, LogFormat};
 
 /// hanzod — the orchestrator for decentralized training.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None, after_help = "\
 Examples:
-  hanzod config                      print the effective configuration
-  hanzod config --config my.toml     … with a file layered over the defaults
-  hanzod sim                         64 simulated nodes, 3 crashes and a hang, 5 epochs
-  hanzod sim --nodes 200 --job-nodes 128 --crash 10 --faults 20 --seed 7 --json
+  hanzod serve                                   the daemon: gRPC on :9550, metrics on :9551
+  hanzod keygen --out node.key                   a node identity (Ed25519)
+  hanzod node --key node.key --region eu-west --listen 0.0.0.0:9560 --advertise 10.0.0.5:9560
+  hanzod job submit config/job.example.toml      submit a training job
+  hanzod job watch 1                             follow it until it ends
+  hanzod nodes                                   registered nodes
+  hanzod ring 1                                  job 1's ring, in order
+  hanzod sim                                     64 simulated nodes with seeded faults
+  hanzod config                                  the effective configuration
 ")]
 struct Cli {
     /// A TOML file layered over the embedded defaults (config/default.toml).
@@ -23,8 +29,90 @@ struct Cli {
     command: Command,
 }
 
+/// How client commands reach the daemon.
+#[derive(Args, Debug, Clone)]
+struct ClientArgs {
+    /// The daemon: http://host:port, or https://host:port for TLS.
+    #[arg(long, env = "HANZOD_ENDPOINT", default_value = "http://127.0.0.1:9550")]
+    endpoint: String,
+    /// PEM CA of the daemon's certificate.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// PEM client certificate (mutual TLS).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM client key (mutual TLS).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Name to check the daemon's certificate against (default: the endpoint's host).
+    #[arg(long)]
+    tls_domain: Option<String>,
+    /// Bearer token for job and admin calls.
+    #[arg(long, env = "HANZOD_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Deadline of each call, ms.
+    #[arg(long, default_value_t = 10_000)]
+    timeout_ms: u64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+impl ClientArgs {
+    fn options(&self) -> ClientOptions {
+        ClientOptions {
+            endpoint: self.endpoint.clone(),
+            ca: self.ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            domain: self.tls_domain.clone(),
+            admin_token: self.admin_token.clone(),
+            call_timeout_ms: self.timeout_ms,
+            ..ClientOptions::default()
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the daemon until SIGTERM or Ctrl-C.
+    #[command(after_help = "\
+Examples:
+  hanzod serve
+  hanzod serve --config prod.toml
+  HANZOD_ADMIN_TOKEN=s3cret hanzod serve")]
+    Serve,
+    /// Run a node agent: register, heartbeat, answer probes, follow rings, reconnect.
+    #[command(after_help = "\
+Examples:
+  hanzod node --key node.key --region eu-west
+  hanzod node --key node.key --endpoint https://orch.example:9550 --ca ca.pem \\
+      --listen 0.0.0.0:9560 --advertise 203.0.113.7:9560 --vram-gib 80 --json")]
+    Node(NodeArgs),
+    /// Generate a node key (Ed25519) and print its node id.
+    Keygen {
+        /// Where to write the key (mode 0600).
+        #[arg(long, default_value = "hanzod-node.key")]
+        out: PathBuf,
+        /// Overwrite an existing file.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Submit, inspect, follow and cancel jobs.
+    #[command(subcommand)]
+    Job(JobCommand),
+    /// List registered nodes.
+    Nodes {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show a job's ring, in order.
+    Ring {
+        /// The job id.
+        job: u64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Print the effective configuration (defaults ← file ← environment) as TOML.
     Config,
     /// Run a job on simulated nodes with seeded faults, in simulated time, and report how
@@ -36,6 +124,86 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum JobCommand {
+    /// Submit a job spec (TOML; see config/job.example.toml).
+    #[command(after_help = "Example:\n  hanzod job submit config/job.example.toml")]
+    Submit {
+        /// The spec file.
+        spec: PathBuf,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// One job's state, ring and checkpoints.
+    Status {
+        /// The job id.
+        job: u64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Every job.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Print each change of a job until it ends.
+    Watch {
+        /// The job id.
+        job: u64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Cancel a job.
+    Cancel {
+        /// The job id.
+        job: u64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+struct NodeArgs {
+    /// The node key; generated there if missing.
+    #[arg(long, default_value = "hanzod-node.key")]
+    key: PathBuf,
+    /// Region label ([a-z0-9-]).
+    #[arg(long, default_value = "local")]
+    region: String,
+    /// Where to accept probe traffic from peers.
+    #[arg(long, default_value = "0.0.0.0:9560")]
+    listen: String,
+    /// host:port that peers use to reach --listen (default: 127.0.0.1 and the bound port).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// GPU model.
+    #[arg(long, default_value = "NVIDIA A100-SXM4-80GB")]
+    gpu_model: String,
+    /// GPU memory, GiB.
+    #[arg(long, default_value_t = 80)]
+    vram_gib: u64,
+    /// CUDA compute capability, major.minor.
+    #[arg(long, default_value = "8.0")]
+    compute_cap: String,
+    /// Attestation signature, hex (empty in development mode).
+    #[arg(long, default_value = "")]
+    driver_sig: String,
+    /// Declared upload capacity, Mbit/s.
+    #[arg(long, default_value_t = 1000.0)]
+    up_mbps: f32,
+    /// Declared download capacity, Mbit/s.
+    #[arg(long, default_value_t = 1000.0)]
+    down_mbps: f32,
+    /// First reconnect delay, ms (doubles up to --backoff-max-ms, with jitter).
+    #[arg(long, default_value_t = 500)]
+    backoff_min_ms: u64,
+    /// Longest reconnect delay, ms.
+    #[arg(long, default_value_t = 30_000)]
+    backoff_max_ms: u64,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 fn init_logging(cfg: &Config) {
@@ -51,9 +219,25 @@ fn init_logging(cfg: &Config) {
     }
 }
 
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
+fn fail(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::FAILURE
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let cfg = match Config::load(cli.config.as_deref(), |k| std::env::var(k).ok()) {
+    let env_names: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .collect();
+    let cfg = match Config::check_env_names(env_names.iter().map(String::as_str))
+        .and_then(|_| Config::load(cli.config.as_deref(), |k| std::env::var(k).ok()))
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: configuration: {e}");
@@ -62,66 +246,228 @@ fn main() -> ExitCode {
     };
     init_logging(&cfg);
     match cli.command {
-        Command::Config => match toml::to_string_pretty(&cfg) {
+        Command::Config => match toml::to_string_pretty(&cfg.redacted()) {
             Ok(s) => {
                 print!("{s}");
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
+            Err(e) => fail(e),
         },
-        Command::Sim { args, json } => {
-            if args.job_nodes < 2 || args.nodes < args.job_nodes as usize {
-                eprintln!("error: need 2 <= --job-nodes <= --nodes");
-                return ExitCode::from(2);
-            }
-            if args.crash + args.hang > args.job_nodes as usize {
-                eprintln!("note: --crash + --hang exceed the ring size; every member is hit");
-            }
-            // Injected actor panics are faults of the simulation, not crashes of hanzod:
-            // report them in one line instead of a panic message and backtrace.
-            let default_hook = std::panic::take_hook();
-            std::panic::set_hook(Box::new(move |info| {
-                let msg = info
-                    .payload()
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| info.payload().downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                if msg.starts_with("injected fault") {
-                    tracing::warn!("{msg}");
-                } else {
-                    default_hook(info);
-                }
-            }));
-            // Simulated time: timers fire as soon as nothing else can run.
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .start_paused(true)
-                .build()
-            {
+        Command::Serve => {
+            let rt = match runtime() {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
+                Err(e) => return fail(e),
             };
-            let report = rt.block_on(hanzod::sim::run(&cfg, &args));
-            if json {
-                match serde_json::to_string_pretty(&report) {
-                    Ok(s) => println!("{s}"),
-                    Err(e) => eprintln!("error: {e}"),
-                }
-            } else {
-                hanzod::sim::print_human(&report);
-            }
-            if matches!(report.phase, hanzod::core::job::JobPhase::Published { .. }) {
+            rt.block_on(async {
+                let daemon = match hanzod::serve::Daemon::start(&cfg).await {
+                    Ok(d) => d,
+                    Err(e) => return fail(e),
+                };
+                hanzod::serve::termination().await;
+                tracing::info!("shutting down");
+                daemon.stop().await;
                 ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
+            })
+        }
+        Command::Keygen { out, force } => {
+            let id = hanzod::identity::Identity::generate();
+            match id.save(&out, force) {
+                Ok(()) => {
+                    println!("{}", id.node_id());
+                    eprintln!("wrote {} (node id above)", out.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
             }
         }
+        Command::Node(args) => match runtime() {
+            Ok(rt) => rt.block_on(run_node(args)),
+            Err(e) => fail(e),
+        },
+        Command::Job(cmd) => match runtime() {
+            Ok(rt) => rt.block_on(run_job(cmd)),
+            Err(e) => fail(e),
+        },
+        Command::Nodes { client } => match runtime() {
+            Ok(rt) => rt.block_on(async {
+                let mut c = hanzod::cli::Clients::connect(client.options()).await?;
+                c.nodes(client.json).await
+            }),
+            Err(e) => Err(e.into()),
+        }
+        .map_or_else(fail, |_| ExitCode::SUCCESS),
+        Command::Ring { job, client } => match runtime() {
+            Ok(rt) => rt.block_on(async {
+                let mut c = hanzod::cli::Clients::connect(client.options()).await?;
+                c.ring(job, client.json).await
+            }),
+            Err(e) => Err(e.into()),
+        }
+        .map_or_else(fail, |_| ExitCode::SUCCESS),
+        Command::Sim { args, json } => run_sim(&cfg, args, json),
+    }
+}
+
+async fn run_job(cmd: JobCommand) -> ExitCode {
+    let r: anyhow::Result<()> = async {
+        match cmd {
+            JobCommand::Submit { spec, client } => {
+                let spec = hanzod::cli::JobSpecFile::load(&spec)?;
+                let mut c = hanzod::cli::Clients::connect(client.options()).await?;
+                c.submit(&spec, client.json).await.map(|_| ())
+            }
+            JobCommand::Status { job, client } => {
+                let mut c = hanzod::cli::Clients::connect(client.options()).await?;
+                c.status(job, client.json).await
+            }
+            JobCommand::List { client } => {
+                let mut c = hanzod::cli::Clients::connect(client.options()).await?;
+                c.list(client.json).await
+            }
+            JobCommand::Watch { job, client } => {
+                let mut c = hanzod::cli::Clients::connect(client.options()).await?;
+                c.watch(job, client.json).await
+            }
+            JobCommand::Cancel { job, client } => {
+                let mut c = hanzod::cli::Clients::connect(client.options()).await?;
+                c.cancel(job, client.json).await
+            }
+        }
+    }
+    .await;
+    r.map_or_else(fail, |_| ExitCode::SUCCESS)
+}
+
+async fn run_node(args: NodeArgs) -> ExitCode {
+    let (identity, created) = match hanzod::identity::Identity::load_or_generate(&args.key) {
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
+    if created {
+        tracing::info!(key = %args.key.display(), "generated a new node key");
+    }
+    let cap = args
+        .compute_cap
+        .split_once('.')
+        .and_then(|(a, b)| Some((a.parse::<u8>().ok()?, b.parse::<u8>().ok()?)));
+    let Some(compute_cap) = cap else {
+        eprintln!("error: --compute-cap must be major.minor, e.g. 8.0");
+        return ExitCode::from(2);
+    };
+    let Ok(driver_sig) = hex::decode(&args.driver_sig) else {
+        eprintln!("error: --driver-sig must be hex");
+        return ExitCode::from(2);
+    };
+    let listener = match tokio::net::TcpListener::bind(&args.listen).await {
+        Ok(l) => l,
+        Err(e) => return fail(format!("cannot listen on {}: {e}", args.listen)),
+    };
+    let bound = match listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let advertise = args.advertise.clone().unwrap_or_else(|| {
+        if bound.ip().is_unspecified() {
+            tracing::warn!(
+                "--advertise not given: peers will be told 127.0.0.1:{}",
+                bound.port()
+            );
+            format!("127.0.0.1:{}", bound.port())
+        } else {
+            bound.to_string()
+        }
+    });
+    let settings = hanzod::agent::AgentSettings {
+        orchestrator: args.client.options(),
+        gpu_model: args.gpu_model,
+        vram_bytes: args.vram_gib << 30,
+        compute_cap,
+        driver_sig,
+        up_mbps: args.up_mbps,
+        down_mbps: args.down_mbps,
+        region: args.region,
+        advertise,
+        backoff_min_ms: args.backoff_min_ms,
+        backoff_max_ms: args.backoff_max_ms,
+    };
+    let agent = hanzod::agent::Agent::new(settings, identity);
+    let me = agent.node_id();
+    let probes = tokio::spawn(hanzod::agent::probe::serve(listener, me));
+    let mut events = agent.subscribe();
+    let json = args.client.json;
+    let printer = tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(e) => {
+                    if json {
+                        if let Ok(s) = serde_json::to_string(&e) {
+                            println!("{s}");
+                        }
+                    } else {
+                        println!("{}", hanzod::agent::describe(&e));
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(_) => return,
+            }
+        }
+    });
+    eprintln!("node {me}");
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(agent.run(stop));
+    hanzod::serve::termination().await;
+    let _ = stop_tx.send(true);
+    let _ = run.await;
+    probes.abort();
+    printer.abort();
+    ExitCode::SUCCESS
+}
+
+fn run_sim(cfg: &Config, args: hanzod::sim::SimArgs, json: bool) -> ExitCode {
+    if args.job_nodes < 2 || args.nodes < args.job_nodes as usize {
+        eprintln!("error: need 2 <= --job-nodes <= --nodes");
+        return ExitCode::from(2);
+    }
+    if args.crash + args.hang > args.job_nodes as usize {
+        eprintln!("note: --crash + --hang exceed the ring size; every member is hit");
+    }
+    // Injected actor panics are faults of the simulation, not crashes of hanzod:
+    // report them in one line instead of a panic message and backtrace.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        if msg.starts_with("injected fault") {
+            tracing::warn!("{msg}");
+        } else {
+            default_hook(info);
+        }
+    }));
+    // Simulated time: timers fire as soon as nothing else can run.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("runtime: {e}")),
+    };
+    let report = rt.block_on(hanzod::sim::run(cfg, &args));
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("error: {e}"),
+        }
+    } else {
+        hanzod::sim::print_human(&report);
+    }
+    if matches!(report.phase, hanzod::core::job::JobPhase::Published { .. }) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

@@ -20,6 +20,8 @@ pub struct CoreConfig {
     pub ring: RingConfig,
     /// Supervision: restart budget and backoff.
     pub supervision: SupervisionConfig,
+    /// Link probing (DESIGN §4).
+    pub probe: ProbeConfig,
     /// Deadline of every actor-to-actor call, in ms.
     pub call_timeout_ms: u64,
 }
@@ -32,6 +34,7 @@ impl Default for CoreConfig {
             scheduler: SchedulerConfig::default(),
             ring: RingConfig::default(),
             supervision: SupervisionConfig::default(),
+            probe: ProbeConfig::default(),
             call_timeout_ms: 5_000,
         }
     }
@@ -91,6 +94,12 @@ impl CoreConfig {
             return err(
                 "supervision.backoff_base_ms",
                 "must not exceed supervision.backoff_max_ms",
+            );
+        }
+        if self.probe.peers_per_node > ProbeConfig::MAX_PEERS_PER_NODE {
+            return err(
+                "probe.peers_per_node",
+                "must be at most 1024 (each admission sends 2 requests per peer)",
             );
         }
         if self.call_timeout_ms == 0 {
@@ -238,6 +247,31 @@ impl Default for SupervisionConfig {
     }
 }
 
+/// Link probing (DESIGN §4: nodes probe each other on the orchestrator's request).
+///
+/// After each admission (first registration or re-registration) the registry asks the node
+/// and up to `peers_per_node` live peers to measure the links between them, unmeasured
+/// pairs and same-region peers first ([`crate::ring::plan_probes`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbeConfig {
+    /// The most peers probed per admitted node; each costs up to two probe requests (one
+    /// per direction). 0 disables probing (every link stays estimated unless reported).
+    /// At most [`ProbeConfig::MAX_PEERS_PER_NODE`].
+    pub peers_per_node: u32,
+}
+
+impl ProbeConfig {
+    /// The largest accepted `peers_per_node` (1024), bounding one admission's fan-out.
+    pub const MAX_PEERS_PER_NODE: u32 = 1024;
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig { peers_per_node: 8 }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,11 +302,18 @@ mod tests {
                 "supervision.backoff_base_ms",
                 Box::new(|c| c.supervision.backoff_base_ms = 10_000),
             ),
+            (
+                "probe.peers_per_node",
+                Box::new(|c| c.probe.peers_per_node = 1_025),
+            ),
         ];
         for (key, set) in cases {
             let mut c = CoreConfig::default();
             set(&mut c);
             assert_eq!(c.validate().unwrap_err().key, key);
         }
+        let mut off = CoreConfig::default();
+        off.probe.peers_per_node = 0;
+        off.validate().unwrap();
     }
 }

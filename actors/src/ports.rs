@@ -154,7 +154,8 @@ pub enum NodeCommand {
         /// The job.
         job: JobId,
     },
-    /// Measure your link to `peer` and report it in Mbit/s.
+    /// Measure your link to `peer` (you → `peer`) and report it in Mbit/s. Sent by the
+    /// registry after a node's admission, per [`crate::ring::plan_probes`] (DESIGN §4).
     ProbeRequest {
         /// The peer to probe.
         peer: NodeId,
@@ -244,6 +245,7 @@ pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
 /// | `ring_changes` | `formed` or `reconfigured` | rings recorded |
 /// | `job_transitions` | phase entered | job state machine transitions |
 /// | `actor_restarts` | `node`, `job`, `ring` or the subsystem | supervisor rebuilds |
+/// | `probe_requests` | `sent` or `undeliverable` | [`NodeCommand::ProbeRequest`]s queued after admissions (DESIGN §4); `undeliverable`: no session (after one retry a heartbeat interval later), delivery failed or timed out |
 ///
 /// Observations (histograms): `ring_repair_seconds` (first failure reported to the ring
 /// actor → new ring recorded, including the coalescing window).

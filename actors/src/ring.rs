@@ -12,6 +12,8 @@
 //!   Hamiltonian-cycle heuristics; never worse than [`Algorithm1`].
 //! - [`exact_max_bottleneck`]: exact optimum for `n <= 12`, for tests and benches.
 //! - [`recover`]: paper Algorithm 2 generalised to several simultaneous failures.
+//! - [`plan_probes`]: which links a newly admitted node and its peers should measure, so
+//!   measurements replace estimates (works on node ids, not matrix indices).
 //!
 //! The objective throughout is the ring's *bottleneck*: the minimum bandwidth over its
 //! directed edges ([`bottleneck`]), which bounds the throughput of every all-reduce step.
@@ -21,6 +23,7 @@ mod exact;
 mod graph;
 mod instances;
 mod matrix;
+mod probe;
 mod recovery;
 mod threshold;
 
@@ -31,6 +34,7 @@ pub use algorithm1::Algorithm1;
 pub use exact::{exact_max_bottleneck, EXACT_MAX_NODES};
 pub use instances::{random_clustered, random_uniform};
 pub use matrix::{BandwidthMatrix, LinkEstimate};
+pub use probe::{plan_probes, ProbePair};
 pub use recovery::{recover, RecoveryPlan};
 pub use threshold::ThresholdRingBuilder;
 

@@ -1,5 +1,7 @@
 //! `NodeRegistry`: admits nodes (stake read from the chain), supervises one [`NodeActor`]
 //! per node, keeps the latest status of each for the scheduler, and the link measurements.
+//! After each admission it asks the node and some live peers to probe the links between
+//! them ([`plan_probes`], `core.probe`; DESIGN §4), so measurements replace estimates.
 //!
 //! ```text
 //! NodeRegistry
@@ -19,7 +21,8 @@ use super::scheduler::SchedulerMsg;
 use super::{answer, Deps, Notice};
 use crate::events::{Event, FailureKind};
 use crate::node::{Heartbeat, HeartbeatError};
-use crate::ports::{ChainError, StoreError};
+use crate::ports::{ChainError, LinkError, NodeCommand, StoreError};
+use crate::ring::{plan_probes, ProbePair};
 use crate::sched::NodeView;
 use crate::supervision::{RestartBudget, RestartDecision};
 use crate::types::{GymWei, LinkProfile, NodeId, NodeInfo, Timestamp};
@@ -282,6 +285,59 @@ async fn chain_facts(
     Ok((stake, penalty))
 }
 
+/// Queues one [`NodeCommand::ProbeRequest`] per planned pair on the node link (each send
+/// bounded by the call deadline) and counts the outcomes per attempt round.
+///
+/// A pair refused with [`LinkError::NotConnected`] (the node, or the peer the request
+/// names, has no session yet) is tried once more after one heartbeat interval: a transport
+/// may open a node's session only once its registration has returned, and a live node
+/// holds a session within an interval. Still refused then, or refused otherwise, it counts
+/// as `undeliverable`; the pair is probed again at a later admission of either node.
+async fn send_probes(deps: Deps, plan: Vec<ProbePair>) {
+    let limit = deps.call_timeout();
+    let mut pending = plan;
+    for last in [false, true] {
+        if last {
+            if pending.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(deps.cfg.heartbeat.interval_ms)).await;
+        }
+        let (mut sent, mut undeliverable) = (0u64, 0u64);
+        let mut again = Vec::new();
+        for pair in std::mem::take(&mut pending) {
+            let ProbePair { from, to } = pair;
+            let command = NodeCommand::ProbeRequest { peer: to };
+            match tokio::time::timeout(limit, deps.link.send(&from, command)).await {
+                Ok(Ok(())) => sent += 1,
+                Ok(Err(LinkError::NotConnected(_))) if !last => again.push(pair),
+                Ok(Err(e)) => {
+                    tracing::debug!(node = %from.short(), peer = %to.short(), error = %e, "probe request not delivered");
+                    undeliverable += 1;
+                }
+                Err(_) => {
+                    tracing::warn!(node = %from.short(), peer = %to.short(), "probe request send timed out");
+                    undeliverable += 1;
+                }
+            }
+        }
+        if sent > 0 {
+            deps.metrics.incr("probe_requests", "sent", sent);
+        }
+        if undeliverable > 0 {
+            deps.metrics
+                .incr("probe_requests", "undeliverable", undeliverable);
+        }
+        if !again.is_empty() {
+            tracing::debug!(
+                pairs = again.len(),
+                "probe requests without a session; retrying after one heartbeat interval"
+            );
+        }
+        pending = again;
+    }
+}
+
 impl RegistryState {
     async fn spawn_node(
         &mut self,
@@ -400,6 +456,42 @@ impl RegistryState {
             heartbeat_interval_ms: self.deps.cfg.heartbeat.interval_ms,
             sessions,
         })
+    }
+
+    /// Plans the link probes for `node`, just admitted (DESIGN §4; [`plan_probes`] with
+    /// `k = core.probe.peers_per_node` over the live nodes and the measured links), and
+    /// sends them from a task of their own ([`send_probes`]), so a slow link cannot stall
+    /// the registry. Counts `probe_requests{sent|undeliverable}`.
+    fn request_probes(&self, node: NodeId, sessions: u32) {
+        let k = self.deps.cfg.probe.peers_per_node as usize;
+        let Some(me) = self.nodes.get(&node) else {
+            return;
+        };
+        if k == 0 {
+            return;
+        }
+        let live = self
+            .nodes
+            .iter()
+            .filter(|(_, e)| e.view.alive && e.actor.is_some())
+            .map(|(id, e)| (*id, e.info.region.as_str()));
+        // Deterministic per (node, registration), different on each re-registration.
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&node.0[..8]);
+        let seed = u64::from_le_bytes(first) ^ u64::from(sessions).rotate_left(32);
+        let plan = plan_probes(
+            node,
+            &me.info.region,
+            live,
+            |a, b| self.links.contains_key(&(a, b)),
+            k,
+            seed,
+        );
+        if plan.is_empty() {
+            return;
+        }
+        tracing::debug!(node = %node.short(), pairs = plan.len(), "requesting link probes");
+        tokio::spawn(send_probes(self.deps.clone(), plan));
     }
 
     async fn node_down(&mut self, node: NodeId, kind: FailureKind) {
@@ -524,7 +616,10 @@ impl Actor for NodeRegistry {
             } => {
                 let result = state.register(&myself, info, stake, penalty).await;
                 match &result {
-                    Ok(_) => state.deps.metrics.incr("registrations", "accepted", 1),
+                    Ok(reg) => {
+                        state.deps.metrics.incr("registrations", "accepted", 1);
+                        state.request_probes(reg.node, reg.sessions);
+                    }
                     Err(e) => refused(&state.deps, e),
                 }
                 answer(reply, result);

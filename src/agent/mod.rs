@@ -1,0 +1,473 @@
+//! `hanzod node`: the node agent (DESIGN §3, paper §4.1 and §4.4).
+//!
+//! It registers with its Ed25519 key (challenge–response), keeps one session stream open,
+//! heartbeats at the interval the orchestrator gives, answers probe requests with a timed
+//! TCP transfer to the named peer, follows ring updates (ignoring versions lower than one it
+//! holds), and reconnects with exponential backoff and full jitter when the orchestrator
+//! goes away. What happens is reported as [`AgentEvent`]s.
+
+pub mod probe;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hanzod_actors::ports::{Clock, SystemClock};
+use hanzod_actors::types::{JobId, NodeId};
+use hanzod_proto::v1 as pb;
+use hanzod_proto::v1::node_service_client::NodeServiceClient;
+use prost::Message;
+use rand::Rng;
+use serde::Serialize;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use crate::client::{tcp_dial, ClientOptions, Dial};
+use crate::identity::Identity;
+
+/// What the node declares and how it behaves.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    /// How to reach the orchestrator.
+    pub orchestrator: ClientOptions,
+    /// GPU model, e.g. `NVIDIA A100-SXM4-80GB`.
+    pub gpu_model: String,
+    /// GPU memory, bytes.
+    pub vram_bytes: u64,
+    /// CUDA compute capability.
+    pub compute_cap: (u8, u8),
+    /// Attestation signature (empty in development mode).
+    pub driver_sig: Vec<u8>,
+    /// Declared upload capacity, Mbit/s.
+    pub up_mbps: f32,
+    /// Declared download capacity, Mbit/s.
+    pub down_mbps: f32,
+    /// Region label, `[a-z0-9-]`.
+    pub region: String,
+    /// `host:port` where peers reach this node's probe listener.
+    pub advertise: String,
+    /// First reconnect delay, ms; doubles per failed attempt up to `backoff_max_ms`, with
+    /// full jitter (a delay drawn uniformly in [0, current]).
+    pub backoff_min_ms: u64,
+    /// See `backoff_min_ms`.
+    pub backoff_max_ms: u64,
+}
+
+/// Something the agent did or saw. Printed by `hanzod node` (one JSON object per line with
+/// `--json`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum AgentEvent {
+    /// Registered and opened a session.
+    Registered {
+        /// This node's id.
+        node: String,
+        /// Registrations of this key so far (1 the first time).
+        registrations: u32,
+        /// Heartbeat interval, ms.
+        heartbeat_interval_ms: u64,
+    },
+    /// Applied a ring version.
+    RingApplied {
+        /// The job.
+        job: u64,
+        /// The version.
+        version: u64,
+        /// Members in ring order (hex ids).
+        members: Vec<String>,
+    },
+    /// Ignored a ring version lower than (or equal to) the one held.
+    RingIgnored {
+        /// The job.
+        job: u64,
+        /// The version received.
+        version: u64,
+        /// The version held.
+        have: u64,
+    },
+    /// Released from a job.
+    Released {
+        /// The job.
+        job: u64,
+    },
+    /// Measured a link.
+    Probed {
+        /// The peer (hex id).
+        peer: String,
+        /// Throughput, Mbit/s (0 when failed).
+        mbps: f32,
+        /// Why it failed, if it did.
+        error: Option<String>,
+    },
+    /// The orchestrator refused a message.
+    Rejected {
+        /// The message's sequence number.
+        seq: u64,
+        /// The gRPC code.
+        code: i32,
+        /// Why.
+        reason: String,
+    },
+    /// The session ended.
+    Disconnected {
+        /// Why.
+        reason: String,
+    },
+    /// Waiting before the next attempt.
+    Reconnecting {
+        /// Delay, ms.
+        delay_ms: u64,
+        /// Failed attempts in a row.
+        attempt: u32,
+    },
+}
+
+/// The node agent.
+pub struct Agent {
+    settings: AgentSettings,
+    identity: Identity,
+    dial: Dial,
+    clock: Arc<dyn Clock>,
+    events: broadcast::Sender<AgentEvent>,
+    /// Ring versions held, per job, on the current orchestrator log.
+    rings: HashMap<JobId, u64>,
+    log_id: Vec<u8>,
+}
+
+/// Why one session ended.
+#[derive(Debug, thiserror::Error)]
+enum SessionEnd {
+    #[error("{}: {}", crate::cli::code_name(.0.code()), .0.message())]
+    Status(#[from] Status),
+    #[error("{}", error_chain(.0))]
+    Connect(#[from] crate::client::ClientError),
+    #[error("stopped")]
+    Stopped,
+}
+
+/// An error and its sources, joined by ": ".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+impl Agent {
+    /// An agent with `identity`, dialing over TCP and reading the system clock.
+    pub fn new(settings: AgentSettings, identity: Identity) -> Agent {
+        Agent::with_transport(settings, identity, tcp_dial(), Arc::new(SystemClock))
+    }
+
+    /// An agent dialing through `dial` with time from `clock` (simulated networks).
+    pub fn with_transport(
+        settings: AgentSettings,
+        identity: Identity,
+        dial: Dial,
+        clock: Arc<dyn Clock>,
+    ) -> Agent {
+        Agent {
+            settings,
+            identity,
+            dial,
+            clock,
+            events: broadcast::channel(1024).0,
+            rings: HashMap::new(),
+            log_id: Vec::new(),
+        }
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.identity.node_id()
+    }
+
+    /// A receiver of the agent's events (subscribe before [`Agent::run`]).
+    pub fn subscribe(&self) -> broadcast::Receiver<AgentEvent> {
+        self.events.subscribe()
+    }
+
+    fn emit(&self, e: AgentEvent) {
+        let _ = self.events.send(e);
+    }
+
+    /// Runs until `stop` turns true: register, hold the session, reconnect on failure.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut attempt: u32 = 0;
+        loop {
+            let started = tokio::time::Instant::now();
+            let end = tokio::select! {
+                r = self.session() => r,
+                _ = crate::grpc::stopped(&mut stop) => Err(SessionEnd::Stopped),
+            };
+            if *stop.borrow() {
+                return;
+            }
+            let reason = match end {
+                Ok(()) => "session ended".to_string(),
+                Err(e) => e.to_string(),
+            };
+            self.emit(AgentEvent::Disconnected { reason });
+            // A session that lasted a while resets the backoff.
+            if started.elapsed() > Duration::from_millis(self.settings.backoff_max_ms) {
+                attempt = 0;
+            }
+            attempt = attempt.saturating_add(1);
+            let cap = self
+                .settings
+                .backoff_min_ms
+                .saturating_mul(1u64 << attempt.min(20).saturating_sub(1))
+                .min(self.settings.backoff_max_ms)
+                .max(1);
+            let delay = rand::thread_rng().gen_range(cap / 2..=cap);
+            self.emit(AgentEvent::Reconnecting {
+                delay_ms: delay,
+                attempt,
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(delay)) => {}
+                _ = crate::grpc::stopped(&mut stop) => return,
+            }
+        }
+    }
+
+    async fn session(&mut self) -> Result<(), SessionEnd> {
+        let opts = &self.settings.orchestrator;
+        let channel = opts.connect_with(self.dial.clone()).await?;
+        let max = 16 << 20;
+        let mut client = NodeServiceClient::new(channel)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        let me = self.identity.node_id();
+        let challenge = client
+            .challenge(opts.request(pb::ChallengeRequest {
+                node_id: me.0.to_vec(),
+            }))
+            .await?
+            .into_inner();
+        let info = pb::NodeInfo {
+            node_id: me.0.to_vec(),
+            gpu: Some(pb::GpuInfo {
+                model: self.settings.gpu_model.clone(),
+                vram_bytes: self.settings.vram_bytes,
+                compute_cap_major: self.settings.compute_cap.0 as u32,
+                compute_cap_minor: self.settings.compute_cap.1 as u32,
+                driver_sig: self.settings.driver_sig.clone(),
+            }),
+            bandwidth: Some(pb::BandwidthProbe {
+                up_mbps: self.settings.up_mbps,
+                down_mbps: self.settings.down_mbps,
+            }),
+            region: self.settings.region.clone(),
+            endpoint: self.settings.advertise.clone(),
+        }
+        .encode_to_vec();
+        let signature = self
+            .identity
+            .sign(hanzod_proto::domain::REGISTER, &[&challenge.nonce, &info]);
+        let reg = client
+            .register(opts.request(pb::RegisterRequest {
+                info,
+                nonce: challenge.nonce,
+                signature: signature.to_vec(),
+            }))
+            .await?
+            .into_inner();
+        if reg.log_id != self.log_id {
+            // Another event log: versions held before are not comparable.
+            self.rings.clear();
+            self.log_id = reg.log_id.clone();
+        }
+        let session = reg.session.clone();
+        let seq = AtomicU64::new(0);
+        let identity = self.identity.clone();
+        let clock = self.clock.clone();
+        let sign = |body: pb::node_message::Body| {
+            let payload = pb::NodeMessage {
+                session: session.clone(),
+                seq: seq.fetch_add(1, Ordering::Relaxed) + 1,
+                timestamp_ms: clock.now().as_millis(),
+                body: Some(body),
+            }
+            .encode_to_vec();
+            let signature = identity
+                .sign(hanzod_proto::domain::SESSION, &[&payload])
+                .to_vec();
+            pb::SignedNodeMessage { payload, signature }
+        };
+        let heartbeat = || {
+            pb::node_message::Body::Heartbeat(pb::Heartbeat {
+                gpu_utilization: 0.0,
+                memory_used: 0,
+                current_step: 0,
+            })
+        };
+        let (out, rx) = mpsc::channel::<pb::SignedNodeMessage>(64);
+        out.try_send(sign(heartbeat()))
+            .map_err(|_| Status::internal("session queue"))?;
+        let mut inbound = client
+            .session(opts.stream_request(ReceiverStream::new(rx)))
+            .await?
+            .into_inner();
+        self.emit(AgentEvent::Registered {
+            node: me.to_string(),
+            registrations: reg.registrations,
+            heartbeat_interval_ms: reg.heartbeat_interval_ms,
+        });
+        let interval = Duration::from_millis(reg.heartbeat_interval_ms.max(100));
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (probe_tx, mut probe_rx) = mpsc::channel::<pb::ProbeResult>(16);
+        let probe_slot = Arc::new(tokio::sync::Semaphore::new(1));
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {
+                    if out.send(sign(heartbeat())).await.is_err() {
+                        return Err(Status::unavailable("session stream closed").into());
+                    }
+                }
+                Some(result) = probe_rx.recv() => {
+                    let _ = out.send(sign(pb::node_message::Body::ProbeResult(result))).await;
+                }
+                m = inbound.message() => {
+                    let Some(m) = m? else { return Ok(()) };
+                    use pb::orchestrator_message::Body;
+                    match m.body {
+                        Some(Body::RingUpdate(u)) => {
+                            let Some(ring) = u.ring else { continue };
+                            let job = JobId(ring.job_id);
+                            let have = self.rings.get(&job).copied().unwrap_or(0);
+                            if ring.version <= have {
+                                self.emit(AgentEvent::RingIgnored { job: job.0, version: ring.version, have });
+                                continue;
+                            }
+                            self.rings.insert(job, ring.version);
+                            self.emit(AgentEvent::RingApplied {
+                                job: job.0,
+                                version: ring.version,
+                                members: ring.members.iter().map(|m| hex::encode(&m.node_id)).collect(),
+                            });
+                            let _ = out.send(sign(pb::node_message::Body::RingAck(pb::RingAck {
+                                job_id: job.0,
+                                version: ring.version,
+                            }))).await;
+                        }
+                        Some(Body::Release(r)) => {
+                            self.emit(AgentEvent::Released { job: r.job_id });
+                        }
+                        Some(Body::ProbeRequest(p)) => {
+                            let dial = self.dial.clone();
+                            let tx = probe_tx.clone();
+                            let events = self.events.clone();
+                            let slot = probe_slot.clone();
+                            tokio::spawn(async move {
+                                // One probe at a time, so probes do not measure each other.
+                                let _permit = slot.acquire_owned().await;
+                                let result = run_probe(dial, &p).await;
+                                let _ = events.send(AgentEvent::Probed {
+                                    peer: hex::encode(&p.peer),
+                                    mbps: result.mbps,
+                                    error: (!result.error.is_empty()).then(|| result.error.clone()),
+                                });
+                                let _ = tx.send(result).await;
+                            });
+                        }
+                        Some(Body::Reject(r)) => {
+                            self.emit(AgentEvent::Rejected { seq: r.seq, code: r.code, reason: r.reason });
+                        }
+                        None => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn run_probe(dial: Dial, p: &pb::ProbeRequest) -> pb::ProbeResult {
+    let mut result = pb::ProbeResult {
+        probe_id: p.probe_id,
+        peer: p.peer.clone(),
+        ..Default::default()
+    };
+    let peer = match <[u8; 32]>::try_from(p.peer.as_slice()) {
+        Ok(b) => NodeId(b),
+        Err(_) => {
+            result.error = "malformed peer id".into();
+            return result;
+        }
+    };
+    let connect = tokio::time::timeout(Duration::from_secs(10), dial(p.peer_endpoint.clone()));
+    let stream = match connect.await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            result.error = format!("connect {}: {e}", p.peer_endpoint);
+            return result;
+        }
+        Err(_) => {
+            result.error = format!("connect {}: timed out", p.peer_endpoint);
+            return result;
+        }
+    };
+    match probe::probe(stream, peer, p.bytes).await {
+        Ok(m) => {
+            result.mbps = m.mbps();
+            result.bytes = m.bytes;
+            result.elapsed_us = m.elapsed.as_micros() as u64;
+        }
+        Err(e) => result.error = e.to_string(),
+    }
+    result
+}
+
+/// One line of text for an event.
+pub fn describe(e: &AgentEvent) -> String {
+    let short = |s: &str| s.chars().take(8).collect::<String>();
+    match e {
+        AgentEvent::Registered {
+            node,
+            registrations,
+            heartbeat_interval_ms,
+        } => format!(
+            "registered as {} (registration {registrations}); heartbeat every {} ms",
+            short(node),
+            heartbeat_interval_ms
+        ),
+        AgentEvent::RingApplied {
+            job,
+            version,
+            members,
+        } => format!(
+            "job {job}: ring v{version} of {} nodes: {}",
+            members.len(),
+            members
+                .iter()
+                .map(|m| short(m))
+                .collect::<Vec<_>>()
+                .join(" → ")
+        ),
+        AgentEvent::RingIgnored { job, version, have } => {
+            format!("job {job}: ignored stale ring v{version} (have v{have})")
+        }
+        AgentEvent::Released { job } => format!("released from job {job}"),
+        AgentEvent::Probed { peer, mbps, error } => match error {
+            None => format!("probe to {}: {mbps:.1} Mbit/s", short(peer)),
+            Some(e) => format!("probe to {} failed: {e}", short(peer)),
+        },
+        AgentEvent::Rejected { seq, code, reason } => {
+            format!("message {seq} refused (code {code}): {reason}")
+        }
+        AgentEvent::Disconnected { reason } => format!("disconnected: {reason}"),
+        AgentEvent::Reconnecting { delay_ms, attempt } => {
+            format!("reconnecting in {delay_ms} ms (attempt {attempt})")
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! `hanzod.v1.JobService` and `hanzod.v1.AdminService` (paper §3; DESIGN §5).
+
+use std::sync::Arc;
+
+use hanzod_actors::actor::Notice;
+use hanzod_actors::types::{JobId, NodeId};
+use hanzod_actors::OrchestratorHandle;
+use hanzod_proto::v1 as pb;
+use hanzod_proto::v1::admin_service_server::AdminService;
+use hanzod_proto::v1::job_service_server::JobService;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::sessions::Sessions;
+use super::{convert, status_of};
+
+/// The JobService implementation.
+#[derive(Clone)]
+pub struct JobServiceImpl {
+    core: OrchestratorHandle,
+    sessions: Arc<Sessions>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl JobServiceImpl {
+    /// A service over `core`; watch streams end `UNAVAILABLE` when `shutdown` turns true.
+    pub fn new(
+        core: OrchestratorHandle,
+        sessions: Arc<Sessions>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        JobServiceImpl {
+            core,
+            sessions,
+            shutdown,
+        }
+    }
+
+    async fn job(&self, id: u64) -> Result<pb::Job, Status> {
+        let view = self.core.job(JobId(id)).await.map_err(|e| status_of(&e))?;
+        Ok(convert::job(&view, |n| self.sessions.endpoint(n)))
+    }
+}
+
+#[tonic::async_trait]
+impl JobService for JobServiceImpl {
+    async fn submit_job(
+        &self,
+        request: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        let spec = convert::job_spec(request.get_ref().spec.as_ref())?;
+        let name = spec.name.clone();
+        let id = self
+            .core
+            .submit_job(spec)
+            .await
+            .map_err(|e| status_of(&e))?;
+        tracing::info!(job = id.0, name, "job submitted");
+        Ok(Response::new(pb::SubmitJobResponse { job_id: id.0 }))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        self.job(request.get_ref().job_id).await.map(Response::new)
+    }
+
+    async fn list_jobs(
+        &self,
+        _request: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let jobs = self.core.jobs().await.map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs: jobs
+                .iter()
+                .map(|j| convert::job(j, |n| self.sessions.endpoint(n)))
+                .collect(),
+        }))
+    }
+
+    type WatchJobStream = ReceiverStream<Result<pb::JobEvent, Status>>;
+
+    async fn watch_job(
+        &self,
+        request: Request<pb::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let id = request.get_ref().job_id;
+        // Subscribe before the snapshot, so no change between the two is missed.
+        let mut notices = self.core.subscribe();
+        let first = self.job(id).await?;
+        let (tx, rx) = mpsc::channel(64);
+        let this = self.clone();
+        let mut shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut last = first.clone();
+            if tx
+                .send(Ok(pb::JobEvent {
+                    job: Some(first),
+                    change: "snapshot".into(),
+                }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            loop {
+                if is_terminal(&last) {
+                    return;
+                }
+                let change = tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = super::stopped(&mut shutdown) => {
+                        let _ = tx.send(Err(Status::unavailable("orchestrator shutting down"))).await;
+                        return;
+                    }
+                    n = notices.recv() => match n {
+                        Ok(Notice::JobPhase { job, .. }) if job.0 == id => "phase",
+                        Ok(Notice::RingChanged { ring, .. }) if ring.job.0 == id => "ring",
+                        Ok(_) => continue,
+                        // Missed notices: resend the job as it is now.
+                        Err(broadcast::error::RecvError::Lagged(_)) => "snapshot",
+                        Err(broadcast::error::RecvError::Closed) => {
+                            let _ = tx.send(Err(Status::unavailable("orchestrator stopped"))).await;
+                            return;
+                        }
+                    },
+                };
+                match this.job(id).await {
+                    Ok(job) if job != last => {
+                        last = job.clone();
+                        if tx
+                            .send(Ok(pb::JobEvent {
+                                job: Some(job),
+                                change: change.into(),
+                            }))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::CancelJobResponse>, Status> {
+        let id = request.get_ref().job_id;
+        self.core
+            .cancel_job(JobId(id))
+            .await
+            .map_err(|e| status_of(&e))?;
+        tracing::info!(job = id, "job cancelled");
+        Ok(Response::new(pb::CancelJobResponse {}))
+    }
+}
+
+fn is_terminal(job: &pb::Job) -> bool {
+    use pb::job_phase::Kind;
+    job.phase
+        .as_ref()
+        .is_some_and(|p| p.kind == Kind::Published as i32 || p.kind == Kind::Failed as i32)
+}
+
+/// The AdminService implementation.
+#[derive(Clone)]
+pub struct AdminServiceImpl {
+    core: OrchestratorHandle,
+    sessions: Arc<Sessions>,
+}
+
+impl AdminServiceImpl {
+    /// A service over `core`.
+    pub fn new(core: OrchestratorHandle, sessions: Arc<Sessions>) -> Self {
+        AdminServiceImpl { core, sessions }
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminServiceImpl {
+    async fn list_nodes(
+        &self,
+        _request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let nodes = self.core.nodes().await.map_err(|e| status_of(&e))?;
+        let endpoints = self.sessions.endpoints();
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes: nodes
+                .iter()
+                .map(|n| convert::node(n, endpoints.get(&n.id).cloned().unwrap_or_default()))
+                .collect(),
+        }))
+    }
+
+    async fn get_node(
+        &self,
+        request: Request<pb::GetNodeRequest>,
+    ) -> Result<Response<pb::Node>, Status> {
+        let id: NodeId = convert::node_id("node_id", &request.get_ref().node_id)?;
+        let nodes = self.core.nodes().await.map_err(|e| status_of(&e))?;
+        let n = nodes
+            .iter()
+            .find(|n| n.id == id)
+            .ok_or_else(|| Status::not_found(format!("node {id} is not registered")))?;
+        Ok(Response::new(convert::node(n, self.sessions.endpoint(&id))))
+    }
+
+    async fn get_ring(
+        &self,
+        request: Request<pb::GetRingRequest>,
+    ) -> Result<Response<pb::Ring>, Status> {
+        let id = request.get_ref().job_id;
+        let ring = self
+            .core
+            .ring(JobId(id))
+            .await
+            .map_err(|e| status_of(&e))?
+            .ok_or_else(|| Status::not_found(format!("job {id} has no ring")))?;
+        Ok(Response::new(convert::ring(&ring, |n| {
+            self.sessions.endpoint(n)
+        })))
+    }
+}

@@ -1,0 +1,648 @@
+//! `hanzod.v1.NodeService`: challenge–response registration and the per-node session
+//! stream (DESIGN §3, paper §4.1 and §4.4).
+//!
+//! Checks on every session message, cheapest first: per-session rate limit, decoding,
+//! session token, Ed25519 signature over `"hanzod.v1.session" || payload`, sequence number
+//! strictly above the last accepted one, timestamp within the replay window. A bad
+//! signature ends the stream `UNAUTHENTICATED`; other refusals answer a `Reject` and keep
+//! the stream, until `max_violations` refusals end it `RESOURCE_EXHAUSTED`.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::VerifyingKey;
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use hanzod_actors::node::HeartbeatError;
+use hanzod_actors::ports::{Clock, Metrics};
+use hanzod_actors::types::NodeId;
+use hanzod_actors::{OrchestratorError, OrchestratorHandle};
+use hanzod_proto::v1 as pb;
+use hanzod_proto::v1::node_service_server::NodeService;
+use prost::Message;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::sessions::{AttachError, Attached, Outbound, Sessions, Token};
+use super::{convert, status_of};
+use crate::identity::{self, gpu_attestation_bytes};
+
+/// Limits and timings of the node service.
+#[derive(Debug, Clone)]
+pub struct NodeServiceSettings {
+    /// A registration nonce is refused after this many ms.
+    pub challenge_ttl_ms: u64,
+    /// At most this many unanswered nonces are kept (RESOURCE_EXHAUSTED beyond).
+    pub max_pending_challenges: usize,
+    /// Challenge and Register calls per node key per minute.
+    pub registrations_per_min: u32,
+    /// Session messages per node per second (sustained).
+    pub messages_per_s: u32,
+    /// Session messages a node may send in a burst.
+    pub burst: u32,
+    /// Refused session messages before the stream is ended `RESOURCE_EXHAUSTED`.
+    pub max_violations: u32,
+    /// A new stream must send its first message within this many ms.
+    pub first_message_timeout_ms: u64,
+    /// Message timestamps must be within ± this many ms of the orchestrator's clock.
+    pub replay_window_ms: u64,
+    /// Keys trusted to sign GPU attestations; empty is development mode (not checked).
+    pub attesters: Vec<VerifyingKey>,
+    /// Identifies the event log (see `RegisterResponse.log_id`).
+    pub log_id: [u8; 16],
+    /// The orchestrator's public key.
+    pub orchestrator_key: [u8; 32],
+}
+
+/// Outstanding registration nonces.
+struct Challenges {
+    pending: std::sync::Mutex<std::collections::HashMap<[u8; 32], (NodeId, u64)>>,
+    max: usize,
+}
+
+impl Challenges {
+    fn issue(&self, node: NodeId, now: u64, ttl: u64) -> Result<([u8; 32], u64), Status> {
+        let mut g = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if g.len() >= self.max {
+            g.retain(|_, (_, exp)| *exp > now);
+            if g.len() >= self.max {
+                return Err(Status::resource_exhausted(
+                    "too many registrations in progress; retry later",
+                ));
+            }
+        }
+        let nonce: [u8; 32] = rand::random();
+        let expires = now + ttl;
+        g.insert(nonce, (node, expires));
+        Ok((nonce, expires))
+    }
+
+    /// Consumes the nonce (single use, even if the signature then fails).
+    fn take(&self, nonce: &[u8; 32], node: NodeId, now: u64) -> bool {
+        let mut g = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        matches!(g.remove(nonce), Some((n, exp)) if n == node && exp > now)
+    }
+}
+
+/// The NodeService implementation.
+pub struct NodeServiceImpl {
+    core: OrchestratorHandle,
+    sessions: Arc<Sessions>,
+    challenges: Challenges,
+    per_key: DefaultKeyedRateLimiter<NodeId>,
+    settings: NodeServiceSettings,
+    metrics: Arc<dyn Metrics>,
+    clock: Arc<dyn Clock>,
+    shutdown: watch::Receiver<bool>,
+}
+
+fn nz(v: u32) -> NonZeroU32 {
+    NonZeroU32::new(v.max(1)).unwrap_or(NonZeroU32::MIN)
+}
+
+impl NodeServiceImpl {
+    /// A service over `core`, delivering through `sessions`; streams end `UNAVAILABLE` when
+    /// `shutdown` turns true.
+    pub fn new(
+        core: OrchestratorHandle,
+        sessions: Arc<Sessions>,
+        settings: NodeServiceSettings,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        let per_key = RateLimiter::keyed(
+            Quota::per_minute(nz(settings.registrations_per_min))
+                .allow_burst(nz(settings.registrations_per_min)),
+        );
+        NodeServiceImpl {
+            metrics: core.metrics(),
+            clock: core.clock(),
+            core,
+            sessions,
+            challenges: Challenges {
+                pending: Default::default(),
+                max: settings.max_pending_challenges.max(1),
+            },
+            per_key,
+            settings,
+            shutdown,
+        }
+    }
+
+    fn reject(&self, reason: &'static str, status: Status) -> Status {
+        self.metrics.incr("rejected_messages", reason, 1);
+        tracing::info!(reason, code = ?status.code(), "refused: {}", status.message());
+        status
+    }
+
+    fn limit_key(&self, node: &NodeId) -> Result<(), Status> {
+        if self.per_key.check_key(node).is_err() {
+            return Err(self.reject(
+                "rate_limited",
+                Status::resource_exhausted(format!(
+                    "more than {} registrations per minute for this key",
+                    self.settings.registrations_per_min
+                )),
+            ));
+        }
+        if self.per_key.len() > 100_000 {
+            self.per_key.retain_recent();
+        }
+        Ok(())
+    }
+
+    fn verify_attestation(&self, info: &hanzod_actors::types::NodeInfo) -> Result<(), Status> {
+        if self.settings.attesters.is_empty() {
+            return Ok(());
+        }
+        let bytes = gpu_attestation_bytes(
+            &info.id,
+            &info.gpu.model,
+            info.gpu.vram_bytes,
+            info.gpu.compute_cap,
+        );
+        let ok = self.settings.attesters.iter().any(|k| {
+            identity::verify(
+                k,
+                hanzod_proto::domain::GPU,
+                &[&bytes],
+                &info.gpu.driver_sig,
+            )
+            .is_ok()
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(self.reject(
+                "bad_attestation",
+                Status::permission_denied("GPU attestation is not signed by a trusted attester"),
+            ))
+        }
+    }
+}
+
+fn token_of(bytes: &[u8]) -> Option<Token> {
+    bytes.try_into().ok()
+}
+
+#[tonic::async_trait]
+impl NodeService for NodeServiceImpl {
+    async fn challenge(
+        &self,
+        request: Request<pb::ChallengeRequest>,
+    ) -> Result<Response<pb::ChallengeResponse>, Status> {
+        let node = convert::node_id("node_id", &request.get_ref().node_id)
+            .map_err(|e| self.reject("invalid", e.into()))?;
+        identity::verifying_key(&node).map_err(|_| {
+            self.reject(
+                "invalid",
+                Status::invalid_argument("invalid node_id: not an Ed25519 public key"),
+            )
+        })?;
+        self.limit_key(&node)?;
+        let (nonce, expires) = self.challenges.issue(
+            node,
+            self.clock.now().as_millis(),
+            self.settings.challenge_ttl_ms,
+        )?;
+        Ok(Response::new(pb::ChallengeResponse {
+            nonce: nonce.to_vec(),
+            expires_at_ms: expires,
+        }))
+    }
+
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let req = request.into_inner();
+        let wire = pb::NodeInfo::decode(req.info.as_slice()).map_err(|e| {
+            self.reject(
+                "invalid",
+                Status::invalid_argument(format!("invalid info: not a NodeInfo: {e}")),
+            )
+        })?;
+        let (info, endpoint) =
+            convert::node_info(&wire).map_err(|e| self.reject("invalid", e.into()))?;
+        let key = identity::verifying_key(&info.id).map_err(|_| {
+            self.reject(
+                "invalid",
+                Status::invalid_argument("invalid info.node_id: not an Ed25519 public key"),
+            )
+        })?;
+        self.limit_key(&info.id)?;
+        let nonce: [u8; 32] = req.nonce.as_slice().try_into().map_err(|_| {
+            self.reject(
+                "bad_nonce",
+                Status::unauthenticated("missing or malformed nonce; call Challenge first"),
+            )
+        })?;
+        if !self
+            .challenges
+            .take(&nonce, info.id, self.clock.now().as_millis())
+        {
+            return Err(self.reject(
+                "bad_nonce",
+                Status::unauthenticated("unknown, used or expired nonce; call Challenge again"),
+            ));
+        }
+        identity::verify(
+            &key,
+            hanzod_proto::domain::REGISTER,
+            &[&nonce, &req.info],
+            &req.signature,
+        )
+        .map_err(|e| {
+            self.reject(
+                "bad_signature",
+                Status::unauthenticated(format!("registration signature: {e}")),
+            )
+        })?;
+        self.verify_attestation(&info)?;
+        let node = info.id;
+        let reg = self.core.register_node(info).await.map_err(|e| {
+            let reason = match &e {
+                OrchestratorError::Register(r) => r.reason(),
+                _ => "unavailable",
+            };
+            self.reject(reason, status_of(&e))
+        })?;
+        let token = self.sessions.open(node, reg.sessions, key, endpoint);
+        tracing::info!(node = %node.short(), registrations = reg.sessions, "node registered");
+        let hb = &self.core.config().heartbeat;
+        Ok(Response::new(pb::RegisterResponse {
+            session: token.to_vec(),
+            heartbeat_interval_ms: reg.heartbeat_interval_ms,
+            heartbeat_timeout_ms: hb.timeout_ms,
+            replay_window_ms: self.settings.replay_window_ms,
+            stake_gym_wei: reg.stake.0.to_string(),
+            registrations: reg.sessions,
+            log_id: self.settings.log_id.to_vec(),
+            orchestrator_key: self.settings.orchestrator_key.to_vec(),
+        }))
+    }
+
+    type SessionStream = ReceiverStream<Outbound>;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<pb::SignedNodeMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let mut inbound = request.into_inner();
+        let wait = Duration::from_millis(self.settings.first_message_timeout_ms);
+        let first = match tokio::time::timeout(wait, inbound.message()).await {
+            Err(_) => {
+                return Err(self.reject(
+                    "no_first_message",
+                    Status::deadline_exceeded(format!(
+                        "no session message within {} ms",
+                        wait.as_millis()
+                    )),
+                ))
+            }
+            Ok(Err(status)) => return Err(self.reject(reason_of(&status), status)),
+            Ok(Ok(None)) => {
+                return Err(Status::cancelled("stream closed before its first message"))
+            }
+            Ok(Ok(Some(m))) => m,
+        };
+        let msg = pb::NodeMessage::decode(first.payload.as_slice()).map_err(|e| {
+            self.reject(
+                "invalid",
+                Status::invalid_argument(format!("payload is not a NodeMessage: {e}")),
+            )
+        })?;
+        let token = token_of(&msg.session).ok_or_else(|| {
+            self.reject(
+                "unknown_session",
+                Status::unauthenticated("missing or malformed session token"),
+            )
+        })?;
+        let (node, key) = self.sessions.lookup(&token).ok_or_else(|| {
+            self.reject(
+                "unknown_session",
+                Status::unauthenticated("unknown or expired session; register again"),
+            )
+        })?;
+        identity::verify(
+            &key,
+            hanzod_proto::domain::SESSION,
+            &[&first.payload],
+            &first.signature,
+        )
+        .map_err(|e| {
+            self.reject(
+                "bad_signature",
+                Status::unauthenticated(format!("session message signature: {e}")),
+            )
+        })?;
+        let attached = self.sessions.attach(&token).map_err(|e| match e {
+            AttachError::Unknown => {
+                self.reject("unknown_session", Status::unauthenticated(e.to_string()))
+            }
+            AttachError::Taken => {
+                self.reject("session_taken", Status::already_exists(e.to_string()))
+            }
+        })?;
+        self.metrics.incr("sessions", "opened", 1);
+        tracing::debug!(node = %node.short(), "session stream attached");
+        let Attached {
+            rx,
+            tx,
+            out_seq,
+            superseded,
+            core_session,
+            ..
+        } = attached;
+        let task = SessionTask {
+            core: self.core.clone(),
+            sessions: self.sessions.clone(),
+            metrics: self.metrics.clone(),
+            clock: self.clock.clone(),
+            node,
+            key,
+            token,
+            core_session,
+            tx,
+            out_seq,
+            last_seq: 0,
+            violations: 0,
+            limiter: RateLimiter::direct(
+                Quota::per_second(nz(self.settings.messages_per_s))
+                    .allow_burst(nz(self.settings.burst)),
+            ),
+            settings: self.settings.clone(),
+        };
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(task.run(msg, first, inbound, superseded, shutdown));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn upload_delta(
+        &self,
+        _request: Request<Streaming<pb::DeltaChunk>>,
+    ) -> Result<Response<pb::DeltaAck>, Status> {
+        Err(Status::unimplemented(
+            "delta upload is not served by this version of hanzod",
+        ))
+    }
+}
+
+fn reason_of(status: &Status) -> &'static str {
+    match status.code() {
+        tonic::Code::ResourceExhausted => "too_large",
+        tonic::Code::InvalidArgument | tonic::Code::Internal => "invalid",
+        _ => "transport",
+    }
+}
+
+/// One attached session stream's inbound side.
+struct SessionTask {
+    core: OrchestratorHandle,
+    sessions: Arc<Sessions>,
+    metrics: Arc<dyn Metrics>,
+    clock: Arc<dyn Clock>,
+    node: NodeId,
+    key: VerifyingKey,
+    token: Token,
+    core_session: u32,
+    tx: mpsc::Sender<Outbound>,
+    out_seq: Arc<std::sync::atomic::AtomicU64>,
+    last_seq: u64,
+    violations: u32,
+    limiter: DefaultDirectRateLimiter,
+    settings: NodeServiceSettings,
+}
+
+/// What to do after one message.
+enum Verdict {
+    Continue,
+    Close(Status),
+}
+
+impl SessionTask {
+    async fn run(
+        mut self,
+        first: pb::NodeMessage,
+        first_env: pb::SignedNodeMessage,
+        mut inbound: Streaming<pb::SignedNodeMessage>,
+        mut superseded: tokio::sync::oneshot::Receiver<()>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        // The first message was decoded and its signature checked while attaching.
+        let mut verdict = self.accept(first, first_env.payload.len()).await;
+        while let Verdict::Continue = verdict {
+            verdict = tokio::select! {
+                _ = &mut superseded => if *shutdown.borrow() {
+                    Verdict::Close(Status::unavailable("orchestrator shutting down; reconnect later"))
+                } else {
+                    Verdict::Close(Status::aborted(
+                        "superseded: this key registered again; this session is closed",
+                    ))
+                },
+                _ = super::stopped(&mut shutdown) => Verdict::Close(Status::unavailable(
+                    "orchestrator shutting down; reconnect later",
+                )),
+                m = inbound.message() => match m {
+                    Ok(Some(env)) => self.handle(env).await,
+                    Ok(None) => break,
+                    Err(status) => {
+                        // A peer that vanished is not a refused message; an oversized or
+                        // undecodable one is.
+                        if matches!(status.code(), tonic::Code::ResourceExhausted | tonic::Code::InvalidArgument | tonic::Code::Internal) {
+                            self.metrics.incr("rejected_messages", reason_of(&status), 1);
+                        }
+                        Verdict::Close(status)
+                    }
+                },
+            };
+        }
+        if let Verdict::Close(status) = verdict {
+            tracing::info!(node = %self.node.short(), code = ?status.code(), "session closed: {}", status.message());
+            let _ = self.tx.send(Err(status)).await;
+        }
+        self.metrics.incr("sessions", "closed", 1);
+        if self.sessions.close(&self.token) {
+            self.core.session_closed(self.node, self.core_session);
+        }
+    }
+
+    fn refuse(&mut self, seq: u64, reason: &'static str, status: Status) -> Verdict {
+        self.metrics.incr("rejected_messages", reason, 1);
+        tracing::info!(node = %self.node.short(), seq, reason, "session message refused: {}", status.message());
+        self.violations += 1;
+        if self.violations > self.settings.max_violations {
+            return Verdict::Close(Status::resource_exhausted(format!(
+                "more than {} refused messages in this session",
+                self.settings.max_violations
+            )));
+        }
+        let out = pb::OrchestratorMessage {
+            seq: self
+                .out_seq
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1,
+            body: Some(pb::orchestrator_message::Body::Reject(pb::Reject {
+                seq,
+                code: status.code() as i32,
+                reason: status.message().to_string(),
+            })),
+        };
+        if self.tx.try_send(Ok(out)).is_err() {
+            // The node does not read its stream: its queue is full.
+            return Verdict::Close(Status::resource_exhausted("session queue full"));
+        }
+        Verdict::Continue
+    }
+
+    async fn handle(&mut self, env: pb::SignedNodeMessage) -> Verdict {
+        if self.limiter.check().is_err() {
+            return self.refuse(
+                0,
+                "rate_limited",
+                Status::resource_exhausted(format!(
+                    "more than {} messages per second",
+                    self.settings.messages_per_s
+                )),
+            );
+        }
+        let msg = match pb::NodeMessage::decode(env.payload.as_slice()) {
+            Ok(m) => m,
+            Err(e) => {
+                return self.refuse(
+                    0,
+                    "invalid",
+                    Status::invalid_argument(format!("payload is not a NodeMessage: {e}")),
+                )
+            }
+        };
+        if let Err(e) = identity::verify(
+            &self.key,
+            hanzod_proto::domain::SESSION,
+            &[&env.payload],
+            &env.signature,
+        ) {
+            self.metrics.incr("rejected_messages", "bad_signature", 1);
+            return Verdict::Close(Status::unauthenticated(format!(
+                "session message signature: {e}"
+            )));
+        }
+        if token_of(&msg.session) != Some(self.token) {
+            return self.refuse(
+                msg.seq,
+                "replay",
+                Status::failed_precondition("replay: message signed for another session"),
+            );
+        }
+        self.accept(msg, env.payload.len()).await
+    }
+
+    /// Freshness checks and dispatch of a decoded, authenticated message.
+    async fn accept(&mut self, msg: pb::NodeMessage, _bytes: usize) -> Verdict {
+        if msg.seq <= self.last_seq {
+            return self.refuse(
+                msg.seq,
+                "replay",
+                Status::failed_precondition(format!(
+                    "replay: seq {} is not above {}",
+                    msg.seq, self.last_seq
+                )),
+            );
+        }
+        let now = self.clock.now().as_millis();
+        let skew = msg.timestamp_ms as i128 - now as i128;
+        if skew.unsigned_abs() > self.settings.replay_window_ms as u128 {
+            return self.refuse(
+                msg.seq,
+                "outside_window",
+                Status::failed_precondition(format!(
+                    "timestamp is {skew} ms from the orchestrator's clock (window ±{} ms)",
+                    self.settings.replay_window_ms
+                )),
+            );
+        }
+        self.last_seq = msg.seq;
+        use pb::node_message::Body;
+        match msg.body {
+            None => self.refuse(
+                msg.seq,
+                "invalid",
+                Status::invalid_argument("empty message body"),
+            ),
+            Some(Body::Heartbeat(hb)) => {
+                let hb = match convert::heartbeat(self.node, msg.seq, msg.timestamp_ms, &hb) {
+                    Ok(hb) => hb,
+                    Err(e) => return self.refuse(msg.seq, "invalid", e.into()),
+                };
+                let started = Instant::now();
+                let r = self.core.heartbeat(hb).await;
+                self.metrics.observe(
+                    "heartbeat_handling_seconds",
+                    started.elapsed().as_secs_f64(),
+                );
+                match r {
+                    Ok(_) => {
+                        self.metrics.incr("session_messages", "heartbeat", 1);
+                        Verdict::Continue
+                    }
+                    Err(OrchestratorError::Heartbeat(HeartbeatError::Failed)) => {
+                        Verdict::Close(Status::failed_precondition(
+                            "this node was declared failed; register again",
+                        ))
+                    }
+                    Err(OrchestratorError::Heartbeat(HeartbeatError::UnknownNode)) => {
+                        Verdict::Close(Status::not_found("node is not registered; register again"))
+                    }
+                    Err(e) => {
+                        let reason = match &e {
+                            OrchestratorError::Heartbeat(h) => h.reason(),
+                            _ => "unavailable",
+                        };
+                        self.refuse(msg.seq, reason, status_of(&e))
+                    }
+                }
+            }
+            Some(Body::ProbeResult(p)) => {
+                let peer = match convert::node_id("probe_result.peer", &p.peer) {
+                    Ok(p) => p,
+                    Err(e) => return self.refuse(msg.seq, "invalid", e.into()),
+                };
+                if !self.sessions.take_probe(p.probe_id, self.node, peer) {
+                    return self.refuse(
+                        msg.seq,
+                        "unknown_probe",
+                        Status::not_found(format!(
+                            "no outstanding probe request {} to {}",
+                            p.probe_id,
+                            peer.short()
+                        )),
+                    );
+                }
+                self.metrics.incr("session_messages", "probe_result", 1);
+                if !p.error.is_empty() {
+                    tracing::info!(node = %self.node.short(), peer = %peer.short(), "probe failed: {}", p.error);
+                    return Verdict::Continue;
+                }
+                if !(p.mbps.is_finite() && p.mbps >= 0.0) {
+                    return self.refuse(
+                        msg.seq,
+                        "invalid",
+                        Status::invalid_argument(format!(
+                            "probe_result.mbps {} is not ≥ 0",
+                            p.mbps
+                        )),
+                    );
+                }
+                match self.core.report_link(self.node, peer, p.mbps).await {
+                    Ok(()) => Verdict::Continue,
+                    Err(e) => self.refuse(msg.seq, "report_refused", status_of(&e)),
+                }
+            }
+            Some(Body::RingAck(a)) => {
+                self.metrics.incr("session_messages", "ring_ack", 1);
+                tracing::debug!(node = %self.node.short(), job = a.job_id, version = a.version, "ring applied");
+                Verdict::Continue
+            }
+        }
+    }
+}

@@ -1,0 +1,1061 @@
+//! Prometheus metrics: the [`Metrics`] port backed by a `prometheus-client` registry, and
+//! the HTTP exporter that serves it.
+//!
+//! [`PrometheusMetrics`] owns one [`Registry`] per instance (never a process-global), so two
+//! orchestrators in one process, or two tests, keep separate figures. Every metric name is
+//! prefixed with `hanzod_`.
+//!
+//! # Counters
+//!
+//! Each counter the core or the gRPC transport reports (`incr(name, label, by)`) is a family
+//! with one label, whose key depends on the counter:
+//!
+//! | exposed series | label values | meaning |
+//! |---|---|---|
+//! | `hanzod_heartbeats_total{outcome}` | `accepted` or the refusal reason (`unknown_node`, `failed`, `stale_sequence`, `outside_window`, `invalid`) | heartbeats handled |
+//! | `hanzod_registrations_total{outcome}` | `accepted` or the refusal reason (`insufficient_stake`, `unknown_node`, `unbound`, `chain_unavailable`, `store`, `invalid`) | registrations handled |
+//! | `hanzod_node_failures_total{kind}` | `heartbeat_timeout`, `session_closed`, `actor_crashed` | nodes declared failed |
+//! | `hanzod_ring_changes_total{change}` | `formed`, `reconfigured` | ring versions recorded |
+//! | `hanzod_job_transitions_total{phase}` | the phase entered (`Pending`, `Provisioning`, `Running`, `Aggregating`, `Published`, `Failed`) | job state-machine transitions |
+//! | `hanzod_actor_restarts_total{actor}` | `node`, `job`, `ring` or the subsystem | supervisor rebuilds |
+//! | `hanzod_rejected_messages_total{reason}` | the rejection reason | gRPC messages refused by the transport |
+//! | `hanzod_session_messages_total{kind}` | the message kind | messages received on node sessions |
+//! | `hanzod_sessions_total{event}` | `opened`, `closed` | node sessions opened and closed |
+//! | `hanzod_metrics_errors_total{kind}` | `name_conflict`, `non_finite_observation`, `sample_timeout` | misuse of this sink and slow scrapes (see below) |
+//!
+//! A counter name nobody declared is registered on first use as
+//! `hanzod_<name>_total{label="…"}` (the name sanitized to `[a-zA-Z0-9_]`, a trailing
+//! `_total` dropped), so a new call site shows up without touching this module.
+//!
+//! # Histograms (seconds)
+//!
+//! * `hanzod_ring_repair_seconds`: first failure reported to the ring actor → new ring
+//!   recorded, including the coalescing window. Buckets 1 ms … 60 s.
+//! * `hanzod_heartbeat_handling_seconds`: time the transport spends handling one heartbeat.
+//!   Buckets 10 µs … 1 s.
+//!
+//! An observation under an undeclared name registers a histogram `hanzod_<name>` with
+//! decade buckets from 1 µs to 100 000 (declared in seconds when the name ends with
+//! `_seconds`). NaN and infinite samples are dropped and counted in
+//! `hanzod_metrics_errors_total{kind="non_finite_observation"}`.
+//!
+//! A name used both as a counter and as a histogram (or with the name of a gauge) is never
+//! registered twice, which would break the exposition: the conflicting call is dropped and
+//! counted in `hanzod_metrics_errors_total{kind="name_conflict"}`.
+//!
+//! # Gauges (counts, sampled at scrape time)
+//!
+//! * `hanzod_nodes{state}`: `alive`, `failed`, `assigned` (see [`PrometheusMetrics::set_nodes`]).
+//! * `hanzod_jobs{state}`: `pending`, `provisioning`, `running`, `aggregating`, `published`,
+//!   `failed` (see [`PrometheusMetrics::set_jobs`]).
+//!
+//! Every state is always exported, zeros included, so series never vanish.
+//!
+//! # Exporter
+//!
+//! [`serve`] answers `GET /metrics` (OpenMetrics text, after refreshing the gauges through
+//! the `sample` callback) and `GET /healthz`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use futures_util::future::BoxFuture;
+use hanzod_actors::ports::Metrics;
+use prometheus_client::encoding::text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use tokio::net::TcpListener;
+
+/// The prefix of every metric name (`hanzod_heartbeats_total`, …).
+pub const PREFIX: &str = "hanzod";
+
+/// The content type of [`PrometheusMetrics::encode`]'s output, as served on `/metrics`.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// How long `GET /metrics` waits for the `sample` callback of [`serve`] before answering
+/// with the gauges it already has (and counting `hanzod_metrics_errors_total{kind="sample_timeout"}`).
+pub const SAMPLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Upper bounds of `hanzod_ring_repair_seconds`, in seconds (1 ms … 60 s).
+pub const RING_REPAIR_BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Upper bounds of `hanzod_heartbeat_handling_seconds`, in seconds (10 µs … 1 s).
+pub const HEARTBEAT_HANDLING_BUCKETS: [f64; 16] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.0025, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// Upper bounds of a histogram registered on first use under an undeclared name: decades
+/// from 1e-6 to 1e5 (in seconds when the name ends with `_seconds`).
+pub const GENERIC_BUCKETS: [f64; 12] = [
+    1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5,
+];
+
+/// The label key of a counter registered on first use under an undeclared name.
+pub const GENERIC_LABEL: &str = "label";
+
+/// The `state` values of `hanzod_nodes`, in export order.
+pub const NODE_STATES: [&str; 3] = ["alive", "failed", "assigned"];
+
+/// The `state` values of `hanzod_jobs`, in export order (the job phases, lowercase).
+pub const JOB_STATES: [&str; 6] = [
+    "pending",
+    "provisioning",
+    "running",
+    "aggregating",
+    "published",
+    "failed",
+];
+
+/// One label `key="value"`: every counter family here has exactly one.
+type Labels = [(&'static str, String); 1];
+/// The `state` label of the gauges.
+type StateLabels = [(&'static str, &'static str); 1];
+
+/// A counter name with a declared label key.
+struct CounterSpec {
+    name: &'static str,
+    key: &'static str,
+    help: &'static str,
+}
+
+/// The counters reported through [`Metrics::incr`] by the core and the gRPC transport.
+const COUNTERS: [CounterSpec; 11] = [
+    CounterSpec {
+        name: "probe_requests",
+        key: "outcome",
+        help: "Link probe requests to nodes, by outcome: sent or undeliverable",
+    },
+    CounterSpec {
+        name: "session_messages_out",
+        key: "kind",
+        help: "Messages queued to node sessions, by kind (ring_update, release, probe_request) or undeliverable",
+    },
+    CounterSpec {
+        name: "heartbeats",
+        key: "outcome",
+        help: "Heartbeats handled, by outcome: accepted or the refusal reason",
+    },
+    CounterSpec {
+        name: "registrations",
+        key: "outcome",
+        help: "Node registrations handled, by outcome: accepted or the refusal reason",
+    },
+    CounterSpec {
+        name: "node_failures",
+        key: "kind",
+        help: "Nodes declared failed, by failure kind",
+    },
+    CounterSpec {
+        name: "ring_changes",
+        key: "change",
+        help: "Ring versions recorded: formed (version 1) or reconfigured",
+    },
+    CounterSpec {
+        name: "job_transitions",
+        key: "phase",
+        help: "Job state-machine transitions, by the phase entered",
+    },
+    CounterSpec {
+        name: "actor_restarts",
+        key: "actor",
+        help: "Actors rebuilt by their supervisor, by actor or subsystem",
+    },
+    CounterSpec {
+        name: "rejected_messages",
+        key: "reason",
+        help: "Messages refused by the gRPC transport, by reason",
+    },
+    CounterSpec {
+        name: "session_messages",
+        key: "kind",
+        help: "Messages received on node sessions, by kind",
+    },
+    CounterSpec {
+        name: "sessions",
+        key: "event",
+        help: "Node sessions opened and closed",
+    },
+];
+
+/// Family names (without prefix or suffix) that are not counters of [`COUNTERS`]: an
+/// `incr` under one of them, or an `observe` under a counter's name, is a conflict.
+const RESERVED: [&str; 5] = [
+    "ring_repair_seconds",
+    "heartbeat_handling_seconds",
+    "nodes",
+    "jobs",
+    "metrics_errors",
+];
+
+/// A metric registered on first use under an undeclared name.
+#[derive(Clone, Debug)]
+enum Dynamic {
+    Counter(Family<Labels, Counter>),
+    Histogram(Histogram),
+    /// The name is a declared metric of another type: every use is a conflict.
+    Reserved,
+}
+
+#[derive(Default, Debug)]
+struct DynamicMetrics {
+    /// By the name the caller passed (the hot lookup).
+    by_name: HashMap<&'static str, Dynamic>,
+    /// By the exposed family name (after sanitizing), to share a family between two names
+    /// that sanitize alike and to refuse a second type under one family name.
+    by_family: HashMap<String, Dynamic>,
+}
+
+/// Job counts by state, for [`PrometheusMetrics::set_jobs`]: `hanzod_jobs{state}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobCounts {
+    /// Jobs waiting for nodes.
+    pub pending: u64,
+    /// Jobs whose nodes are being prepared (model distributed, ring formed).
+    pub provisioning: u64,
+    /// Jobs training.
+    pub running: u64,
+    /// Jobs merging an epoch's deltas.
+    pub aggregating: u64,
+    /// Jobs finished with a published checkpoint.
+    pub published: u64,
+    /// Jobs that failed or were cancelled.
+    pub failed: u64,
+}
+
+impl JobCounts {
+    /// Counts one job in phase `phase` (a [`JOB_STATES`] value, in any case, e.g. the core's
+    /// `JobPhase::name()` "Running"). Returns false, counting nothing, for another name.
+    pub fn add_phase(&mut self, phase: &str) -> bool {
+        let slot = match phase.to_ascii_lowercase().as_str() {
+            "pending" => &mut self.pending,
+            "provisioning" => &mut self.provisioning,
+            "running" => &mut self.running,
+            "aggregating" => &mut self.aggregating,
+            "published" => &mut self.published,
+            "failed" => &mut self.failed,
+            _ => return false,
+        };
+        *slot += 1;
+        true
+    }
+
+    /// The counts in [`JOB_STATES`] order.
+    pub fn by_state(&self) -> [(&'static str, u64); 6] {
+        [
+            ("pending", self.pending),
+            ("provisioning", self.provisioning),
+            ("running", self.running),
+            ("aggregating", self.aggregating),
+            ("published", self.published),
+            ("failed", self.failed),
+        ]
+    }
+}
+
+/// The [`Metrics`] port backed by a Prometheus registry of its own (see the module docs
+/// for every metric, its unit and its labels).
+///
+/// [`Metrics::incr`] and [`Metrics::observe`] on declared names take no lock of this type:
+/// a counter family takes its own read lock (a write lock only the first time a label value
+/// is seen), a histogram a short mutex. Only the first use of an undeclared name takes a
+/// write lock here and the registry's mutex.
+pub struct PrometheusMetrics {
+    registry: Mutex<Registry>,
+    /// Same order as [`COUNTERS`].
+    counters: Vec<Family<Labels, Counter>>,
+    ring_repair: Histogram,
+    heartbeat_handling: Histogram,
+    nodes: Family<StateLabels, Gauge>,
+    jobs: Family<StateLabels, Gauge>,
+    errors: Family<Labels, Counter>,
+    dynamic: RwLock<DynamicMetrics>,
+}
+
+impl std::fmt::Debug for PrometheusMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrometheusMetrics")
+            .field("prefix", &PREFIX)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for PrometheusMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PrometheusMetrics {
+    /// Refreshes the `hanzod_nodes` and `hanzod_jobs` gauges from a running orchestrator
+    /// (what the daemon's exporter runs before each scrape). A failed read keeps the previous
+    /// values.
+    pub async fn sample_from(&self, orch: &hanzod_actors::OrchestratorHandle) {
+        if let Ok(nodes) = orch.nodes().await {
+            let alive = nodes.iter().filter(|n| n.alive).count() as u64;
+            let assigned = nodes.iter().filter(|n| n.assigned.is_some()).count() as u64;
+            self.set_nodes(alive, nodes.len() as u64 - alive, assigned);
+        }
+        if let Ok(jobs) = orch.jobs().await {
+            let mut counts = JobCounts::default();
+            for job in &jobs {
+                counts.add_phase(job.phase.name());
+            }
+            self.set_jobs(&counts);
+        }
+    }
+
+    /// A fresh registry with every declared metric registered (counters at no series yet,
+    /// histograms empty, every gauge state at 0).
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix(PREFIX);
+
+        let counters = COUNTERS
+            .iter()
+            .map(|spec| {
+                let family = Family::<Labels, Counter>::default();
+                registry.register(spec.name, spec.help, family.clone());
+                family
+            })
+            .collect();
+
+        let ring_repair = Histogram::new(RING_REPAIR_BUCKETS);
+        registry.register_with_unit(
+            "ring_repair",
+            "Time from the first node failure reported to the ring actor until the new ring \
+             is recorded, including the coalescing window",
+            Unit::Seconds,
+            ring_repair.clone(),
+        );
+        let heartbeat_handling = Histogram::new(HEARTBEAT_HANDLING_BUCKETS);
+        registry.register_with_unit(
+            "heartbeat_handling",
+            "Time the gRPC transport spends handling one heartbeat",
+            Unit::Seconds,
+            heartbeat_handling.clone(),
+        );
+
+        let nodes = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "nodes",
+            "Registered nodes by state, sampled at scrape time: alive, failed (declared \
+             failed), assigned (working for a job; overlaps alive)",
+            nodes.clone(),
+        );
+        let jobs = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "jobs",
+            "Jobs by phase, sampled at scrape time",
+            jobs.clone(),
+        );
+
+        let errors = Family::<Labels, Counter>::default();
+        registry.register(
+            "metrics_errors",
+            "Metric reports dropped (name_conflict, non_finite_observation) and scrapes \
+             answered with stale gauges (sample_timeout)",
+            errors.clone(),
+        );
+
+        let this = PrometheusMetrics {
+            registry: Mutex::new(registry),
+            counters,
+            ring_repair,
+            heartbeat_handling,
+            nodes,
+            jobs,
+            errors,
+            dynamic: RwLock::new(DynamicMetrics::default()),
+        };
+        this.set_nodes(0, 0, 0);
+        this.set_jobs(&JobCounts::default());
+        this
+    }
+
+    /// Sets `hanzod_nodes{state}`: `alive` nodes (not declared failed), `failed` nodes
+    /// (declared failed: heartbeat timeout, session closed, actor crashed) and `assigned`
+    /// nodes (working for a job; they are counted in `alive` too, so don't sum the three).
+    pub fn set_nodes(&self, alive: u64, failed: u64, assigned: u64) {
+        for (state, value) in NODE_STATES.into_iter().zip([alive, failed, assigned]) {
+            self.nodes
+                .get_or_create(&[("state", state)])
+                .set(gauge(value));
+        }
+    }
+
+    /// Sets `hanzod_jobs{state}` for every job state (a state at 0 is exported as 0).
+    pub fn set_jobs(&self, counts: &JobCounts) {
+        for (state, value) in counts.by_state() {
+            self.jobs
+                .get_or_create(&[("state", state)])
+                .set(gauge(value));
+        }
+    }
+
+    /// Every metric in the OpenMetrics text format (ending with `# EOF`), served with
+    /// [`CONTENT_TYPE`].
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(8 * 1024);
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        // Writing into a String cannot fail; on an encoder error the partial text is
+        // still the best answer a scrape can get.
+        let _ = text::encode(&mut out, &registry);
+        out
+    }
+
+    fn error(&self, kind: &'static str) {
+        self.errors
+            .get_or_create(&[("kind", kind.to_owned())])
+            .inc();
+    }
+
+    /// The metric registered for the undeclared `name`, registering it on first use as a
+    /// counter (`want_counter`) or a histogram.
+    fn dynamic(&self, name: &'static str, want_counter: bool) -> Dynamic {
+        if let Some(d) = self
+            .dynamic
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .by_name
+            .get(name)
+        {
+            return d.clone();
+        }
+        let mut dynamic = self.dynamic.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(d) = dynamic.by_name.get(name) {
+            return d.clone();
+        }
+        let sanitized = sanitize(name);
+        let (family, unit) = if want_counter {
+            let mut stem = sanitized.as_str();
+            while let Some(s) = stem.strip_suffix("_total") {
+                stem = s;
+            }
+            (non_empty(stem), None)
+        } else {
+            let unit = (sanitized.len() > "_seconds".len() && sanitized.ends_with("_seconds"))
+                .then_some(Unit::Seconds);
+            (non_empty(&sanitized), unit)
+        };
+        let declared = RESERVED.contains(&family.as_str())
+            || COUNTERS.iter().any(|c| c.name == family)
+            || RESERVED.contains(&name)
+            || COUNTERS.iter().any(|c| c.name == name);
+        let d = if declared {
+            Dynamic::Reserved
+        } else if let Some(d) = dynamic.by_family.get(&family) {
+            d.clone()
+        } else {
+            let mut registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+            let help = format!("Undeclared metric reported as {name:?}");
+            let d = if want_counter {
+                let f = Family::<Labels, Counter>::default();
+                registry.register(family.clone(), help, f.clone());
+                Dynamic::Counter(f)
+            } else {
+                let h = Histogram::new(GENERIC_BUCKETS);
+                match unit {
+                    Some(unit) => {
+                        let stem = &family[..family.len() - "_seconds".len()];
+                        registry.register_with_unit(stem, help, unit, h.clone())
+                    }
+                    None => registry.register(family.clone(), help, h.clone()),
+                }
+                Dynamic::Histogram(h)
+            };
+            dynamic.by_family.insert(family, d.clone());
+            d
+        };
+        dynamic.by_name.insert(name, d.clone());
+        d
+    }
+}
+
+impl Metrics for PrometheusMetrics {
+    fn incr(&self, name: &'static str, label: &str, by: u64) {
+        if let Some(i) = COUNTERS.iter().position(|c| c.name == name) {
+            self.counters[i]
+                .get_or_create(&[(COUNTERS[i].key, label.to_owned())])
+                .inc_by(by);
+            return;
+        }
+        match self.dynamic(name, true) {
+            Dynamic::Counter(f) => {
+                f.get_or_create(&[(GENERIC_LABEL, label.to_owned())])
+                    .inc_by(by);
+            }
+            Dynamic::Histogram(_) | Dynamic::Reserved => self.error("name_conflict"),
+        }
+    }
+
+    fn observe(&self, name: &'static str, value: f64) {
+        if !value.is_finite() {
+            self.error("non_finite_observation");
+            return;
+        }
+        match name {
+            "ring_repair_seconds" => self.ring_repair.observe(value),
+            "heartbeat_handling_seconds" => self.heartbeat_handling.observe(value),
+            _ => match self.dynamic(name, false) {
+                Dynamic::Histogram(h) => h.observe(value),
+                Dynamic::Counter(_) | Dynamic::Reserved => self.error("name_conflict"),
+            },
+        }
+    }
+}
+
+fn gauge(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// `name` with every character outside `[a-zA-Z0-9_]` replaced by `_`.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+fn non_empty(name: &str) -> String {
+    if name.is_empty() {
+        "unnamed".to_owned()
+    } else {
+        name.to_owned()
+    }
+}
+
+type Sampler = dyn Fn() -> BoxFuture<'static, ()> + Send + Sync;
+
+struct Exporter {
+    metrics: Arc<PrometheusMetrics>,
+    sample: Box<Sampler>,
+    sample_timeout: Duration,
+}
+
+/// Serves the metrics over HTTP/1.1 on `listener` until `shutdown` completes (then stops
+/// accepting, lets open requests finish, and returns `Ok`).
+///
+/// * `GET /metrics`: awaits `sample()` (the daemon refreshes the gauges there, e.g. with
+///   [`PrometheusMetrics::set_nodes`] and [`PrometheusMetrics::set_jobs`] from the
+///   orchestrator), at most [`SAMPLE_TIMEOUT`], then answers 200 with
+///   [`PrometheusMetrics::encode`] as [`CONTENT_TYPE`].
+/// * `GET /healthz`: 200 `ok`.
+/// * any other path: 404.
+///
+/// Taking a bound listener (not an address) lets the caller bind port 0 and read the port.
+/// Errors: only those of accepting connections, as `axum::serve` reports them.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<PrometheusMetrics>,
+    sample: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_with_timeout(listener, metrics, sample, shutdown, SAMPLE_TIMEOUT).await
+}
+
+async fn serve_with_timeout(
+    listener: TcpListener,
+    metrics: Arc<PrometheusMetrics>,
+    sample: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    sample_timeout: Duration,
+) -> std::io::Result<()> {
+    let exporter = Arc::new(Exporter {
+        metrics,
+        sample: Box::new(sample),
+        sample_timeout,
+    });
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found") })
+        .with_state(exporter);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn scrape(State(exporter): State<Arc<Exporter>>) -> impl IntoResponse {
+    if tokio::time::timeout(exporter.sample_timeout, (exporter.sample)())
+        .await
+        .is_err()
+    {
+        exporter.metrics.error("sample_timeout");
+    }
+    (
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        exporter.metrics.encode(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Every sample of an exposition: `series` (name plus labels as written) → value.
+    fn samples(text: &str) -> HashMap<String, f64> {
+        assert!(text.ends_with("# EOF\n"), "no EOF marker: {text}");
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| {
+                let (series, value) = l.rsplit_once(' ').expect("sample line");
+                let value = value.parse::<f64>().unwrap_or_else(|e| panic!("{l}: {e}"));
+                (series.to_owned(), value)
+            })
+            .collect()
+    }
+
+    fn value(text: &str, series: &str) -> f64 {
+        *samples(text)
+            .get(series)
+            .unwrap_or_else(|| panic!("no series {series} in\n{text}"))
+    }
+
+    /// Each `# TYPE` line names a distinct family (a duplicate breaks every scraper).
+    fn assert_families_unique(text: &str) -> Vec<String> {
+        let types: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.to_owned())
+            .collect();
+        let mut names: Vec<&str> = types.iter().map(|t| t.split(' ').next().unwrap()).collect();
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate families in\n{text}");
+        types
+    }
+
+    #[test]
+    fn counters_show_up_with_their_label_keys() {
+        let m = PrometheusMetrics::new();
+        m.incr("heartbeats", "accepted", 1);
+        m.incr("heartbeats", "accepted", 2);
+        m.incr("heartbeats", "stale_sequence", 1);
+        m.incr("registrations", "unbound", 1);
+        m.incr("node_failures", "heartbeat_timeout", 4);
+        m.incr("ring_changes", "formed", 1);
+        m.incr("job_transitions", "Running", 1);
+        m.incr("actor_restarts", "ring", 1);
+        m.incr("rejected_messages", "bad_signature", 7);
+        m.incr("session_messages", "heartbeat", 5);
+        m.incr("sessions", "opened", 2);
+        m.incr("sessions", "closed", 1);
+        let t = m.encode();
+        let types = assert_families_unique(&t);
+        assert!(
+            types.contains(&"hanzod_heartbeats counter".to_owned()),
+            "{types:?}"
+        );
+        assert_eq!(
+            value(&t, r#"hanzod_heartbeats_total{outcome="accepted"}"#),
+            3.0
+        );
+        assert_eq!(
+            value(&t, r#"hanzod_heartbeats_total{outcome="stale_sequence"}"#),
+            1.0
+        );
+        assert_eq!(
+            value(&t, r#"hanzod_registrations_total{outcome="unbound"}"#),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &t,
+                r#"hanzod_node_failures_total{kind="heartbeat_timeout"}"#
+            ),
+            4.0
+        );
+        assert_eq!(
+            value(&t, r#"hanzod_ring_changes_total{change="formed"}"#),
+            1.0
+        );
+        assert_eq!(
+            value(&t, r#"hanzod_job_transitions_total{phase="Running"}"#),
+            1.0
+        );
+        assert_eq!(
+            value(&t, r#"hanzod_actor_restarts_total{actor="ring"}"#),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &t,
+                r#"hanzod_rejected_messages_total{reason="bad_signature"}"#
+            ),
+            7.0
+        );
+        assert_eq!(
+            value(&t, r#"hanzod_session_messages_total{kind="heartbeat"}"#),
+            5.0
+        );
+        assert_eq!(value(&t, r#"hanzod_sessions_total{event="opened"}"#), 2.0);
+        assert_eq!(value(&t, r#"hanzod_sessions_total{event="closed"}"#), 1.0);
+    }
+
+    #[test]
+    fn histograms_count_into_the_right_buckets() {
+        let m = PrometheusMetrics::new();
+        for v in [0.0005, 0.003, 0.2, 45.0, 120.0] {
+            m.observe("ring_repair_seconds", v);
+        }
+        m.observe("heartbeat_handling_seconds", 0.000_02);
+        m.observe("heartbeat_handling_seconds", 0.002);
+        let t = m.encode();
+        let types = assert_families_unique(&t);
+        assert!(types.contains(&"hanzod_ring_repair_seconds histogram".to_owned()));
+        assert!(
+            t.contains("# UNIT hanzod_ring_repair_seconds seconds\n"),
+            "{t}"
+        );
+
+        let s = samples(&t);
+        let bucket = |name: &str, le: f64| -> f64 {
+            // `le` is written as the encoder formats floats; compare numerically.
+            s.iter()
+                .find_map(|(k, v)| {
+                    let rest = k.strip_prefix(&format!("{name}_bucket{{le=\""))?;
+                    let bound = rest.strip_suffix("\"}")?;
+                    let bound = if bound == "+Inf" {
+                        f64::INFINITY
+                    } else {
+                        bound.parse::<f64>().ok()?
+                    };
+                    (bound == le).then_some(*v)
+                })
+                .unwrap_or_else(|| panic!("no bucket {name} le={le} in\n{t}"))
+        };
+        let rr = "hanzod_ring_repair_seconds";
+        assert_eq!(bucket(rr, 0.001), 1.0);
+        assert_eq!(bucket(rr, 0.005), 2.0);
+        assert_eq!(bucket(rr, 0.25), 3.0);
+        assert_eq!(bucket(rr, 30.0), 3.0);
+        assert_eq!(bucket(rr, 60.0), 4.0);
+        assert_eq!(bucket(rr, f64::INFINITY), 5.0);
+        assert_eq!(value(&t, "hanzod_ring_repair_seconds_count"), 5.0);
+        let sum = value(&t, "hanzod_ring_repair_seconds_sum");
+        assert!((sum - 165.2035).abs() < 1e-9, "sum {sum}");
+
+        let hb = "hanzod_heartbeat_handling_seconds";
+        assert_eq!(bucket(hb, 0.000_01), 0.0);
+        assert_eq!(bucket(hb, 0.000_025), 1.0);
+        assert_eq!(bucket(hb, 0.0025), 2.0);
+        assert_eq!(value(&t, "hanzod_heartbeat_handling_seconds_count"), 2.0);
+        // 16 finite bounds + the +Inf bucket.
+        assert_eq!(
+            s.keys()
+                .filter(|k| k.starts_with("hanzod_heartbeat_handling_seconds_bucket"))
+                .count(),
+            17
+        );
+    }
+
+    #[test]
+    fn gauges_export_every_state_including_zeros() {
+        let m = PrometheusMetrics::new();
+        let t = m.encode();
+        for state in NODE_STATES {
+            assert_eq!(
+                value(&t, &format!("hanzod_nodes{{state=\"{state}\"}}")),
+                0.0
+            );
+        }
+        for state in JOB_STATES {
+            assert_eq!(value(&t, &format!("hanzod_jobs{{state=\"{state}\"}}")), 0.0);
+        }
+
+        m.set_nodes(7, 2, 5);
+        let mut jobs = JobCounts::default();
+        for phase in ["Running", "running", "Pending", "Published"] {
+            assert!(jobs.add_phase(phase));
+        }
+        assert!(!jobs.add_phase("Exploded"));
+        m.set_jobs(&jobs);
+        let t = m.encode();
+        assert_eq!(value(&t, r#"hanzod_nodes{state="alive"}"#), 7.0);
+        assert_eq!(value(&t, r#"hanzod_nodes{state="failed"}"#), 2.0);
+        assert_eq!(value(&t, r#"hanzod_nodes{state="assigned"}"#), 5.0);
+        assert_eq!(value(&t, r#"hanzod_jobs{state="running"}"#), 2.0);
+        assert_eq!(value(&t, r#"hanzod_jobs{state="pending"}"#), 1.0);
+        assert_eq!(value(&t, r#"hanzod_jobs{state="published"}"#), 1.0);
+        assert_eq!(value(&t, r#"hanzod_jobs{state="provisioning"}"#), 0.0);
+        assert_eq!(value(&t, r#"hanzod_jobs{state="failed"}"#), 0.0);
+
+        // Going back to zero keeps the series, at 0.
+        m.set_nodes(0, 0, 0);
+        m.set_jobs(&JobCounts::default());
+        let t = m.encode();
+        assert_eq!(value(&t, r#"hanzod_nodes{state="alive"}"#), 0.0);
+        assert_eq!(value(&t, r#"hanzod_jobs{state="running"}"#), 0.0);
+        assert_eq!(value(&t, r#"hanzod_nodes{state="assigned"}"#), 0.0);
+
+        // A count beyond i64 saturates instead of wrapping negative.
+        m.set_nodes(u64::MAX, 0, 0);
+        assert_eq!(
+            value(&m.encode(), r#"hanzod_nodes{state="alive"}"#),
+            i64::MAX as f64
+        );
+    }
+
+    #[test]
+    fn undeclared_names_are_registered_lazily_and_never_panic() {
+        let m = PrometheusMetrics::new();
+        m.incr("mystery", "x", 2);
+        m.incr("mystery", "x", 1);
+        m.incr("mystery", "y\"quoted\"", 1);
+        // Invalid characters are sanitized; names sanitizing alike share one family.
+        m.incr("odd-name.v2", "a", 1);
+        m.incr("odd_name_v2", "a", 1);
+        // A `_total` suffix (which the registry would refuse) is dropped.
+        m.incr("things_total_total", "a", 1);
+        m.incr("", "empty", 1);
+        m.observe("queue_wait_seconds", 0.05);
+        m.observe("batch_size", 300.0);
+        // Conflicts: a histogram's or gauge's name as a counter, a counter's as a histogram.
+        m.incr("ring_repair_seconds", "x", 1);
+        m.incr("nodes", "x", 1);
+        m.observe("heartbeats", 1.0);
+        m.observe("mystery", 1.0);
+        m.incr("batch_size", "x", 1);
+        m.observe("mystery_seconds", f64::NAN);
+        m.observe("ring_repair_seconds", f64::INFINITY);
+
+        let t = m.encode();
+        let types = assert_families_unique(&t);
+        assert_eq!(value(&t, r#"hanzod_mystery_total{label="x"}"#), 3.0);
+        assert_eq!(
+            value(&t, r#"hanzod_mystery_total{label="y\"quoted\""}"#),
+            1.0
+        );
+        assert_eq!(value(&t, r#"hanzod_odd_name_v2_total{label="a"}"#), 2.0);
+        assert_eq!(value(&t, r#"hanzod_things_total{label="a"}"#), 1.0);
+        assert_eq!(value(&t, r#"hanzod_unnamed_total{label="empty"}"#), 1.0);
+        assert!(
+            types.contains(&"hanzod_queue_wait_seconds histogram".to_owned()),
+            "{types:?}"
+        );
+        assert!(t.contains("# UNIT hanzod_queue_wait_seconds seconds\n"));
+        assert_eq!(value(&t, "hanzod_queue_wait_seconds_count"), 1.0);
+        assert_eq!(value(&t, "hanzod_batch_size_sum"), 300.0);
+        assert_eq!(
+            value(&t, r#"hanzod_metrics_errors_total{kind="name_conflict"}"#),
+            5.0
+        );
+        assert_eq!(
+            value(
+                &t,
+                r#"hanzod_metrics_errors_total{kind="non_finite_observation"}"#
+            ),
+            2.0
+        );
+        assert_eq!(value(&t, "hanzod_ring_repair_seconds_count"), 0.0);
+        // Nothing leaked into the declared families.
+        assert!(!samples(&t)
+            .keys()
+            .any(|k| k.starts_with("hanzod_heartbeats_total")));
+    }
+
+    #[test]
+    fn two_instances_keep_separate_figures() {
+        let a = PrometheusMetrics::new();
+        let b = PrometheusMetrics::new();
+        a.incr("heartbeats", "accepted", 5);
+        b.incr("heartbeats", "accepted", 1);
+        a.incr("only_in_a", "x", 1);
+        b.observe("ring_repair_seconds", 1.0);
+        let (ta, tb) = (a.encode(), b.encode());
+        assert_eq!(
+            value(&ta, r#"hanzod_heartbeats_total{outcome="accepted"}"#),
+            5.0
+        );
+        assert_eq!(
+            value(&tb, r#"hanzod_heartbeats_total{outcome="accepted"}"#),
+            1.0
+        );
+        assert_eq!(value(&ta, r#"hanzod_only_in_a_total{label="x"}"#), 1.0);
+        assert!(!samples(&tb).keys().any(|k| k.contains("only_in_a")));
+        assert_eq!(value(&ta, "hanzod_ring_repair_seconds_count"), 0.0);
+        assert_eq!(value(&tb, "hanzod_ring_repair_seconds_count"), 1.0);
+    }
+
+    #[test]
+    fn concurrent_increments_are_all_counted() {
+        let m2 = Arc::new(PrometheusMetrics::new());
+        // The core holds it as `Arc<dyn Metrics>`.
+        let core: Arc<dyn Metrics> = m2.clone();
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let m = core.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        m.incr(
+                            "heartbeats",
+                            if i % 2 == 0 { "accepted" } else { "failed" },
+                            1,
+                        );
+                        m.incr("fresh_name", "x", 1);
+                        m.observe("heartbeat_handling_seconds", 0.0001);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let t = m2.encode();
+        assert_eq!(
+            value(&t, r#"hanzod_heartbeats_total{outcome="accepted"}"#),
+            4000.0
+        );
+        assert_eq!(
+            value(&t, r#"hanzod_heartbeats_total{outcome="failed"}"#),
+            4000.0
+        );
+        assert_eq!(value(&t, r#"hanzod_fresh_name_total{label="x"}"#), 8000.0);
+        assert_eq!(value(&t, "hanzod_heartbeat_handling_seconds_count"), 8000.0);
+    }
+
+    /// One HTTP/1.1 GET over a fresh connection: (status, headers lowercased, body).
+    async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String, String) {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.unwrap();
+        let raw = String::from_utf8(raw).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").expect("response head");
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("status code");
+        let headers = head.to_ascii_lowercase();
+        let body = if headers.contains("transfer-encoding: chunked") {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        };
+        (status, headers, body)
+    }
+
+    fn dechunk(mut body: &str) -> String {
+        let mut out = String::new();
+        loop {
+            let (size, rest) = body.split_once("\r\n").expect("chunk size");
+            let size = usize::from_str_radix(size.trim(), 16).expect("hex chunk size");
+            if size == 0 {
+                return out;
+            }
+            out.push_str(&rest[..size]);
+            body = &rest[size + 2..];
+        }
+    }
+
+    #[tokio::test]
+    async fn loopback_scrape_samples_then_serves_openmetrics() {
+        let metrics = Arc::new(PrometheusMetrics::new());
+        metrics.incr("heartbeats", "accepted", 3);
+        metrics.observe("ring_repair_seconds", 0.5);
+        let sampled = Arc::new(AtomicUsize::new(0));
+        let sample = {
+            let (metrics, sampled) = (metrics.clone(), sampled.clone());
+            move || -> BoxFuture<'static, ()> {
+                let (metrics, sampled) = (metrics.clone(), sampled.clone());
+                Box::pin(async move {
+                    let n = sampled.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+                    metrics.set_nodes(10 * n, 1, 4);
+                    metrics.set_jobs(&JobCounts {
+                        running: n,
+                        ..JobCounts::default()
+                    });
+                })
+            }
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, metrics.clone(), sample, async move {
+            let _ = stopped.await;
+        }));
+
+        let (status, headers, body) = get(addr, "/metrics").await;
+        assert_eq!(status, 200, "{headers}");
+        assert!(
+            headers.contains(&format!("content-type: {CONTENT_TYPE}")),
+            "{headers}"
+        );
+        assert_eq!(sampled.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            value(&body, r#"hanzod_heartbeats_total{outcome="accepted"}"#),
+            3.0
+        );
+        assert_eq!(value(&body, "hanzod_ring_repair_seconds_count"), 1.0);
+        // The gauges are the ones `sample` set for this very scrape.
+        assert_eq!(value(&body, r#"hanzod_nodes{state="alive"}"#), 10.0);
+        assert_eq!(value(&body, r#"hanzod_nodes{state="failed"}"#), 1.0);
+        assert_eq!(value(&body, r#"hanzod_nodes{state="assigned"}"#), 4.0);
+        assert_eq!(value(&body, r#"hanzod_jobs{state="running"}"#), 1.0);
+        assert_eq!(value(&body, r#"hanzod_jobs{state="failed"}"#), 0.0);
+
+        let (_, _, body) = get(addr, "/metrics").await;
+        assert_eq!(sampled.load(Ordering::SeqCst), 2);
+        assert_eq!(value(&body, r#"hanzod_nodes{state="alive"}"#), 20.0);
+
+        let (status, _, body) = get(addr, "/healthz").await;
+        assert_eq!((status, body.as_str()), (200, "ok"));
+        let (status, _, _) = get(addr, "/nope").await;
+        assert_eq!(status, 404);
+        let (status, _, _) = get(addr, "/metrics/extra").await;
+        assert_eq!(status, 404);
+        assert_eq!(sampled.load(Ordering::SeqCst), 2, "only /metrics samples");
+
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("server stops on shutdown")
+            .unwrap()
+            .unwrap();
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_stuck_sample_does_not_stall_the_scrape() {
+        let metrics = Arc::new(PrometheusMetrics::new());
+        metrics.set_nodes(3, 0, 0);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_with_timeout(
+            listener,
+            metrics.clone(),
+            || -> BoxFuture<'static, ()> { Box::pin(std::future::pending()) },
+            std::future::pending(),
+            Duration::from_millis(50),
+        ));
+        let (status, _, body) = tokio::time::timeout(Duration::from_secs(5), get(addr, "/metrics"))
+            .await
+            .expect("answered despite the stuck sample");
+        assert_eq!(status, 200);
+        assert_eq!(value(&body, r#"hanzod_nodes{state="alive"}"#), 3.0);
+        assert_eq!(
+            value(
+                &body,
+                r#"hanzod_metrics_errors_total{kind="sample_timeout"}"#
+            ),
+            1.0
+        );
+        server.abort();
+    }
+}

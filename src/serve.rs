@@ -1,0 +1,307 @@
+//! `hanzod serve`: the daemon. Builds the orchestrator from the configuration with the
+//! gRPC session link and the Prometheus metrics, serves gRPC (plaintext or TLS 1.3) and
+//! `/metrics`, and shuts down gracefully.
+//!
+//! [`Daemon::start`] is also how tests and embedders run a daemon in-process: bind
+//! `127.0.0.1:0` and read the bound addresses back.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use hanzod_actors::ports::memory::MemoryChain;
+use hanzod_actors::types::GymWei;
+use hanzod_actors::{Orchestrator, OrchestratorHandle};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::grpc::node::NodeServiceSettings;
+use crate::grpc::server::{tls_acceptor, GrpcServer, ServeError, ServerSettings};
+use crate::grpc::sessions::{GrpcNodeLink, Sessions};
+use crate::identity::Identity;
+use crate::metrics::PrometheusMetrics;
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting names something this build cannot use.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// TLS or key material could not be loaded.
+    #[error("{0}")]
+    Material(String),
+    /// The orchestrator did not start.
+    #[error(transparent)]
+    Core(#[from] hanzod_actors::OrchestratorError),
+    /// The gRPC server could not be built.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+/// A running daemon.
+pub struct Daemon {
+    /// The bound gRPC address.
+    pub grpc_addr: SocketAddr,
+    /// The bound metrics address, when the exporter runs.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The orchestrator.
+    pub core: OrchestratorHandle,
+    /// The live node sessions.
+    pub sessions: Arc<Sessions>,
+    /// The orchestrator's identity.
+    pub identity: Identity,
+    shutdown: watch::Sender<bool>,
+    grpc: tokio::task::JoinHandle<Result<(), ServeError>>,
+    exporter: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    grace: Duration,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("grpc_addr", &self.grpc_addr)
+            .field("metrics_addr", &self.metrics_addr)
+            .finish()
+    }
+}
+
+fn read(path: &str, what: &str) -> Result<Vec<u8>, StartError> {
+    std::fs::read(path).map_err(|e| StartError::Material(format!("{what} {path}: {e}")))
+}
+
+fn orchestrator_identity(key: &str) -> Result<Identity, StartError> {
+    if key.is_empty() {
+        return Ok(Identity::generate());
+    }
+    if key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Identity::from_hex(key, "ORCHESTRATOR_KEY")
+            .map_err(|e| StartError::Material(e.to_string()));
+    }
+    Identity::load(Path::new(key)).map_err(|e| StartError::Material(e.to_string()))
+}
+
+/// The server settings a configuration asks for, for an orchestrator with key
+/// `orchestrator_key` running on the event log `log_id`.
+pub fn server_settings(
+    cfg: &Config,
+    log_id: [u8; 16],
+    orchestrator_key: [u8; 32],
+) -> ServerSettings {
+    let s = &cfg.server;
+    let attesters = cfg
+        .nodes
+        .attesters
+        .iter()
+        .filter_map(|k| {
+            let mut b = [0u8; 32];
+            hex::decode_to_slice(k, &mut b).ok()?;
+            ed25519_dalek::VerifyingKey::from_bytes(&b).ok()
+        })
+        .collect();
+    ServerSettings {
+        max_message_bytes: s.max_message_bytes,
+        keepalive_interval_ms: s.keepalive_interval_ms,
+        keepalive_timeout_ms: s.keepalive_timeout_ms,
+        max_concurrent_streams: s.max_concurrent_streams,
+        admin_token: (!s.admin_token.is_empty()).then(|| s.admin_token.clone()),
+        node: NodeServiceSettings {
+            challenge_ttl_ms: s.limits.challenge_ttl_ms,
+            max_pending_challenges: s.limits.max_pending_challenges,
+            registrations_per_min: s.limits.registrations_per_min,
+            messages_per_s: s.limits.messages_per_s,
+            burst: s.limits.burst,
+            max_violations: s.limits.max_violations,
+            first_message_timeout_ms: s.first_message_timeout_ms,
+            replay_window_ms: cfg.core.heartbeat.replay_window_ms,
+            attesters,
+            log_id,
+            orchestrator_key,
+        },
+    }
+}
+
+impl Daemon {
+    /// Starts the orchestrator and its listeners.
+    pub async fn start(cfg: &Config) -> Result<Daemon, StartError> {
+        for (var, value, what) in [
+            ("VALKEY_URL", &cfg.state.valkey_url, "a Valkey state store"),
+            ("HANZO_RPC", &cfg.chain.rpc_url, "an EVM chain adapter"),
+            ("IPFS_URL", &cfg.publish.ipfs_url, "an IPFS publisher"),
+        ] {
+            if !value.is_empty() {
+                return Err(StartError::Unsupported(format!(
+                    "{var} is set, but this build of hanzod has no {what} yet; unset it to \
+                     run on the embedded default"
+                )));
+            }
+        }
+        if !cfg.publish.hf_token.is_empty() {
+            tracing::warn!("HF_TOKEN is set, but this build does not publish to the Hugging Face Hub yet; checkpoints stay in the embedded store");
+        }
+        if cfg.nodes.attesters.is_empty() {
+            tracing::warn!("DEVELOPMENT MODE: no trusted GPU attesters configured (nodes.attesters); GPU attestations are NOT checked");
+        }
+        let identity = orchestrator_identity(&cfg.orchestrator.key)?;
+        // The in-memory event log is new at every start.
+        let settings = server_settings(cfg, rand::random(), identity.node_id().0);
+        let acceptor = if cfg.server.tls.cert.is_empty() {
+            tracing::warn!("TLS is off (server.tls.cert is empty): node traffic is plaintext");
+            None
+        } else {
+            let ca = if cfg.server.tls.client_ca.is_empty() {
+                None
+            } else {
+                Some(read(&cfg.server.tls.client_ca, "client CA")?)
+            };
+            Some(tls_acceptor(
+                &read(&cfg.server.tls.cert, "certificate")?,
+                &read(&cfg.server.tls.key, "key")?,
+                ca.as_deref(),
+            )?)
+        };
+        let grpc_listener = TcpListener::bind(&cfg.server.grpc_addr)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: cfg.server.grpc_addr.clone(),
+                source,
+            })?;
+        let metrics_listener = if cfg.server.metrics_addr.is_empty() {
+            None
+        } else {
+            Some(
+                TcpListener::bind(&cfg.server.metrics_addr)
+                    .await
+                    .map_err(|source| StartError::Bind {
+                        addr: cfg.server.metrics_addr.clone(),
+                        source,
+                    })?,
+            )
+        };
+        let metrics = Arc::new(PrometheusMetrics::new());
+        let sessions = Arc::new(Sessions::new(
+            cfg.server.session_queue,
+            cfg.nodes.probe_bytes,
+            cfg.nodes.probe_ttl_ms,
+            metrics.clone(),
+        ));
+        let stake = GymWei::gym(cfg.chain.dev_stake_gym);
+        let core = Orchestrator::builder()
+            .config(cfg.core.clone())
+            .chain(Arc::new(MemoryChain::with_default_stake(stake)))
+            .node_link(Arc::new(GrpcNodeLink(sessions.clone())))
+            .metrics(metrics.clone())
+            .start()
+            .await?;
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let server = GrpcServer::new(
+            core.clone(),
+            sessions.clone(),
+            &settings,
+            shutdown_rx.clone(),
+        )
+        .await?;
+        let grpc_addr = grpc_listener.local_addr().map_err(ServeError::Io)?;
+        let mut stop = shutdown_rx.clone();
+        let signal = async move { crate::grpc::stopped(&mut stop).await };
+        let grpc = tokio::spawn(async move {
+            match acceptor {
+                Some(a) => server.serve_tls(grpc_listener, a, signal).await,
+                None => server.serve(grpc_listener, signal).await,
+            }
+        });
+        let (metrics_addr, exporter) = match metrics_listener {
+            None => (None, None),
+            Some(l) => {
+                let addr = l.local_addr().ok();
+                let mut stop = shutdown_rx.clone();
+                let core2 = core.clone();
+                let m2 = metrics.clone();
+                let sample = move || {
+                    let core = core2.clone();
+                    let m = m2.clone();
+                    async move { m.sample_from(&core).await }.boxed()
+                };
+                let task = tokio::spawn(crate::metrics::serve(l, metrics, sample, async move {
+                    crate::grpc::stopped(&mut stop).await
+                }));
+                (addr, Some(task))
+            }
+        };
+        tracing::info!(
+            grpc = %grpc_addr,
+            metrics = ?metrics_addr,
+            orchestrator = %identity.node_id(),
+            tls = !cfg.server.tls.cert.is_empty(),
+            mtls = !cfg.server.tls.client_ca.is_empty(),
+            "hanzod serving"
+        );
+        Ok(Daemon {
+            grpc_addr,
+            metrics_addr,
+            core,
+            sessions,
+            identity,
+            shutdown,
+            grpc,
+            exporter,
+            grace: Duration::from_millis(cfg.server.shutdown_grace_ms),
+        })
+    }
+
+    /// Stops gracefully: health turns NOT_SERVING, session streams end `UNAVAILABLE` (nodes
+    /// reconnect elsewhere or later), calls in flight get up to the grace period, then the
+    /// orchestrator stops.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        self.sessions
+            .close_all(tonic::Status::unavailable("orchestrator shutting down"));
+        let abort = self.grpc.abort_handle();
+        match tokio::time::timeout(self.grace, self.grpc).await {
+            Ok(Ok(Err(e))) => tracing::warn!("gRPC server: {e}"),
+            Err(_) => {
+                tracing::warn!("calls still in flight after the grace period; closing them");
+                abort.abort();
+            }
+            _ => {}
+        }
+        if let Some(e) = self.exporter {
+            let _ = tokio::time::timeout(self.grace, e).await;
+        }
+        self.core.shutdown().await;
+        tracing::info!("hanzod stopped");
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
