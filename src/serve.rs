@@ -17,12 +17,62 @@ use hanzod_actors::{Orchestrator, OrchestratorHandle};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::client::Io;
 use crate::config::Config;
 use crate::grpc::node::NodeServiceSettings;
 use crate::grpc::server::{tls_acceptor, GrpcServer, ServeError, ServerSettings};
 use crate::grpc::sessions::{GrpcNodeLink, Sessions};
 use crate::identity::Identity;
 use crate::metrics::PrometheusMetrics;
+
+/// Connections from any transport.
+type Incoming =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = std::io::Result<Box<dyn Io>>> + Send>>;
+
+enum Serving {
+    Tcp(TcpListener, Option<tokio_rustls::TlsAcceptor>),
+    Incoming(Incoming),
+}
+
+/// A connection of any transport, for [`Daemon::start_with_incoming`].
+struct AnyIo(Box<dyn Io>);
+
+impl tonic::transport::server::Connected for AnyIo {
+    type ConnectInfo = ();
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl tokio::io::AsyncRead for AnyIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for AnyIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut *self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.0).poll_shutdown(cx)
+    }
+}
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -153,8 +203,6 @@ impl Daemon {
             tracing::warn!("DEVELOPMENT MODE: no trusted GPU attesters configured (nodes.attesters); GPU attestations are NOT checked");
         }
         let identity = orchestrator_identity(&cfg.orchestrator.key)?;
-        // The in-memory event log is new at every start.
-        let settings = server_settings(cfg, rand::random(), identity.node_id().0);
         let acceptor = if cfg.server.tls.cert.is_empty() {
             tracing::warn!("TLS is off (server.tls.cert is empty): node traffic is plaintext");
             None
@@ -188,6 +236,43 @@ impl Daemon {
                     })?,
             )
         };
+        let grpc_addr = grpc_listener.local_addr().map_err(ServeError::Io)?;
+        Daemon::assemble(
+            cfg,
+            identity,
+            grpc_addr,
+            Serving::Tcp(grpc_listener, acceptor),
+            metrics_listener,
+        )
+        .await
+    }
+
+    /// Starts the orchestrator serving gRPC (plaintext, no metrics exporter) on the
+    /// connections `incoming` yields: a simulated network in tests.
+    pub async fn start_with_incoming<S>(cfg: &Config, incoming: S) -> Result<Daemon, StartError>
+    where
+        S: tokio_stream::Stream<Item = std::io::Result<Box<dyn Io>>> + Send + 'static,
+    {
+        let identity = orchestrator_identity(&cfg.orchestrator.key)?;
+        let addr = SocketAddr::from(([0, 0, 0, 0], 0));
+        Daemon::assemble(
+            cfg,
+            identity,
+            addr,
+            Serving::Incoming(Box::pin(incoming)),
+            None,
+        )
+        .await
+    }
+
+    async fn assemble(
+        cfg: &Config,
+        identity: Identity,
+        grpc_addr: SocketAddr,
+        serving: Serving,
+        metrics_listener: Option<TcpListener>,
+    ) -> Result<Daemon, StartError> {
+        let settings = server_settings(cfg, rand::random(), identity.node_id().0);
         let metrics = Arc::new(PrometheusMetrics::new());
         let sessions = Arc::new(Sessions::new(
             cfg.server.session_queue,
@@ -211,13 +296,18 @@ impl Daemon {
             shutdown_rx.clone(),
         )
         .await?;
-        let grpc_addr = grpc_listener.local_addr().map_err(ServeError::Io)?;
         let mut stop = shutdown_rx.clone();
         let signal = async move { crate::grpc::stopped(&mut stop).await };
         let grpc = tokio::spawn(async move {
-            match acceptor {
-                Some(a) => server.serve_tls(grpc_listener, a, signal).await,
-                None => server.serve(grpc_listener, signal).await,
+            match serving {
+                Serving::Tcp(l, Some(a)) => server.serve_tls(l, a, signal).await,
+                Serving::Tcp(l, None) => server.serve(l, signal).await,
+                Serving::Incoming(s) => {
+                    use futures_util::StreamExt;
+                    server
+                        .serve_with_incoming(s.map(|r| r.map(AnyIo)), signal)
+                        .await
+                }
             }
         });
         let (metrics_addr, exporter) = match metrics_listener {
