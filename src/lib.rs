@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -113,6 +113,9 @@ Examples:
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Measure the transport: ring repair latency, heartbeat capacity, memory.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Print the effective configuration (defaults ← file ← environment) as TOML.
     Config,
     /// Run a job on simulated nodes with seeded faults, in simulated time, and report how
@@ -159,6 +162,53 @@ enum JobCommand {
     Cancel {
         /// The job id.
         job: u64,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Crash → every survivor on the new ring, over loopback gRPC with in-process agents.
+    #[command(after_help = "Example:\n  hanzod bench recovery --nodes 64 --runs 20")]
+    Recovery {
+        /// Agents per run.
+        #[arg(long, default_value_t = 16)]
+        nodes: usize,
+        /// Runs (a fresh daemon each).
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Seeds keys and the killed member.
+        #[arg(long, env = "HANZOD_SEED", default_value_t = 1)]
+        seed: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Heartbeat load against a running daemon: many sessions, signed heartbeats.
+    #[command(after_help = "\
+Example (daemon with a raised per-session limit):
+  hanzod serve &
+  hanzod bench load --sessions 4000 --rate 1 --duration-s 20")]
+    Load {
+        /// The daemon's metrics endpoint, host:port.
+        #[arg(long, default_value = "127.0.0.1:9551")]
+        metrics: String,
+        /// Sessions (node keys) to open.
+        #[arg(long, default_value_t = 2000)]
+        sessions: usize,
+        /// Sessions per HTTP/2 connection.
+        #[arg(long, default_value_t = 250)]
+        per_connection: usize,
+        /// Heartbeats per session per second.
+        #[arg(long, default_value_t = 1.0)]
+        rate: f64,
+        /// Measurement window, s.
+        #[arg(long, default_value_t = 20)]
+        duration_s: u64,
+        /// Seeds the node keys.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -305,7 +355,59 @@ fn main() -> ExitCode {
         }
         .map_or_else(fail, |_| ExitCode::SUCCESS),
         Command::Sim { args, json } => run_sim(&cfg, args, json),
+        Command::Bench(b) => match runtime() {
+            Ok(rt) => rt.block_on(run_bench(&cfg, b)),
+            Err(e) => fail(e),
+        },
     }
+}
+
+async fn run_bench(cfg: &Config, cmd: BenchCommand) -> ExitCode {
+    let r: anyhow::Result<()> = async {
+        match cmd {
+            BenchCommand::Recovery {
+                nodes,
+                runs,
+                seed,
+                json,
+            } => {
+                eprintln!("seed {seed}");
+                let r = hanzod::bench::recovery(cfg, nodes, runs, seed).await?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    println!(
+                        "{} nodes, {} runs: kill → all survivors on the new ring p50 {:.1} ms, p99 {:.1} ms (includes the {} ms coalescing window)",
+                        r.nodes, r.runs, r.p50_ms, r.p99_ms, r.coalesce_ms
+                    );
+                }
+            }
+            BenchCommand::Load {
+                metrics,
+                sessions,
+                per_connection,
+                rate,
+                duration_s,
+                seed,
+                client,
+            } => {
+                let r = hanzod::bench::load(&hanzod::bench::LoadOptions {
+                    client: client.options(),
+                    metrics,
+                    sessions,
+                    per_connection,
+                    rate,
+                    duration_s,
+                    seed,
+                })
+                .await?;
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            }
+        }
+        Ok(())
+    }
+    .await;
+    r.map_or_else(fail, |_| ExitCode::SUCCESS)
 }
 
 async fn run_job(cmd: JobCommand) -> ExitCode {

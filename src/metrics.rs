@@ -192,13 +192,23 @@ const COUNTERS: [CounterSpec; 11] = [
 
 /// Family names (without prefix or suffix) that are not counters of [`COUNTERS`]: an
 /// `incr` under one of them, or an `observe` under a counter's name, is a conflict.
-const RESERVED: [&str; 5] = [
+const RESERVED: [&str; 6] = [
+    "process_resident_memory_bytes",
     "ring_repair_seconds",
     "heartbeat_handling_seconds",
     "nodes",
     "jobs",
     "metrics_errors",
 ];
+
+/// This process's resident memory in bytes (`VmRSS` of `/proc/self/status`); `None` where
+/// that file does not exist (not Linux).
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
 
 /// A metric registered on first use under an undeclared name.
 #[derive(Clone, Debug)]
@@ -280,6 +290,7 @@ pub struct PrometheusMetrics {
     heartbeat_handling: Histogram,
     nodes: Family<StateLabels, Gauge>,
     jobs: Family<StateLabels, Gauge>,
+    rss: Gauge,
     errors: Family<Labels, Counter>,
     dynamic: RwLock<DynamicMetrics>,
 }
@@ -315,6 +326,9 @@ impl PrometheusMetrics {
             }
             self.set_jobs(&counts);
         }
+        if let Some(rss) = resident_bytes() {
+            self.rss.set(gauge(rss));
+        }
     }
 
     /// A fresh registry with every declared metric registered (counters at no series yet,
@@ -338,6 +352,13 @@ impl PrometheusMetrics {
              is recorded, including the coalescing window",
             Unit::Seconds,
             ring_repair.clone(),
+        );
+        let rss = Gauge::default();
+        registry.register_with_unit(
+            "process_resident_memory",
+            "Resident memory of the daemon process (Linux: VmRSS of /proc/self/status), sampled at scrape",
+            Unit::Bytes,
+            rss.clone(),
         );
         let heartbeat_handling = Histogram::new(HEARTBEAT_HANDLING_BUCKETS);
         registry.register_with_unit(
@@ -376,6 +397,7 @@ impl PrometheusMetrics {
             heartbeat_handling,
             nodes,
             jobs,
+            rss,
             errors,
             dynamic: RwLock::new(DynamicMetrics::default()),
         };

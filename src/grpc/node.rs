@@ -300,7 +300,10 @@ impl NodeService for NodeServiceImpl {
                     )),
                 ))
             }
-            Ok(Err(status)) => return Err(self.reject(reason_of(&status), status)),
+            Ok(Err(status)) => {
+                let status = resource_exhausted_if_too_large(status);
+                return Err(self.reject(reason_of(&status), status));
+            }
             Ok(Ok(None)) => {
                 return Err(Status::cancelled("stream closed before its first message"))
             }
@@ -388,6 +391,16 @@ impl NodeService for NodeServiceImpl {
     }
 }
 
+/// tonic refuses an oversized message `OUT_OF_RANGE`; the gRPC specification's code for a
+/// message over the configured limit is `RESOURCE_EXHAUSTED`.
+fn resource_exhausted_if_too_large(status: Status) -> Status {
+    if super::server::is_too_large(&status) {
+        Status::resource_exhausted(status.message().to_string())
+    } else {
+        status
+    }
+}
+
 fn reason_of(status: &Status) -> &'static str {
     match status.code() {
         tonic::Code::ResourceExhausted => "too_large",
@@ -447,6 +460,7 @@ impl SessionTask {
                     Ok(Some(env)) => self.handle(env).await,
                     Ok(None) => break,
                     Err(status) => {
+                        let status = resource_exhausted_if_too_large(status);
                         // A peer that vanished is not a refused message; an oversized or
                         // undecodable one is.
                         if matches!(status.code(), tonic::Code::ResourceExhausted | tonic::Code::InvalidArgument | tonic::Code::Internal) {

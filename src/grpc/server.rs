@@ -87,9 +87,73 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Rewrites tonic's status for a message over the size limit (`OUT_OF_RANGE`, "decoded
+/// message length too large") to `RESOURCE_EXHAUSTED`, the code the gRPC specification
+/// gives for exceeding a configured message size, on responses whose status is in the
+/// headers (every refused unary call).
+#[derive(Clone)]
+struct TooLargeIsResourceExhausted<S>(S);
+
+/// Layer of [`TooLargeIsResourceExhausted`].
+#[derive(Clone, Copy, Debug)]
+struct TooLargeLayer;
+
+impl<S> tower::Layer<S> for TooLargeLayer {
+    type Service = TooLargeIsResourceExhausted<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        TooLargeIsResourceExhausted(inner)
+    }
+}
+
+/// True for tonic's "message too large" refusal.
+pub fn is_too_large(status: &Status) -> bool {
+    status.code() == tonic::Code::OutOfRange
+        && status.message().contains("message length too large")
+}
+
+impl<S, B, R> tower::Service<tonic::codegen::http::Request<B>> for TooLargeIsResourceExhausted<S>
+where
+    S: tower::Service<
+        tonic::codegen::http::Request<B>,
+        Response = tonic::codegen::http::Response<R>,
+    >,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures_util::future::MapOk<S::Future, fn(S::Response) -> S::Response>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        use futures_util::TryFutureExt;
+        fn fix<R>(mut res: tonic::codegen::http::Response<R>) -> tonic::codegen::http::Response<R> {
+            let too_large = res.headers().get("grpc-status").is_some_and(|v| v == "11")
+                && res.headers().get("grpc-message").is_some_and(|m| {
+                    let m = m.as_bytes();
+                    m.windows(22).any(|w| w == b"message%20length%20too")
+                        || m.windows(22).any(|w| w == b"message length too lar")
+                });
+            if too_large {
+                res.headers_mut().insert(
+                    "grpc-status",
+                    tonic::codegen::http::HeaderValue::from_static("8"),
+                );
+            }
+            res
+        }
+        self.0.call(req).map_ok(fix::<R> as fn(_) -> _)
+    }
+}
+
 /// The assembled services, ready to serve on any incoming connection stream.
 pub struct GrpcServer {
-    router: Router,
+    router: Router<tower::layer::util::Stack<TooLargeLayer, tower::layer::util::Identity>>,
     health: tonic_health::server::HealthReporter,
 }
 
@@ -150,6 +214,7 @@ impl GrpcServer {
             .build_v1alpha()
             .map_err(|e| ServeError::Reflection(e.to_string()))?;
         let router = Server::builder()
+            .layer(TooLargeLayer)
             .http2_keepalive_interval(Some(Duration::from_millis(settings.keepalive_interval_ms)))
             .http2_keepalive_timeout(Some(Duration::from_millis(settings.keepalive_timeout_ms)))
             .tcp_nodelay(true)

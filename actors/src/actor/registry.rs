@@ -470,15 +470,26 @@ impl RegistryState {
         if k == 0 {
             return;
         }
-        let live = self
-            .nodes
-            .iter()
-            .filter(|(_, e)| e.view.alive && e.actor.is_some())
-            .map(|(id, e)| (*id, e.info.region.as_str()));
         // Deterministic per (node, registration), different on each re-registration.
         let mut first = [0u8; 8];
         first.copy_from_slice(&node.0[..8]);
         let seed = u64::from_le_bytes(first) ^ u64::from(sessions).rotate_left(32);
+        // Plan over a bounded window of the live nodes, starting at a seeded position in
+        // key order, so admitting a node costs O(k), not O(nodes): with 10,000 nodes a
+        // full scan per registration made admission quadratic.
+        let window = k.saturating_mul(32).max(256);
+        let mut start = [0u8; 32];
+        for (i, chunk) in start.chunks_exact_mut(8).enumerate() {
+            chunk.copy_from_slice(&seed.rotate_left(16 * i as u32).to_le_bytes());
+        }
+        let start = NodeId(start);
+        let live = self
+            .nodes
+            .range(start..)
+            .chain(self.nodes.range(..start))
+            .filter(|(_, e)| e.view.alive && e.actor.is_some())
+            .take(window)
+            .map(|(id, e)| (*id, e.info.region.as_str()));
         let plan = plan_probes(
             node,
             &me.info.region,

@@ -1,0 +1,1377 @@
+//! Abuse of the daemon's gRPC surface over real loopback sockets: every bad input gets a
+//! precise status (or a `Reject` on the session stream), refusals are counted in
+//! `hanzod_rejected_messages_total{reason}`, and the daemon keeps serving.
+//!
+//! Each test starts its own daemon on `127.0.0.1:0`; every wait on the server is bounded.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hanzod::agent::error_chain;
+use hanzod::client::ClientOptions;
+use hanzod::config::Config;
+use hanzod::identity::Identity;
+use hanzod::serve::Daemon;
+use hanzod_proto::domain;
+use hanzod_proto::v1 as pb;
+use hanzod_proto::v1::admin_service_client::AdminServiceClient;
+use hanzod_proto::v1::job_service_client::JobServiceClient;
+use hanzod_proto::v1::node_service_client::NodeServiceClient;
+use hanzod_proto::v1::orchestrator_message::Body as Out;
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_rustls::rustls;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+/// The longest any single wait on the server may take before the test fails.
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn within<F: Future>(what: &str, f: F) -> F::Output {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Daemon, channels, metrics
+// ---------------------------------------------------------------------------------------
+
+fn config() -> Config {
+    let mut cfg = Config::load(None, |_| None).expect("default configuration");
+    cfg.server.grpc_addr = "127.0.0.1:0".into();
+    cfg.server.metrics_addr = "127.0.0.1:0".into();
+    cfg
+}
+
+async fn start(cfg: &Config) -> Daemon {
+    within("the daemon to start", Daemon::start(cfg))
+        .await
+        .expect("daemon starts")
+}
+
+async fn channel(d: &Daemon) -> Channel {
+    let ep = Channel::from_shared(format!("http://{}", d.grpc_addr)).expect("uri");
+    within("connect", ep.connect()).await.expect("connect")
+}
+
+async fn node_client(d: &Daemon) -> NodeServiceClient<Channel> {
+    NodeServiceClient::new(channel(d).await)
+}
+
+fn now_ms(d: &Daemon) -> u64 {
+    d.core.clock().now().as_millis()
+}
+
+/// Every sample of one scrape of `/metrics` (HTTP/1.0, so the body ends at close).
+async fn scrape(d: &Daemon) -> HashMap<String, f64> {
+    let addr = d.metrics_addr.expect("metrics exporter bound");
+    let raw = within("a metrics scrape", async {
+        let mut s = TcpStream::connect(addr).await.expect("connect to metrics");
+        let req = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        s.write_all(req.as_bytes()).await.expect("send scrape");
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).await.expect("read scrape");
+        raw
+    })
+    .await;
+    let (_, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn rejected(reason: &str) -> String {
+    format!("hanzod_rejected_messages_total{{reason=\"{reason}\"}}")
+}
+
+/// Polls the scrape until `series` equals `want` (absent counts as 0), or fails.
+async fn expect_counter(d: &Daemon, series: &str, want: f64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let got = scrape(d).await.get(series).copied().unwrap_or(0.0);
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} = {got}, want {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Awaits a unary call that must fail with `code` and a message containing `mentions`.
+async fn refused<T: std::fmt::Debug>(
+    what: &str,
+    call: impl Future<Output = Result<Response<T>, Status>>,
+    code: Code,
+    mentions: &str,
+) -> Status {
+    match within(what, call).await {
+        Ok(r) => panic!("{what}: succeeded with {:?}", r.into_inner()),
+        Err(s) => {
+            assert_eq!(s.code(), code, "{what}: {s:?}");
+            assert!(
+                s.message().contains(mentions),
+                "{what}: message {:?} does not mention {mentions:?}",
+                s.message()
+            );
+            s
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Registration and sessions
+// ---------------------------------------------------------------------------------------
+
+/// A valid NodeInfo for `id`.
+fn node_info(id: &Identity) -> pb::NodeInfo {
+    pb::NodeInfo {
+        node_id: id.node_id().0.to_vec(),
+        gpu: Some(pb::GpuInfo {
+            model: "NVIDIA A100-SXM4-80GB".into(),
+            vram_bytes: 80 << 30,
+            compute_cap_major: 8,
+            compute_cap_minor: 0,
+            driver_sig: Vec::new(),
+        }),
+        bandwidth: Some(pb::BandwidthProbe {
+            up_mbps: 1000.0,
+            down_mbps: 1000.0,
+        }),
+        region: "eu-west".into(),
+        endpoint: "127.0.0.1:7000".into(),
+    }
+}
+
+async fn challenge(c: &mut NodeServiceClient<Channel>, id: &Identity) -> Vec<u8> {
+    within(
+        "Challenge",
+        c.challenge(pb::ChallengeRequest {
+            node_id: id.node_id().0.to_vec(),
+        }),
+    )
+    .await
+    .expect("challenge accepted")
+    .into_inner()
+    .nonce
+}
+
+/// A RegisterRequest for `info`, signed by `id` over `REGISTER || nonce || info`.
+fn register_request(id: &Identity, nonce: &[u8], info: &pb::NodeInfo) -> pb::RegisterRequest {
+    let info = info.encode_to_vec();
+    let signature = id.sign(domain::REGISTER, &[nonce, &info]).to_vec();
+    pb::RegisterRequest {
+        info,
+        nonce: nonce.to_vec(),
+        signature,
+    }
+}
+
+/// Challenge + Register, which must succeed.
+async fn register(c: &mut NodeServiceClient<Channel>, id: &Identity) -> pb::RegisterResponse {
+    let nonce = challenge(c, id).await;
+    within(
+        "Register",
+        c.register(register_request(id, &nonce, &node_info(id))),
+    )
+    .await
+    .expect("registration accepted")
+    .into_inner()
+}
+
+/// `msg` in its envelope, signed by `id` over `SESSION || payload`.
+fn sign_message(id: &Identity, msg: &pb::NodeMessage) -> pb::SignedNodeMessage {
+    let payload = msg.encode_to_vec();
+    let signature = id.sign(domain::SESSION, &[&payload]).to_vec();
+    pb::SignedNodeMessage { payload, signature }
+}
+
+/// A heartbeat with the given sequence number and timestamp, signed by `id`.
+fn heartbeat(id: &Identity, token: &[u8], seq: u64, timestamp_ms: u64) -> pb::SignedNodeMessage {
+    sign_message(
+        id,
+        &pb::NodeMessage {
+            session: token.to_vec(),
+            seq,
+            timestamp_ms,
+            body: Some(pb::node_message::Body::Heartbeat(pb::Heartbeat {
+                gpu_utilization: 0.5,
+                memory_used: 1 << 30,
+                current_step: seq,
+            })),
+        },
+    )
+}
+
+type Inbound = Streaming<pb::OrchestratorMessage>;
+
+/// Opens a session stream whose first message is `first`.
+async fn open_stream(
+    c: &mut NodeServiceClient<Channel>,
+    first: pb::SignedNodeMessage,
+) -> Result<(mpsc::Sender<pb::SignedNodeMessage>, Inbound), Status> {
+    let (tx, rx) = mpsc::channel(64);
+    tx.try_send(first).expect("queue the first message");
+    let inbound = within(
+        "the Session call",
+        c.session(Request::new(ReceiverStream::new(rx))),
+    )
+    .await?
+    .into_inner();
+    Ok((tx, inbound))
+}
+
+/// A registered node with an attached session stream.
+struct Joined {
+    tx: mpsc::Sender<pb::SignedNodeMessage>,
+    inbound: Inbound,
+    token: Vec<u8>,
+    id: Identity,
+}
+
+impl Joined {
+    async fn send(&self, m: pb::SignedNodeMessage) {
+        within("a session send", self.tx.send(m))
+            .await
+            .expect("the session stream is open");
+    }
+
+    /// Sends a fresh heartbeat numbered `seq`.
+    async fn heartbeat(&self, d: &Daemon, seq: u64) {
+        self.send(heartbeat(&self.id, &self.token, seq, now_ms(d)))
+            .await;
+    }
+
+    /// Proves that `seq` was the last accepted message and that nothing was refused since
+    /// the last Reject read: a duplicate of `seq` must be the next thing refused, as a replay
+    /// of exactly `seq`.
+    async fn expect_last_accepted(&mut self, d: &Daemon, seq: u64) {
+        self.heartbeat(d, seq).await;
+        let r = next_reject(&mut self.inbound).await;
+        assert_eq!(r.seq, seq, "an earlier message was refused: {r:?}");
+        assert_eq!(r.code, Code::FailedPrecondition as i32, "{r:?}");
+        assert!(
+            r.reason.contains(&format!("seq {seq} is not above {seq}")),
+            "{r:?}"
+        );
+    }
+}
+
+/// Registers `id` and opens its session with a heartbeat numbered `first_seq`.
+async fn join(
+    d: &Daemon,
+    c: &mut NodeServiceClient<Channel>,
+    id: Identity,
+    first_seq: u64,
+) -> Joined {
+    let reg = register(c, &id).await;
+    let token = reg.session;
+    let (tx, inbound) = open_stream(c, heartbeat(&id, &token, first_seq, now_ms(d)))
+        .await
+        .expect("session attached");
+    Joined {
+        tx,
+        inbound,
+        token,
+        id,
+    }
+}
+
+/// The next Reject on a session stream (other messages are skipped).
+async fn next_reject(inbound: &mut Inbound) -> pb::Reject {
+    loop {
+        match within("a Reject", inbound.message()).await {
+            Ok(Some(pb::OrchestratorMessage {
+                body: Some(Out::Reject(r)),
+                ..
+            })) => return r,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended OK before a Reject"),
+            Err(s) => panic!("the stream ended {s:?} before a Reject"),
+        }
+    }
+}
+
+/// Reads a session stream to its end: the Rejects on the way, and the closing status
+/// (code OK for a clean end).
+async fn drain(inbound: &mut Inbound) -> (Vec<pb::Reject>, Status) {
+    let mut rejects = Vec::new();
+    loop {
+        match within("the stream to end", inbound.message()).await {
+            Ok(Some(pb::OrchestratorMessage {
+                body: Some(Out::Reject(r)),
+                ..
+            })) => rejects.push(r),
+            Ok(Some(_)) => {}
+            Ok(None) => return (rejects, Status::new(Code::Ok, "ended")),
+            Err(s) => return (rejects, s),
+        }
+    }
+}
+
+fn job_spec() -> pb::JobSpec {
+    pb::JobSpec {
+        name: "abuse".into(),
+        epochs: 1,
+        min_nodes: 1,
+        max_nodes: 2,
+        min_vram_bytes: 1 << 30,
+        pending_deadline_ms: 600_000,
+        epoch_deadline_ms: 600_000,
+        utility: 1.0,
+        submitter_stake_gym_wei: "1000".into(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Registration: signatures and nonces
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_with_a_bad_signature_or_nonce_is_unauthenticated() {
+    let d = start(&config()).await;
+    let mut c = node_client(&d).await;
+    let me = Identity::from_seed([1; 32]);
+    let other = Identity::from_seed([2; 32]);
+    let info = node_info(&me);
+
+    // Signed by another key.
+    let nonce = challenge(&mut c, &me).await;
+    refused(
+        "register signed by another key",
+        c.register(register_request(&other, &nonce, &info)),
+        Code::Unauthenticated,
+        "signature",
+    )
+    .await;
+    // 63 bytes.
+    let nonce = challenge(&mut c, &me).await;
+    let mut req = register_request(&me, &nonce, &info);
+    req.signature.truncate(63);
+    refused(
+        "register with a 63-byte signature",
+        c.register(req),
+        Code::Unauthenticated,
+        "63 bytes",
+    )
+    .await;
+    // Missing.
+    let nonce = challenge(&mut c, &me).await;
+    let mut req = register_request(&me, &nonce, &info);
+    req.signature.clear();
+    refused(
+        "register without a signature",
+        c.register(req),
+        Code::Unauthenticated,
+        "signature",
+    )
+    .await;
+    expect_counter(&d, &rejected("bad_signature"), 3.0).await;
+
+    // A nonce never issued.
+    let req = register_request(&me, &[7; 32], &info);
+    refused(
+        "register with a nonce never issued",
+        c.register(req),
+        Code::Unauthenticated,
+        "nonce",
+    )
+    .await;
+    // A nonce issued to another key.
+    let nonce = challenge(&mut c, &other).await;
+    refused(
+        "register with another key's nonce",
+        c.register(register_request(&me, &nonce, &info)),
+        Code::Unauthenticated,
+        "nonce",
+    )
+    .await;
+    // A missing nonce.
+    refused(
+        "register without a nonce",
+        c.register(register_request(&me, &[], &info)),
+        Code::Unauthenticated,
+        "nonce",
+    )
+    .await;
+    // A nonce used twice: the first use succeeds, the second is refused.
+    let nonce = challenge(&mut c, &me).await;
+    let req = register_request(&me, &nonce, &info);
+    within("register", c.register(req.clone()))
+        .await
+        .expect("first use of the nonce");
+    refused(
+        "register with a used nonce",
+        c.register(req),
+        Code::Unauthenticated,
+        "nonce",
+    )
+    .await;
+    expect_counter(&d, &rejected("bad_nonce"), 4.0).await;
+    expect_counter(&d, &rejected("bad_signature"), 3.0).await;
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Session: authentication and attachment
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_refuses_bad_signatures_unknown_tokens_and_a_second_stream() {
+    let d = start(&config()).await;
+    let mut c = node_client(&d).await;
+    let me = Identity::from_seed([10; 32]);
+    let other = Identity::from_seed([11; 32]);
+    let token = register(&mut c, &me).await.session;
+
+    // First message signed by another key.
+    let forged = heartbeat(&other, &token, 1, now_ms(&d));
+    let s = open_stream(&mut c, forged)
+        .await
+        .expect_err("forged first message");
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    // A bad signature length.
+    let mut short = heartbeat(&me, &token, 1, now_ms(&d));
+    short.signature.truncate(10);
+    let s = open_stream(&mut c, short)
+        .await
+        .expect_err("short signature");
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    expect_counter(&d, &rejected("bad_signature"), 2.0).await;
+
+    // Unknown and malformed session tokens.
+    let s = open_stream(&mut c, heartbeat(&me, &[9; 16], 1, now_ms(&d)))
+        .await
+        .expect_err("unknown token");
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    let s = open_stream(&mut c, heartbeat(&me, &[9; 5], 1, now_ms(&d)))
+        .await
+        .expect_err("malformed token");
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    expect_counter(&d, &rejected("unknown_session"), 2.0).await;
+
+    // The refused attempts did not use up the session: a valid stream attaches.
+    let (tx, inbound) = open_stream(&mut c, heartbeat(&me, &token, 1, now_ms(&d)))
+        .await
+        .expect("valid first message attaches");
+    let mut a = Joined {
+        tx,
+        inbound,
+        token: token.clone(),
+        id: me.clone(),
+    };
+    // A second stream for the same session.
+    let s = open_stream(&mut c, heartbeat(&me, &token, 2, now_ms(&d)))
+        .await
+        .expect_err("second stream");
+    assert_eq!(s.code(), Code::AlreadyExists, "{s:?}");
+    expect_counter(&d, &rejected("session_taken"), 1.0).await;
+    // The first stream is unaffected.
+    a.heartbeat(&d, 2).await;
+    a.expect_last_accepted(&d, 2).await;
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Replay and freshness
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_and_stale_messages_get_rejects_and_the_stream_stays_open() {
+    let d = start(&config()).await;
+    let mut c = node_client(&d).await;
+    let mut s = join(&d, &mut c, Identity::from_seed([20; 32]), 5).await;
+
+    for seq in [5, 3] {
+        s.heartbeat(&d, seq).await;
+        let r = next_reject(&mut s.inbound).await;
+        assert_eq!(r.seq, seq, "{r:?}");
+        assert_eq!(r.code, Code::FailedPrecondition as i32, "{r:?}");
+        assert!(r.reason.contains("replay"), "{r:?}");
+    }
+    expect_counter(&d, &rejected("replay"), 2.0).await;
+    // The stream stays open: seq 6 is accepted without a Reject.
+    s.heartbeat(&d, 6).await;
+    s.expect_last_accepted(&d, 6).await;
+    expect_counter(&d, &rejected("replay"), 3.0).await;
+
+    // 60 s in the past and in the future: outside the ±30 s window.
+    let id = s.id.clone();
+    for (seq, ts) in [(7, now_ms(&d) - 60_000), (8, now_ms(&d) + 60_000)] {
+        s.send(heartbeat(&id, &s.token, seq, ts)).await;
+        let r = next_reject(&mut s.inbound).await;
+        assert_eq!(r.seq, seq, "{r:?}");
+        assert_eq!(r.code, Code::FailedPrecondition as i32, "{r:?}");
+        assert!(r.reason.contains("window"), "{r:?}");
+    }
+    expect_counter(&d, &rejected("outside_window"), 2.0).await;
+    // A refused message does not advance the sequence: 7 is still usable.
+    s.heartbeat(&d, 7).await;
+    s.expect_last_accepted(&d, 7).await;
+    expect_counter(&d, "hanzod_session_messages_total{kind=\"heartbeat\"}", 3.0).await;
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Unknown nodes, probes and jobs
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_nodes_probes_and_jobs_are_not_found() {
+    let d = start(&config()).await;
+    let ch = channel(&d).await;
+    let mut c = NodeServiceClient::new(ch.clone());
+    let mut admin = AdminServiceClient::new(ch.clone());
+    let mut jobs = JobServiceClient::new(ch);
+
+    refused(
+        "GetNode of an unregistered key",
+        admin.get_node(pb::GetNodeRequest {
+            node_id: Identity::from_seed([3; 32]).node_id().0.to_vec(),
+        }),
+        Code::NotFound,
+        "not registered",
+    )
+    .await;
+
+    let mut s = join(&d, &mut c, Identity::from_seed([30; 32]), 1).await;
+    let probe = sign_message(
+        &s.id,
+        &pb::NodeMessage {
+            session: s.token.clone(),
+            seq: 2,
+            timestamp_ms: now_ms(&d),
+            body: Some(pb::node_message::Body::ProbeResult(pb::ProbeResult {
+                probe_id: 42,
+                peer: vec![4; 32],
+                mbps: 100.0,
+                bytes: 1 << 20,
+                elapsed_us: 80_000,
+                error: String::new(),
+            })),
+        },
+    );
+    s.send(probe).await;
+    let r = next_reject(&mut s.inbound).await;
+    assert_eq!(r.seq, 2, "{r:?}");
+    assert_eq!(r.code, Code::NotFound as i32, "{r:?}");
+    assert!(r.reason.contains("probe"), "{r:?}");
+    expect_counter(&d, &rejected("unknown_probe"), 1.0).await;
+    // Still open.
+    s.heartbeat(&d, 3).await;
+    s.expect_last_accepted(&d, 3).await;
+
+    refused(
+        "GetJob of an unknown job",
+        jobs.get_job(pb::GetJobRequest { job_id: 999 }),
+        Code::NotFound,
+        "",
+    )
+    .await;
+    refused(
+        "GetRing of an unknown job",
+        admin.get_ring(pb::GetRingRequest { job_id: 999 }),
+        Code::NotFound,
+        "",
+    )
+    .await;
+    refused(
+        "CancelJob of an unknown job",
+        jobs.cancel_job(pb::CancelJobRequest { job_id: 999 }),
+        Code::NotFound,
+        "",
+    )
+    .await;
+    refused(
+        "WatchJob of an unknown job",
+        jobs.watch_job(pb::WatchJobRequest { job_id: 999 }),
+        Code::NotFound,
+        "",
+    )
+    .await;
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. Malformed fields
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_fields_are_invalid_argument_naming_the_field() {
+    let d = start(&config()).await;
+    let ch = channel(&d).await;
+    let mut c = NodeServiceClient::new(ch.clone());
+    let mut jobs = JobServiceClient::new(ch);
+    let me = Identity::from_seed([40; 32]);
+
+    refused(
+        "Challenge with a 31-byte node id",
+        c.challenge(pb::ChallengeRequest {
+            node_id: vec![1; 31],
+        }),
+        Code::InvalidArgument,
+        "node_id",
+    )
+    .await;
+
+    refused(
+        "Register with info that is not a NodeInfo",
+        c.register(pb::RegisterRequest {
+            info: vec![0xff, 0xff, 0xff],
+            nonce: vec![0; 32],
+            signature: vec![0; 64],
+        }),
+        Code::InvalidArgument,
+        "info",
+    )
+    .await;
+    type Spoil = fn(&mut pb::NodeInfo);
+    let bad: [(&str, Spoil); 3] = [
+        ("info.region", |i| i.region = "EU West".into()),
+        ("info.gpu.vram_bytes", |i| {
+            i.gpu.as_mut().expect("gpu").vram_bytes = 0
+        }),
+        ("info.endpoint", |i| i.endpoint = "nohost".into()),
+    ];
+    for (field, spoil) in bad {
+        let mut info = node_info(&me);
+        spoil(&mut info);
+        let nonce = challenge(&mut c, &me).await;
+        refused(
+            field,
+            c.register(register_request(&me, &nonce, &info)),
+            Code::InvalidArgument,
+            field,
+        )
+        .await;
+    }
+    expect_counter(&d, &rejected("invalid"), 5.0).await;
+
+    let bad_specs = [
+        (
+            "epochs",
+            Some(pb::JobSpec {
+                epochs: 0,
+                ..job_spec()
+            }),
+        ),
+        ("spec", None),
+        (
+            "spec.submitter_stake_gym_wei",
+            Some(pb::JobSpec {
+                submitter_stake_gym_wei: "-1".into(),
+                ..job_spec()
+            }),
+        ),
+    ];
+    for (field, spec) in bad_specs {
+        refused(
+            field,
+            jobs.submit_job(pb::SubmitJobRequest { spec }),
+            Code::InvalidArgument,
+            field,
+        )
+        .await;
+    }
+    // The valid spec is accepted (the refusals above are about the fields).
+    within(
+        "SubmitJob",
+        jobs.submit_job(pb::SubmitJobRequest {
+            spec: Some(job_spec()),
+        }),
+    )
+    .await
+    .expect("valid spec accepted");
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. Oversized messages
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_messages_are_resource_exhausted() {
+    let mut cfg = config();
+    cfg.server.max_message_bytes = 64 << 10;
+    let d = start(&cfg).await;
+    let mut c = node_client(&d).await;
+    let me = Identity::from_seed([50; 32]);
+
+    // Every case is observed before any is asserted, so one failure reports them all.
+    let mut codes = Vec::new();
+    let nonce = challenge(&mut c, &me).await;
+    let mut info = node_info(&me);
+    info.gpu.as_mut().expect("gpu").driver_sig = vec![0; 100 << 10];
+    let r = within(
+        "an oversized Register",
+        c.register(register_request(&me, &nonce, &info)),
+    )
+    .await;
+    codes.push((
+        "an oversized Register",
+        r.expect_err("oversized Register accepted"),
+    ));
+
+    // An oversized first session message.
+    let token = register(&mut c, &me).await.session;
+    let big = pb::SignedNodeMessage {
+        payload: vec![0; 100 << 10],
+        signature: vec![0; 64],
+    };
+    let s = open_stream(&mut c, big)
+        .await
+        .expect_err("oversized first message attached");
+    codes.push(("an oversized first session message", s));
+
+    // An oversized message on an attached session ends it.
+    let (tx, inbound) = open_stream(&mut c, heartbeat(&me, &token, 1, now_ms(&d)))
+        .await
+        .expect("session attached");
+    let mut s = Joined {
+        tx,
+        inbound,
+        token,
+        id: me,
+    };
+    let mut msg = heartbeat(&s.id, &s.token, 2, now_ms(&d));
+    msg.payload.resize(100 << 10, 0);
+    s.send(msg).await;
+    let (rejects, end) = drain(&mut s.inbound).await;
+    assert!(rejects.is_empty(), "{rejects:?}");
+    codes.push(("an oversized message on a session", end));
+
+    let wrong: Vec<String> = codes
+        .iter()
+        .filter(|(_, s)| s.code() != Code::ResourceExhausted)
+        .map(|(what, s)| format!("{what}: {:?} {:?}", s.code(), s.message()))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "not RESOURCE_EXHAUSTED:\n{}",
+        wrong.join("\n")
+    );
+    // Both session refusals are counted.
+    expect_counter(&d, &rejected("too_large"), 2.0).await;
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Rate limits
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_reject_then_close_and_cap_registrations() {
+    let mut cfg = config();
+    cfg.server.limits.messages_per_s = 1;
+    cfg.server.limits.burst = 2;
+    cfg.server.limits.max_violations = 3;
+    cfg.server.limits.registrations_per_min = 2;
+    let d = start(&cfg).await;
+    let mut c = node_client(&d).await;
+
+    // Challenge + Register: the key's two calls this minute.
+    let mut s = join(&d, &mut c, Identity::from_seed([60; 32]), 1).await;
+    // The first message is not rate limited; the burst of 2 passes, then each message is
+    // refused until the fourth refusal closes the stream. Ten are sent so that a token
+    // refilled during the burst cannot change the outcome.
+    for seq in 2..=11 {
+        let m = heartbeat(&s.id, &s.token, seq, now_ms(&d));
+        // Once the server has closed the stream, sends fail: that is the expected end.
+        if within("a session send", s.tx.send(m)).await.is_err() {
+            break;
+        }
+    }
+    let (rejects, end) = drain(&mut s.inbound).await;
+    assert_eq!(rejects.len(), 3, "{rejects:?}");
+    for r in &rejects {
+        assert_eq!(r.code, Code::ResourceExhausted as i32, "{r:?}");
+        assert!(r.reason.contains("per second"), "{r:?}");
+    }
+    assert_eq!(end.code(), Code::ResourceExhausted, "{end:?}");
+    assert!(end.message().contains("refused messages"), "{end:?}");
+    expect_counter(&d, &rejected("rate_limited"), 4.0).await;
+
+    // The third Challenge for one key within a minute.
+    let other = Identity::from_seed([61; 32]);
+    challenge(&mut c, &other).await;
+    challenge(&mut c, &other).await;
+    refused(
+        "a third Challenge",
+        c.challenge(pb::ChallengeRequest {
+            node_id: other.node_id().0.to_vec(),
+        }),
+        Code::ResourceExhausted,
+        "per minute",
+    )
+    .await;
+    expect_counter(&d, &rejected("rate_limited"), 5.0).await;
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Re-registration of a live key
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registering_a_live_key_again_replaces_its_session_without_failing_the_node() {
+    let d = start(&config()).await;
+    let ch = channel(&d).await;
+    let mut c = NodeServiceClient::new(ch.clone());
+    let mut admin = AdminServiceClient::new(ch);
+    let me = Identity::from_seed([80; 32]);
+
+    let mut a = join(&d, &mut c, me.clone(), 1).await;
+    let reg = register(&mut c, &me).await;
+    assert_eq!(reg.registrations, 2);
+    let (tx, inbound) = open_stream(&mut c, heartbeat(&me, &reg.session, 1, now_ms(&d)))
+        .await
+        .expect("session B attached");
+    let mut b = Joined {
+        tx,
+        inbound,
+        token: reg.session,
+        id: me.clone(),
+    };
+
+    let (rejects, end) = drain(&mut a.inbound).await;
+    assert!(rejects.is_empty(), "{rejects:?}");
+    assert_eq!(end.code(), Code::Aborted, "{end:?}");
+    // A's task has finished closing.
+    expect_counter(&d, "hanzod_sessions_total{event=\"closed\"}", 1.0).await;
+
+    // Heartbeats on B are accepted (1 already, then 2).
+    b.heartbeat(&d, 2).await;
+    b.expect_last_accepted(&d, 2).await;
+    expect_counter(&d, "hanzod_heartbeats_total{outcome=\"accepted\"}", 3.0).await;
+
+    let nodes = within("ListNodes", admin.list_nodes(pb::ListNodesRequest {}))
+        .await
+        .expect("ListNodes")
+        .into_inner()
+        .nodes;
+    let mine: Vec<_> = nodes
+        .iter()
+        .filter(|n| n.node_id == me.node_id().0.to_vec())
+        .collect();
+    assert_eq!(mine.len(), 1, "{nodes:?}");
+    assert!(mine[0].alive, "declared failed: {:?}", mine[0]);
+    assert_eq!(mine[0].endpoint, "127.0.0.1:7000");
+    expect_counter(&d, "hanzod_nodes{state=\"failed\"}", 0.0).await;
+    expect_counter(&d, "hanzod_nodes{state=\"alive\"}", 1.0).await;
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. Admin token
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_token_guards_jobs_and_admin_but_not_nodes() {
+    let mut cfg = config();
+    cfg.server.admin_token = "s3cret".into();
+    let d = start(&cfg).await;
+    let ch = channel(&d).await;
+    let mut jobs = JobServiceClient::new(ch.clone());
+    let mut admin = AdminServiceClient::new(ch.clone());
+    let mut c = NodeServiceClient::new(ch);
+
+    let with = |auth: Option<&str>| {
+        let mut r = Request::new(pb::ListJobsRequest {});
+        if let Some(a) = auth {
+            r.metadata_mut().insert(
+                "authorization",
+                MetadataValue::try_from(a).expect("ascii metadata"),
+            );
+        }
+        r
+    };
+    refused(
+        "ListJobs without a token",
+        jobs.list_jobs(with(None)),
+        Code::Unauthenticated,
+        "Bearer",
+    )
+    .await;
+    refused(
+        "ListJobs with a wrong token",
+        jobs.list_jobs(with(Some("Bearer wrong"))),
+        Code::Unauthenticated,
+        "wrong",
+    )
+    .await;
+    refused(
+        "ListJobs with the bare token",
+        jobs.list_jobs(with(Some("s3cret"))),
+        Code::Unauthenticated,
+        "",
+    )
+    .await;
+    refused(
+        "ListJobs with a token prefix",
+        jobs.list_jobs(with(Some("Bearer s3cre"))),
+        Code::Unauthenticated,
+        "",
+    )
+    .await;
+    within("ListJobs", jobs.list_jobs(with(Some("Bearer s3cret"))))
+        .await
+        .expect("the right token is accepted");
+    refused(
+        "ListNodes without a token",
+        admin.list_nodes(pb::ListNodesRequest {}),
+        Code::Unauthenticated,
+        "",
+    )
+    .await;
+    let opts = ClientOptions {
+        admin_token: Some("s3cret".into()),
+        ..ClientOptions::default()
+    };
+    within(
+        "ListNodes",
+        admin.list_nodes(opts.request(pb::ListNodesRequest {})),
+    )
+    .await
+    .expect("ClientOptions sends the token");
+
+    // NodeService needs no token.
+    let me = Identity::from_seed([90; 32]);
+    let mut s = join(&d, &mut c, me, 1).await;
+    s.expect_last_accepted(&d, 1).await;
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 10. Health and reflection
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_reflection_are_served() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let d = start(&config()).await;
+    let ch = channel(&d).await;
+    let mut health = HealthClient::new(ch.clone());
+    for service in [
+        "",
+        "hanzod.v1.NodeService",
+        "hanzod.v1.JobService",
+        "hanzod.v1.AdminService",
+    ] {
+        let r = within(
+            "health Check",
+            health.check(HealthCheckRequest {
+                service: service.into(),
+            }),
+        )
+        .await
+        .expect("health check")
+        .into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
+    }
+    refused(
+        "health Check of an unknown service",
+        health.check(HealthCheckRequest {
+            service: "hanzod.v1.Nope".into(),
+        }),
+        Code::NotFound,
+        "",
+    )
+    .await;
+
+    let mut reflection = ServerReflectionClient::new(ch);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = within(
+        "reflection",
+        reflection.server_reflection_info(tokio_stream::iter(vec![req])),
+    )
+    .await
+    .expect("reflection call")
+    .into_inner();
+    let first = within("a reflection answer", stream.message())
+        .await
+        .expect("reflection answer")
+        .expect("one answer");
+    let Some(MessageResponse::ListServicesResponse(list)) = first.message_response else {
+        panic!("not a service list: {first:?}");
+    };
+    let names: Vec<&str> = list.service.iter().map(|s| s.name.as_str()).collect();
+    for want in [
+        "hanzod.v1.NodeService",
+        "hanzod.v1.JobService",
+        "hanzod.v1.AdminService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 11. TLS
+// ---------------------------------------------------------------------------------------
+
+/// A test CA, a server certificate for "localhost" and a client certificate, as PEM files
+/// in a temporary folder (removed on drop).
+struct Pki {
+    dir: PathBuf,
+    ca_der: Vec<u8>,
+}
+
+impl Pki {
+    fn new(tag: &str) -> Pki {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair, KeyUsagePurpose,
+        };
+        let dir =
+            std::env::temp_dir().join(format!("hanzod-grpc-abuse-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "hanzod test CA");
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_key = KeyPair::generate().expect("CA key");
+        let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+        let issuer = Issuer::new(ca, ca_key);
+        let write = |name: &str, text: String| {
+            std::fs::write(dir.join(name), text).expect("write PEM");
+        };
+        write("ca.pem", ca_cert.pem());
+        for (name, san, eku) in [
+            ("server", "localhost", ExtendedKeyUsagePurpose::ServerAuth),
+            ("client", "node.test", ExtendedKeyUsagePurpose::ClientAuth),
+        ] {
+            let mut p = CertificateParams::new(vec![san.to_string()]).expect("leaf params");
+            p.distinguished_name.push(DnType::CommonName, san);
+            p.extended_key_usages = vec![eku];
+            p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+            p.use_authority_key_identifier_extension = true;
+            let key = KeyPair::generate().expect("leaf key");
+            let cert = p.signed_by(&key, &issuer).expect("leaf certificate");
+            write(&format!("{name}.pem"), cert.pem());
+            write(&format!("{name}.key"), key.serialize_pem());
+        }
+        Pki {
+            ca_der: ca_cert.der().to_vec(),
+            dir,
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn path_str(&self, name: &str) -> String {
+        self.path(name).display().to_string()
+    }
+
+    /// A configuration serving TLS with the server certificate (and mTLS with `mutual`).
+    fn config(&self, mutual: bool) -> Config {
+        let mut cfg = config();
+        cfg.server.tls.cert = self.path_str("server.pem");
+        cfg.server.tls.key = self.path_str("server.key");
+        if mutual {
+            cfg.server.tls.client_ca = self.path_str("ca.pem");
+        }
+        cfg
+    }
+
+    /// Client options for `https://127.0.0.1:PORT`, checking the name "localhost".
+    fn client(&self, d: &Daemon, with_cert: bool) -> ClientOptions {
+        ClientOptions {
+            endpoint: format!("https://127.0.0.1:{}", d.grpc_addr.port()),
+            ca: Some(self.path("ca.pem")),
+            domain: Some("localhost".into()),
+            cert: with_cert.then(|| self.path("client.pem")),
+            key: with_cert.then(|| self.path("client.key")),
+            call_timeout_ms: 5_000,
+            connect_timeout_ms: 5_000,
+            ..ClientOptions::default()
+        }
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Connects with `opts` and lists jobs; any failure as text.
+async fn list_jobs_via(opts: &ClientOptions) -> Result<pb::ListJobsResponse, String> {
+    let ch = within("connect", opts.connect())
+        .await
+        .map_err(|e| format!("connect: {}", error_chain(&e)))?;
+    within(
+        "ListJobs",
+        JobServiceClient::new(ch).list_jobs(opts.request(pb::ListJobsRequest {})),
+    )
+    .await
+    .map(Response::into_inner)
+    .map_err(|s| format!("call: {s:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_clients_that_trust_the_ca_and_refuses_plaintext() {
+    let pki = Pki::new("tls");
+    let d = start(&pki.config(false)).await;
+    let opts = pki.client(&d, false);
+    list_jobs_via(&opts).await.expect("TLS client with the CA");
+
+    let plain = ClientOptions {
+        endpoint: format!("http://{}", d.grpc_addr),
+        call_timeout_ms: 5_000,
+        connect_timeout_ms: 5_000,
+        ..ClientOptions::default()
+    };
+    let r = list_jobs_via(&plain).await;
+    assert!(r.is_err(), "a plaintext client was served: {r:?}");
+
+    // A client that does not trust the CA (it trusts only itself, via a self-signed CA of
+    // another PKI) is refused by its own verification.
+    let stranger = Pki::new("tls-stranger");
+    let mut untrusting = opts.clone();
+    untrusting.ca = Some(stranger.path("ca.pem"));
+    let r = list_jobs_via(&untrusting).await;
+    assert!(r.is_err(), "a client with the wrong CA was served: {r:?}");
+    // The server still serves the good client afterwards.
+    list_jobs_via(&opts)
+        .await
+        .expect("TLS client after refusals");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_1_3_only() {
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let pki = Pki::new("tls13");
+    let d = start(&pki.config(false)).await;
+    let handshake = |version: &'static rustls::SupportedProtocolVersion| {
+        let ca = CertificateDer::from(pki.ca_der.clone());
+        let addr = d.grpc_addr;
+        async move {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(ca).expect("CA");
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+                .with_protocol_versions(&[version])
+                .expect("protocol versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            cfg.alpn_protocols = vec![b"h2".to_vec()];
+            let tcp = TcpStream::connect(addr).await.expect("tcp connect");
+            let name = ServerName::try_from("localhost").expect("name");
+            within(
+                "a TLS handshake",
+                tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp),
+            )
+            .await
+            .map(|tls| tls.get_ref().1.protocol_version())
+        }
+    };
+    let r = handshake(&rustls::version::TLS12).await;
+    let err = r.expect_err("a TLS 1.2-only client completed a handshake");
+    let text = err.to_string();
+    assert!(
+        text.to_ascii_lowercase().contains("version"),
+        "not refused for its version: {text}"
+    );
+    // Control: the same client restricted to TLS 1.3 succeeds.
+    let v = handshake(&rustls::version::TLS13)
+        .await
+        .expect("TLS 1.3 handshake");
+    assert_eq!(v, Some(rustls::ProtocolVersion::TLSv1_3));
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_requires_a_client_certificate() {
+    let pki = Pki::new("mtls");
+    let d = start(&pki.config(true)).await;
+    let r = list_jobs_via(&pki.client(&d, false)).await;
+    assert!(
+        r.is_err(),
+        "a client without a certificate was served: {r:?}"
+    );
+    // A certificate from another CA is refused too.
+    let stranger = Pki::new("mtls-stranger");
+    let mut foreign = pki.client(&d, true);
+    foreign.cert = Some(stranger.path("client.pem"));
+    foreign.key = Some(stranger.path("client.key"));
+    let r = list_jobs_via(&foreign).await;
+    assert!(
+        r.is_err(),
+        "a client with a foreign certificate was served: {r:?}"
+    );
+    list_jobs_via(&pki.client(&d, true))
+        .await
+        .expect("client with a certificate signed by the client CA");
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 12. Random input never crashes the server
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn random_bytes_get_a_status_and_the_daemon_keeps_serving() {
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut cfg = config();
+    // No limit may hide a deeper check from the random input.
+    cfg.server.limits.registrations_per_min = 1_000_000;
+    cfg.server.limits.messages_per_s = 1_000_000;
+    cfg.server.limits.burst = 1_000_000;
+    cfg.server.limits.max_violations = 1_000_000;
+    let d = rt.block_on(start(&cfg));
+    let mut c = rt.block_on(node_client(&d));
+    // A long-lived session that receives correctly signed random payloads.
+    let long =
+        tokio::sync::Mutex::new(rt.block_on(join(&d, &mut c, Identity::from_seed([70; 32]), 1)));
+    let seq = Cell::new(1u64);
+    let client = tokio::sync::Mutex::new(c);
+    let fuzzer = Identity::from_seed([71; 32]);
+
+    let config = ProptestConfig {
+        cases: 64,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(
+        info in vec(any::<u8>(), 0..600),
+        nonce in vec(any::<u8>(), 0..40),
+        signature in vec(any::<u8>(), 0..80),
+        payload in vec(any::<u8>(), 0..600),
+        probe_id in any::<u64>(),
+        peer in vec(any::<u8>(), 0..40),
+    )| {
+        rt.block_on(async {
+            let mut c = client.lock().await;
+            // Random registration fields.
+            let r = within(
+                "Register",
+                c.register(pb::RegisterRequest {
+                    info: info.clone(),
+                    nonce: nonce.clone(),
+                    signature: signature.clone(),
+                }),
+            )
+            .await;
+            let s = r.expect_err("random registration accepted");
+            assert!(
+                matches!(s.code(), Code::InvalidArgument | Code::Unauthenticated),
+                "random registration: {s:?}"
+            );
+            // A valid NodeInfo with a fresh nonce and a random signature.
+            let n = challenge(&mut c, &fuzzer).await;
+            let req = pb::RegisterRequest {
+                signature: signature.clone(),
+                ..register_request(&fuzzer, &n, &node_info(&fuzzer))
+            };
+            let s = within("Register", c.register(req))
+                .await
+                .expect_err("random signature accepted");
+            assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+            // A random first session message.
+            let first = pb::SignedNodeMessage {
+                payload: payload.clone(),
+                signature: signature.clone(),
+            };
+            let s = open_stream(&mut c, first)
+                .await
+                .expect_err("random first message attached");
+            assert!(
+                matches!(s.code(), Code::InvalidArgument | Code::Unauthenticated),
+                "random first message: {s:?}"
+            );
+            // Correctly signed random payloads on a live session: a Reject each, the stream
+            // stays open.
+            let mut long = long.lock().await;
+            let env = pb::SignedNodeMessage {
+                signature: long.id.sign(domain::SESSION, &[&payload]).to_vec(),
+                payload: payload.clone(),
+            };
+            long.send(env).await;
+            let r = next_reject(&mut long.inbound).await;
+            assert!(
+                r.code == Code::InvalidArgument as i32
+                    || r.code == Code::FailedPrecondition as i32,
+                "signed random payload: {r:?}"
+            );
+            // A probe result nobody asked for, with a random id and peer.
+            seq.set(seq.get() + 1);
+            let probe = sign_message(
+                &long.id,
+                &pb::NodeMessage {
+                    session: long.token.clone(),
+                    seq: seq.get(),
+                    timestamp_ms: now_ms(&d),
+                    body: Some(pb::node_message::Body::ProbeResult(pb::ProbeResult {
+                        probe_id,
+                        peer: peer.clone(),
+                        mbps: 1.0,
+                        ..Default::default()
+                    })),
+                },
+            );
+            long.send(probe).await;
+            let r = next_reject(&mut long.inbound).await;
+            assert_eq!(r.seq, seq.get(), "{r:?}");
+            let want = if peer.len() == 32 {
+                Code::NotFound
+            } else {
+                Code::InvalidArgument
+            };
+            assert_eq!(r.code, want as i32, "{r:?}");
+        });
+    });
+
+    rt.block_on(async {
+        // The long session survived, and a new node still registers and heartbeats.
+        let mut long = long.into_inner();
+        long.heartbeat(&d, seq.get() + 1).await;
+        long.expect_last_accepted(&d, seq.get() + 1).await;
+        let mut c = client.into_inner();
+        let mut fresh = join(&d, &mut c, Identity::from_seed([72; 32]), 1).await;
+        fresh.heartbeat(&d, 2).await;
+        fresh.expect_last_accepted(&d, 2).await;
+        drop((long, fresh));
+        d.stop().await;
+    });
+}
