@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use hanzod_actors::ports::memory::MemoryChain;
+use hanzod_actors::ports::Clock;
 use hanzod_actors::types::GymWei;
 use hanzod_actors::{Orchestrator, OrchestratorHandle};
 use tokio::net::TcpListener;
@@ -243,13 +244,19 @@ impl Daemon {
             grpc_addr,
             Serving::Tcp(grpc_listener, acceptor),
             metrics_listener,
+            None,
         )
         .await
     }
 
     /// Starts the orchestrator serving gRPC (plaintext, no metrics exporter) on the
-    /// connections `incoming` yields: a simulated network in tests.
-    pub async fn start_with_incoming<S>(cfg: &Config, incoming: S) -> Result<Daemon, StartError>
+    /// connections `incoming` yields, reading time from `clock`: a simulated network in
+    /// tests, whose hosts must share one notion of time across restarts.
+    pub async fn start_with_incoming<S>(
+        cfg: &Config,
+        incoming: S,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Daemon, StartError>
     where
         S: tokio_stream::Stream<Item = std::io::Result<Box<dyn Io>>> + Send + 'static,
     {
@@ -261,6 +268,7 @@ impl Daemon {
             addr,
             Serving::Incoming(Box::pin(incoming)),
             None,
+            Some(clock),
         )
         .await
     }
@@ -271,6 +279,7 @@ impl Daemon {
         grpc_addr: SocketAddr,
         serving: Serving,
         metrics_listener: Option<TcpListener>,
+        clock: Option<Arc<dyn Clock>>,
     ) -> Result<Daemon, StartError> {
         let settings = server_settings(cfg, rand::random(), identity.node_id().0);
         let metrics = Arc::new(PrometheusMetrics::new());
@@ -281,13 +290,15 @@ impl Daemon {
             metrics.clone(),
         ));
         let stake = GymWei::gym(cfg.chain.dev_stake_gym);
-        let core = Orchestrator::builder()
+        let mut builder = Orchestrator::builder()
             .config(cfg.core.clone())
             .chain(Arc::new(MemoryChain::with_default_stake(stake)))
             .node_link(Arc::new(GrpcNodeLink(sessions.clone())))
-            .metrics(metrics.clone())
-            .start()
-            .await?;
+            .metrics(metrics.clone());
+        if let Some(clock) = clock {
+            builder = builder.clock(clock);
+        }
+        let core = builder.start().await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let server = GrpcServer::new(
             core.clone(),
