@@ -49,7 +49,8 @@ struct Probe {
 struct Inner {
     by_node: HashMap<NodeId, Slot>,
     by_token: HashMap<Token, NodeId>,
-    probes: HashMap<u64, Probe>,
+    /// Outstanding probe requests by id; ids grow with time, so the oldest come first.
+    probes: std::collections::BTreeMap<u64, Probe>,
     next_probe: u64,
 }
 
@@ -263,10 +264,16 @@ impl Sessions {
                     .get(&peer)
                     .map(|s| s.endpoint.clone())
                     .ok_or(LinkError::NotConnected(peer))?;
-                // Forget probes nobody answered in time.
+                // Forget probes nobody answered in time: the oldest are first, so this
+                // is amortised O(1) per request.
                 let ttl = self.probe_ttl_ms;
-                g.probes
-                    .retain(|_, p| p.sent.elapsed().as_millis() as u64 <= ttl);
+                while let Some(entry) = g.probes.first_entry() {
+                    if entry.get().sent.elapsed().as_millis() as u64 > ttl {
+                        entry.remove();
+                    } else {
+                        break;
+                    }
+                }
                 g.next_probe += 1;
                 let probe_id = g.next_probe;
                 g.probes.insert(
