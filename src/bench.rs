@@ -16,16 +16,17 @@ use hanzod_actors::job::JobSpec;
 use hanzod_actors::types::GymWei;
 use hanzod_proto::v1 as pb;
 use hanzod_proto::v1::node_service_client::NodeServiceClient;
-use prost::Message;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::agent::protocol::{self, SessionSigner};
 use crate::agent::{Agent, AgentEvent, AgentSettings};
 use crate::client::ClientOptions;
 use crate::config::Config;
 use crate::identity::Identity;
+use crate::metrics::{parse_samples, scrape};
 use crate::serve::Daemon;
 
 /// Quantile `q` in [0, 1] of `samples` (nearest rank on the sorted samples).
@@ -270,30 +271,6 @@ pub struct LoadOptions {
     pub seed: u64,
 }
 
-async fn scrape(addr: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).await?;
-    Ok(body
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or(body))
-}
-
-/// Samples of an OpenMetrics text: `name{labels}` → value.
-pub fn parse_samples(text: &str) -> HashMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
 /// Quantile `q` of a histogram's delta between two scrapes, by linear interpolation inside
 /// the bucket that holds it (the Prometheus `histogram_quantile` method), in the
 /// histogram's unit.
@@ -342,27 +319,13 @@ pub fn histogram_quantile(
 }
 
 struct Session {
-    identity: Identity,
-    token: Vec<u8>,
+    signer: SessionSigner,
     out: mpsc::Sender<pb::SignedNodeMessage>,
-    seq: u64,
 }
 
 fn heartbeat(s: &mut Session) -> pb::SignedNodeMessage {
-    s.seq += 1;
-    let payload = pb::NodeMessage {
-        session: s.token.clone(),
-        seq: s.seq,
-        timestamp_ms: hanzod_actors::ports::Clock::now(&hanzod_actors::ports::SystemClock)
-            .as_millis(),
-        body: Some(pb::node_message::Body::Heartbeat(pb::Heartbeat::default())),
-    }
-    .encode_to_vec();
-    let signature = s
-        .identity
-        .sign(hanzod_proto::domain::SESSION, &[&payload])
-        .to_vec();
-    pb::SignedNodeMessage { payload, signature }
+    let now = hanzod_actors::ports::Clock::now(&hanzod_actors::ports::SystemClock).as_millis();
+    s.signer.sign(now, protocol::heartbeat())
 }
 
 async fn open_session(
@@ -373,12 +336,6 @@ async fn open_session(
     rejected: Arc<AtomicU64>,
 ) -> anyhow::Result<Session> {
     let me = identity.node_id();
-    let challenge = client
-        .challenge(opts.request(pb::ChallengeRequest {
-            node_id: me.0.to_vec(),
-        }))
-        .await?
-        .into_inner();
     let info = pb::NodeInfo {
         node_id: me.0.to_vec(),
         gpu: Some(pb::GpuInfo {
@@ -394,23 +351,12 @@ async fn open_session(
         }),
         region: format!("r{}", index % 8),
         endpoint: format!("127.0.0.1:{}", 20_000 + index % 40_000),
-    }
-    .encode_to_vec();
-    let signature = identity.sign(hanzod_proto::domain::REGISTER, &[&challenge.nonce, &info]);
-    let reg = client
-        .register(opts.request(pb::RegisterRequest {
-            info,
-            nonce: challenge.nonce,
-            signature: signature.to_vec(),
-        }))
-        .await?
-        .into_inner();
+    };
+    let reg = protocol::register(client, opts, &identity, &info).await?;
     let (out, rx) = mpsc::channel(8);
     let mut session = Session {
-        identity,
-        token: reg.session,
+        signer: SessionSigner::new(identity, reg.session),
         out,
-        seq: 0,
     };
     let first = heartbeat(&mut session);
     session

@@ -201,6 +201,32 @@ const RESERVED: [&str; 6] = [
     "metrics_errors",
 ];
 
+/// Fetches `http://{addr}/metrics` (HTTP/1.0, no client library needed) and returns the
+/// body. `addr` is `host:port`.
+pub async fn scrape(addr: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).await?;
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or(text))
+}
+
+/// The samples of an OpenMetrics text: `name{labels}` → value (comments skipped).
+pub fn parse_samples(text: &str) -> std::collections::HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
 /// This process's resident memory in bytes (`VmRSS` of `/proc/self/status`); `None` where
 /// that file does not exist (not Linux).
 pub fn resident_bytes() -> Option<u64> {
@@ -599,7 +625,7 @@ async fn serve_with_timeout(
         sample_timeout,
     });
     let app = Router::new()
-        .route("/metrics", get(scrape))
+        .route("/metrics", get(handle_scrape))
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found") })
         .with_state(exporter);
@@ -608,7 +634,7 @@ async fn serve_with_timeout(
         .await
 }
 
-async fn scrape(State(exporter): State<Arc<Exporter>>) -> impl IntoResponse {
+async fn handle_scrape(State(exporter): State<Arc<Exporter>>) -> impl IntoResponse {
     if tokio::time::timeout(exporter.sample_timeout, (exporter.sample)())
         .await
         .is_err()

@@ -23,7 +23,6 @@ use hanzod_proto::v1::job_service_client::JobServiceClient;
 use hanzod_proto::v1::node_service_client::NodeServiceClient;
 use hanzod_proto::v1::orchestrator_message::Body as Out;
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::rustls;
@@ -71,26 +70,13 @@ fn now_ms(d: &Daemon) -> u64 {
     d.core.clock().now().as_millis()
 }
 
-/// Every sample of one scrape of `/metrics` (HTTP/1.0, so the body ends at close).
+/// Every sample of one scrape of `/metrics`.
 async fn scrape(d: &Daemon) -> HashMap<String, f64> {
-    let addr = d.metrics_addr.expect("metrics exporter bound");
-    let raw = within("a metrics scrape", async {
-        let mut s = TcpStream::connect(addr).await.expect("connect to metrics");
-        let req = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-        s.write_all(req.as_bytes()).await.expect("send scrape");
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).await.expect("read scrape");
-        raw
-    })
-    .await;
-    let (_, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_owned(), v.parse().ok()?))
-        })
-        .collect()
+    let addr = d.metrics_addr.expect("metrics exporter bound").to_string();
+    let body = within("a metrics scrape", hanzod::metrics::scrape(&addr))
+        .await
+        .expect("scrape");
+    hanzod::metrics::parse_samples(&body)
 }
 
 fn rejected(reason: &str) -> String {

@@ -1,7 +1,6 @@
 //! The real actor core reporting through `PrometheusMetrics`, scraped over loopback HTTP
 //! with gauges sampled from the orchestrator, as the daemon wires it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,16 +12,6 @@ use hanzod_actors::types::{GymWei, NodeId, NodeInfo};
 use hanzod_actors::{Orchestrator, OrchestratorError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-fn samples(text: &str) -> HashMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_owned(), v.parse().ok()?))
-        })
-        .collect()
-}
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -91,7 +80,7 @@ async fn core_counters_and_sampled_gauges_reach_the_scrape() {
         head.contains(&format!("content-type: {CONTENT_TYPE}")),
         "{head}"
     );
-    let s = samples(&body);
+    let s = hanzod::metrics::parse_samples(&body);
     let v = |k: &str| *s.get(k).unwrap_or_else(|| panic!("no {k} in\n{body}"));
     assert_eq!(v(r#"hanzod_registrations_total{outcome="accepted"}"#), 1.0);
     assert_eq!(v(r#"hanzod_heartbeats_total{outcome="accepted"}"#), 2.0);

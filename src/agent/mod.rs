@@ -7,9 +7,9 @@
 //! goes away. What happens is reported as [`AgentEvent`]s.
 
 pub mod probe;
+pub mod protocol;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +17,6 @@ use hanzod_actors::ports::{Clock, SystemClock};
 use hanzod_actors::types::{JobId, NodeId};
 use hanzod_proto::v1 as pb;
 use hanzod_proto::v1::node_service_client::NodeServiceClient;
-use prost::Message;
 use rand::Rng;
 use serde::Serialize;
 use tokio::sync::{broadcast, mpsc, watch};
@@ -248,12 +247,6 @@ impl Agent {
             .max_decoding_message_size(max)
             .max_encoding_message_size(max);
         let me = self.identity.node_id();
-        let challenge = client
-            .challenge(opts.request(pb::ChallengeRequest {
-                node_id: me.0.to_vec(),
-            }))
-            .await?
-            .into_inner();
         let info = pb::NodeInfo {
             node_id: me.0.to_vec(),
             gpu: Some(pb::GpuInfo {
@@ -269,48 +262,18 @@ impl Agent {
             }),
             region: self.settings.region.clone(),
             endpoint: self.settings.advertise.clone(),
-        }
-        .encode_to_vec();
-        let signature = self
-            .identity
-            .sign(hanzod_proto::domain::REGISTER, &[&challenge.nonce, &info]);
-        let reg = client
-            .register(opts.request(pb::RegisterRequest {
-                info,
-                nonce: challenge.nonce,
-                signature: signature.to_vec(),
-            }))
-            .await?
-            .into_inner();
+        };
+        let reg = protocol::register(&mut client, opts, &self.identity, &info).await?;
         if reg.log_id != self.log_id {
             // Another event log: versions held before are not comparable.
             self.rings.clear();
             self.log_id = reg.log_id.clone();
         }
-        let session = reg.session.clone();
-        let seq = AtomicU64::new(0);
-        let identity = self.identity.clone();
+        let mut signer = protocol::SessionSigner::new(self.identity.clone(), reg.session.clone());
         let clock = self.clock.clone();
-        let sign = |body: pb::node_message::Body| {
-            let payload = pb::NodeMessage {
-                session: session.clone(),
-                seq: seq.fetch_add(1, Ordering::Relaxed) + 1,
-                timestamp_ms: clock.now().as_millis(),
-                body: Some(body),
-            }
-            .encode_to_vec();
-            let signature = identity
-                .sign(hanzod_proto::domain::SESSION, &[&payload])
-                .to_vec();
-            pb::SignedNodeMessage { payload, signature }
-        };
-        let heartbeat = || {
-            pb::node_message::Body::Heartbeat(pb::Heartbeat {
-                gpu_utilization: 0.0,
-                memory_used: 0,
-                current_step: 0,
-            })
-        };
+        let mut sign =
+            move |body: pb::node_message::Body| signer.sign(clock.now().as_millis(), body);
+        let heartbeat = protocol::heartbeat;
         let (out, rx) = mpsc::channel::<pb::SignedNodeMessage>(64);
         out.try_send(sign(heartbeat()))
             .map_err(|_| Status::internal("session queue"))?;

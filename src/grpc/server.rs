@@ -25,6 +25,14 @@ use super::jobs::{AdminServiceImpl, JobServiceImpl};
 use super::node::{NodeServiceImpl, NodeServiceSettings};
 use super::sessions::Sessions;
 
+/// The names `grpc.health.v1` reports: the whole server ("") and each hanzod service.
+const HEALTH_NAMES: [&str; 4] = [
+    "",
+    "hanzod.v1.NodeService",
+    "hanzod.v1.JobService",
+    "hanzod.v1.AdminService",
+];
+
 /// Transport settings of the daemon's gRPC server.
 #[derive(Debug, Clone)]
 pub struct ServerSettings {
@@ -193,12 +201,7 @@ impl GrpcServer {
             token,
         );
         let (health, health_service) = tonic_health::server::health_reporter();
-        for name in [
-            "",
-            "hanzod.v1.NodeService",
-            "hanzod.v1.JobService",
-            "hanzod.v1.AdminService",
-        ] {
+        for name in HEALTH_NAMES {
             health
                 .set_service_status(name, tonic_health::ServingStatus::Serving)
                 .await;
@@ -298,12 +301,7 @@ impl GrpcServer {
         let health = self.health.clone();
         let signal = async move {
             signal.await;
-            for name in [
-                "",
-                "hanzod.v1.NodeService",
-                "hanzod.v1.JobService",
-                "hanzod.v1.AdminService",
-            ] {
+            for name in HEALTH_NAMES {
                 health
                     .set_service_status(name, tonic_health::ServingStatus::NotServing)
                     .await;
