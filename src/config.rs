@@ -100,8 +100,11 @@ pub struct LimitsConfig {
     pub burst: u32,
     /// Refused messages before a session is closed `RESOURCE_EXHAUSTED`.
     pub max_violations: u32,
-    /// Challenge + Register calls per node key per minute.
+    /// Registrations per node key per minute (charged once the signature verifies).
     pub registrations_per_min: u32,
+    /// Challenge calls per client IP address per minute (and burst): bounds what one host
+    /// can make the daemon hold, whatever keys it invents.
+    pub challenges_per_ip_per_min: u32,
     /// Registration nonces outstanding at once.
     pub max_pending_challenges: usize,
     /// A nonce expires after this many ms.

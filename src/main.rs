@@ -479,10 +479,14 @@ async fn run_node(args: NodeArgs) -> ExitCode {
             bound.to_string()
         }
     });
+    let Some(vram_bytes) = args.vram_gib.checked_mul(1 << 30) else {
+        eprintln!("error: --vram-gib {} is too large", args.vram_gib);
+        return ExitCode::from(2);
+    };
     let settings = hanzod::agent::AgentSettings {
         orchestrator: args.client.options(),
         gpu_model: args.gpu_model,
-        vram_bytes: args.vram_gib << 30,
+        vram_bytes,
         compute_cap,
         driver_sig,
         up_mbps: args.up_mbps,

@@ -170,6 +170,7 @@ pub fn server_settings(
             challenge_ttl_ms: s.limits.challenge_ttl_ms,
             max_pending_challenges: s.limits.max_pending_challenges,
             registrations_per_min: s.limits.registrations_per_min,
+            challenges_per_ip_per_min: s.limits.challenges_per_ip_per_min,
             messages_per_s: s.limits.messages_per_s,
             burst: s.limits.burst,
             max_violations: s.limits.max_violations,
@@ -328,10 +329,24 @@ impl Daemon {
                 let mut stop = shutdown_rx.clone();
                 let core2 = core.clone();
                 let m2 = metrics.clone();
+                // One sample in flight at a time, at most one a second: a scrape flood must
+                // not queue work on the actors that handle heartbeats.
+                let gate = Arc::new(tokio::sync::Mutex::new(None::<std::time::Instant>));
                 let sample = move || {
                     let core = core2.clone();
                     let m = m2.clone();
-                    async move { m.sample_from(&core).await }.boxed()
+                    let gate = gate.clone();
+                    async move {
+                        let Ok(mut last) = gate.try_lock() else {
+                            return;
+                        };
+                        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+                            return;
+                        }
+                        m.sample_from(&core).await;
+                        *last = Some(std::time::Instant::now());
+                    }
+                    .boxed()
                 };
                 let task = tokio::spawn(crate::metrics::serve(l, metrics, sample, async move {
                     crate::grpc::stopped(&mut stop).await
@@ -365,8 +380,7 @@ impl Daemon {
     /// orchestrator stops.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
-        self.sessions
-            .close_all(tonic::Status::unavailable("orchestrator shutting down"));
+        self.sessions.close_all();
         let abort = self.grpc.abort_handle();
         match tokio::time::timeout(self.grace, self.grpc).await {
             Ok(Ok(Err(e))) => tracing::warn!("gRPC server: {e}"),

@@ -770,7 +770,6 @@ async fn rate_limits_reject_then_close_and_cap_registrations() {
     let d = start(&cfg).await;
     let mut c = node_client(&d).await;
 
-    // Challenge + Register: the key's two calls this minute.
     let mut s = join(&d, &mut c, Identity::from_seed([60; 32]), 1).await;
     // The first message is not rate limited; the burst of 2 passes, then each message is
     // refused until the fourth refusal closes the stream. Ten are sent so that a token
@@ -792,20 +791,46 @@ async fn rate_limits_reject_then_close_and_cap_registrations() {
     assert!(end.message().contains("refused messages"), "{end:?}");
     expect_counter(&d, &rejected("rate_limited"), 4.0).await;
 
-    // The third Challenge for one key within a minute.
+    // Challenges for a key do not spend its registration budget (anyone can ask for a
+    // nonce naming any key): after three, the key still registers twice.
     let other = Identity::from_seed([61; 32]);
-    challenge(&mut c, &other).await;
-    challenge(&mut c, &other).await;
+    for _ in 0..3 {
+        challenge(&mut c, &other).await;
+    }
+    register(&mut c, &other).await;
+    register(&mut c, &other).await;
+    // The third registration of the key within a minute is refused, once its signature
+    // has verified.
+    let nonce = challenge(&mut c, &other).await;
     refused(
-        "a third Challenge",
-        c.challenge(pb::ChallengeRequest {
-            node_id: other.node_id().0.to_vec(),
-        }),
+        "a third registration",
+        c.register(register_request(&other, &nonce, &node_info(&other))),
         Code::ResourceExhausted,
         "per minute",
     )
     .await;
     expect_counter(&d, &rejected("rate_limited"), 5.0).await;
+    d.stop().await;
+
+    // Challenges per client address, on a fresh daemon: with a limit of 8, eight pass and
+    // the ninth is refused.
+    let mut cfg = config();
+    cfg.server.limits.challenges_per_ip_per_min = 8;
+    let d = start(&cfg).await;
+    let mut c = node_client(&d).await;
+    for i in 0..8u8 {
+        challenge(&mut c, &Identity::from_seed([70 + i; 32])).await;
+    }
+    refused(
+        "a ninth Challenge from one address",
+        c.challenge(pb::ChallengeRequest {
+            node_id: Identity::from_seed([90; 32]).node_id().0.to_vec(),
+        }),
+        Code::ResourceExhausted,
+        "from 127.0.0.1",
+    )
+    .await;
+    expect_counter(&d, &rejected("rate_limited"), 1.0).await;
     d.stop().await;
 }
 
@@ -859,6 +884,40 @@ async fn registering_a_live_key_again_replaces_its_session_without_failing_the_n
     assert_eq!(mine[0].endpoint, "127.0.0.1:7000");
     expect_counter(&d, "hanzod_nodes{state=\"failed\"}", 0.0).await;
     expect_counter(&d, "hanzod_nodes{state=\"alive\"}", 1.0).await;
+    d.stop().await;
+}
+
+/// A registration whose session stream never attaches is closed after
+/// `first_message_timeout_ms`: the node is failed at once (not after the heartbeat timeout)
+/// and no longer advertised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_that_never_opens_its_session_is_failed() {
+    let mut cfg = config();
+    cfg.server.first_message_timeout_ms = 300;
+    let d = start(&cfg).await;
+    let mut c = node_client(&d).await;
+    let me = Identity::from_seed([95; 32]);
+    register(&mut c, &me).await;
+    let mut admin = AdminServiceClient::new(channel(&d).await);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let n = within(
+            "GetNode",
+            admin.get_node(pb::GetNodeRequest {
+                node_id: me.node_id().0.to_vec(),
+            }),
+        )
+        .await
+        .expect("GetNode")
+        .into_inner();
+        if !n.alive {
+            assert_eq!(n.endpoint, "", "a failed node is not advertised: {n:?}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still alive: {n:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Well before the 30 s heartbeat timeout: the close came from the transport.
     d.stop().await;
 }
 

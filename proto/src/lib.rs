@@ -31,7 +31,8 @@ pub const DEFAULT_GRPC_PORT: u16 = 9550;
 pub const DEFAULT_METRICS_PORT: u16 = 9551;
 
 /// Signature domains: every signed byte string starts with one of these, so a signature
-/// made for one purpose can never be replayed as another.
+/// made for one purpose can never be replayed as another. None is a prefix of another
+/// (checked by a test).
 pub mod domain {
     /// Registration: `REGISTER || nonce || NodeInfo bytes`.
     pub const REGISTER: &[u8] = b"hanzod.v1.register";
@@ -39,6 +40,28 @@ pub mod domain {
     pub const SESSION: &[u8] = b"hanzod.v1.session";
     /// GPU attestation: `GPU || node id || model || vram (u64 BE) || major || minor`.
     pub const GPU: &[u8] = b"hanzod.v1.gpu";
-    /// Delta uploads: `DELTA || DeltaHeader bytes || sha256`.
-    pub const DELTA: &[u8] = b"hanzod.v1.delta";
+    /// Delta statements (DESIGN §6): the node signs SHA-256(`DELTA || job id || epoch ||
+    /// step || claimed loss || SHA-256(payload)`), little endian.
+    pub const DELTA: &[u8] = b"hanzod-delta-v1";
+
+    /// Every domain, for the check that none is a prefix of another (so a signed byte
+    /// string for one purpose can never parse as one for another).
+    pub const ALL: [&[u8]; 4] = [REGISTER, SESSION, GPU, DELTA];
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn signature_domains_are_prefix_free() {
+        for (i, a) in super::domain::ALL.iter().enumerate() {
+            for (j, b) in super::domain::ALL.iter().enumerate() {
+                assert!(
+                    i == j || !b.starts_with(a),
+                    "{:?} is a prefix of {:?}",
+                    String::from_utf8_lossy(a),
+                    String::from_utf8_lossy(b)
+                );
+            }
+        }
+    }
 }

@@ -48,7 +48,8 @@ pub struct AgentSettings {
     /// `host:port` where peers reach this node's probe listener.
     pub advertise: String,
     /// First reconnect delay, ms; doubles per failed attempt up to `backoff_max_ms`, with
-    /// full jitter (a delay drawn uniformly in [0, current]).
+    /// jitter (a delay drawn uniformly in [cap/2, cap], so a fleet that lost the
+    /// orchestrator at once does not come back at once, yet none retries too early).
     pub backoff_min_ms: u64,
     /// See `backoff_min_ms`.
     pub backoff_max_ms: u64,
@@ -77,7 +78,7 @@ pub enum AgentEvent {
         /// Members in ring order (hex ids).
         members: Vec<String>,
     },
-    /// Ignored a ring version lower than (or equal to) the one held.
+    /// Ignored a ring version lower than the one held.
     RingIgnored {
         /// The job.
         job: u64,
@@ -123,6 +124,9 @@ pub enum AgentEvent {
     },
 }
 
+/// Probe requests an agent holds (queued or running) before it answers new ones "busy".
+pub const MAX_QUEUED_PROBES: usize = 8;
+
 /// The node agent.
 pub struct Agent {
     settings: AgentSettings,
@@ -133,6 +137,8 @@ pub struct Agent {
     /// Ring versions held, per job, on the current orchestrator log.
     rings: HashMap<JobId, u64>,
     log_id: Vec<u8>,
+    /// The current attempt registered.
+    registered: bool,
 }
 
 /// Why one session ended.
@@ -182,6 +188,7 @@ impl Agent {
             events: broadcast::channel(1024).0,
             rings: HashMap::new(),
             log_id: Vec::new(),
+            registered: false,
         }
     }
 
@@ -203,7 +210,7 @@ impl Agent {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let mut attempt: u32 = 0;
         loop {
-            let started = tokio::time::Instant::now();
+            self.registered = false;
             let end = tokio::select! {
                 r = self.session() => r,
                 _ = crate::grpc::stopped(&mut stop) => Err(SessionEnd::Stopped),
@@ -216,8 +223,8 @@ impl Agent {
                 Err(e) => e.to_string(),
             };
             self.emit(AgentEvent::Disconnected { reason });
-            // A session that lasted a while resets the backoff.
-            if started.elapsed() > Duration::from_millis(self.settings.backoff_max_ms) {
+            // A session that got as far as registering resets the backoff.
+            if self.registered {
                 attempt = 0;
             }
             attempt = attempt.saturating_add(1);
@@ -281,6 +288,7 @@ impl Agent {
             .session(opts.stream_request(ReceiverStream::new(rx)))
             .await?
             .into_inner();
+        self.registered = true;
         self.emit(AgentEvent::Registered {
             node: me.to_string(),
             registrations: reg.registrations,
@@ -291,6 +299,9 @@ impl Agent {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (probe_tx, mut probe_rx) = mpsc::channel::<pb::ProbeResult>(16);
         let probe_slot = Arc::new(tokio::sync::Semaphore::new(1));
+        // Probes queued or running; beyond MAX_QUEUED_PROBES a request is answered "busy"
+        // at once rather than late (the orchestrator accepts results for a limited time).
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
@@ -309,8 +320,16 @@ impl Agent {
                             let Some(ring) = u.ring else { continue };
                             let job = JobId(ring.job_id);
                             let have = self.rings.get(&job).copied().unwrap_or(0);
-                            if ring.version <= have {
+                            if ring.version < have {
                                 self.emit(AgentEvent::RingIgnored { job: job.0, version: ring.version, have });
+                                continue;
+                            }
+                            if ring.version == have {
+                                // The periodic resync of the ring we hold: acknowledge it.
+                                let _ = out.send(sign(pb::node_message::Body::RingAck(pb::RingAck {
+                                    job_id: job.0,
+                                    version: ring.version,
+                                }))).await;
                                 continue;
                             }
                             self.rings.insert(job, ring.version);
@@ -328,6 +347,19 @@ impl Agent {
                             self.emit(AgentEvent::Released { job: r.job_id });
                         }
                         Some(Body::ProbeRequest(p)) => {
+                            use std::sync::atomic::Ordering::Relaxed;
+                            if queued.fetch_add(1, Relaxed) >= MAX_QUEUED_PROBES {
+                                queued.fetch_sub(1, Relaxed);
+                                let busy = pb::ProbeResult {
+                                    probe_id: p.probe_id,
+                                    peer: p.peer.clone(),
+                                    error: "busy: too many probes queued".into(),
+                                    ..Default::default()
+                                };
+                                let _ = out.send(sign(pb::node_message::Body::ProbeResult(busy))).await;
+                                continue;
+                            }
+                            let queued = queued.clone();
                             let dial = self.dial.clone();
                             let tx = probe_tx.clone();
                             let events = self.events.clone();
@@ -341,6 +373,7 @@ impl Agent {
                                     mbps: result.mbps,
                                     error: (!result.error.is_empty()).then(|| result.error.clone()),
                                 });
+                                queued.fetch_sub(1, Relaxed);
                                 let _ = tx.send(result).await;
                             });
                         }
@@ -368,7 +401,7 @@ async fn run_probe(dial: Dial, p: &pb::ProbeRequest) -> pb::ProbeResult {
             return result;
         }
     };
-    let connect = tokio::time::timeout(Duration::from_secs(10), dial(p.peer_endpoint.clone()));
+    let connect = tokio::time::timeout(Duration::from_secs(5), dial(p.peer_endpoint.clone()));
     let stream = match connect.await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {

@@ -22,7 +22,7 @@ pub const MAGIC: &[u8; 8] = b"HZPROBE1";
 /// A peer accepts at most this many bytes per probe (64 MiB).
 pub const MAX_PROBE_BYTES: u64 = 64 << 20;
 /// Deadline of a whole probe.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// One measurement.
 #[derive(Debug, Clone, Copy, PartialEq)]

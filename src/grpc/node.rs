@@ -35,8 +35,11 @@ pub struct NodeServiceSettings {
     pub challenge_ttl_ms: u64,
     /// At most this many unanswered nonces are kept (RESOURCE_EXHAUSTED beyond).
     pub max_pending_challenges: usize,
-    /// Challenge and Register calls per node key per minute.
+    /// Registrations per node key per minute (charged after the signature verifies, so
+    /// nobody can use up another key's budget).
     pub registrations_per_min: u32,
+    /// Challenge calls per client IP address per minute (also the burst).
+    pub challenges_per_ip_per_min: u32,
     /// Session messages per node per second (sustained).
     pub messages_per_s: u32,
     /// Session messages a node may send in a burst.
@@ -55,33 +58,46 @@ pub struct NodeServiceSettings {
     pub orchestrator_key: [u8; 32],
 }
 
-/// Outstanding registration nonces.
+/// Outstanding registration nonces, with their expiry times in issue order (the TTL is
+/// fixed, so the oldest expire first and pruning is amortised O(1)).
+#[derive(Default)]
+struct Pending {
+    by_nonce: std::collections::HashMap<[u8; 32], (NodeId, u64)>,
+    order: std::collections::VecDeque<([u8; 32], u64)>,
+}
+
 struct Challenges {
-    pending: std::sync::Mutex<std::collections::HashMap<[u8; 32], (NodeId, u64)>>,
+    pending: std::sync::Mutex<Pending>,
     max: usize,
 }
 
 impl Challenges {
     fn issue(&self, node: NodeId, now: u64, ttl: u64) -> Result<([u8; 32], u64), Status> {
         let mut g = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if g.len() >= self.max {
-            g.retain(|_, (_, exp)| *exp > now);
-            if g.len() >= self.max {
-                return Err(Status::resource_exhausted(
-                    "too many registrations in progress; retry later",
-                ));
+        while let Some(&(nonce, exp)) = g.order.front() {
+            if exp > now {
+                break;
             }
+            g.order.pop_front();
+            g.by_nonce.remove(&nonce);
+        }
+        if g.by_nonce.len() >= self.max {
+            return Err(Status::resource_exhausted(
+                "too many registrations in progress; retry later",
+            ));
         }
         let nonce: [u8; 32] = rand::random();
         let expires = now + ttl;
-        g.insert(nonce, (node, expires));
+        g.by_nonce.insert(nonce, (node, expires));
+        g.order.push_back((nonce, expires));
         Ok((nonce, expires))
     }
 
-    /// Consumes the nonce (single use, even if the signature then fails).
+    /// Consumes the nonce (single use, even if the signature then fails). Its entry in
+    /// `order` goes when it would have expired.
     fn take(&self, nonce: &[u8; 32], node: NodeId, now: u64) -> bool {
         let mut g = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        matches!(g.remove(nonce), Some((n, exp)) if n == node && exp > now)
+        matches!(g.by_nonce.remove(nonce), Some((n, exp)) if n == node && exp > now)
     }
 }
 
@@ -91,6 +107,9 @@ pub struct NodeServiceImpl {
     sessions: Arc<Sessions>,
     challenges: Challenges,
     per_key: DefaultKeyedRateLimiter<NodeId>,
+    per_ip: DefaultKeyedRateLimiter<std::net::IpAddr>,
+    /// Calls since the keyed limiters were last pruned.
+    limiter_calls: std::sync::atomic::AtomicU64,
     settings: NodeServiceSettings,
     metrics: Arc<dyn Metrics>,
     clock: Arc<dyn Clock>,
@@ -114,7 +133,13 @@ impl NodeServiceImpl {
             Quota::per_minute(nz(settings.registrations_per_min))
                 .allow_burst(nz(settings.registrations_per_min)),
         );
+        let per_ip = RateLimiter::keyed(
+            Quota::per_minute(nz(settings.challenges_per_ip_per_min))
+                .allow_burst(nz(settings.challenges_per_ip_per_min)),
+        );
         NodeServiceImpl {
+            per_ip,
+            limiter_calls: Default::default(),
             metrics: core.metrics(),
             clock: core.clock(),
             core,
@@ -135,7 +160,27 @@ impl NodeServiceImpl {
         status
     }
 
+    /// A refusal that the core already logged and counted as a registration outcome:
+    /// counted here as a rejected message, not logged again.
+    fn reject_quietly(&self, reason: &'static str, status: Status) -> Status {
+        self.metrics.incr("rejected_messages", reason, 1);
+        status
+    }
+
+    /// Prunes the keyed limiters' idle entries every 4,096 calls, so their memory follows
+    /// the keys and addresses seen in the last minute.
+    fn prune_limiters(&self) {
+        let n = self
+            .limiter_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n % 4096 == 4095 {
+            self.per_key.retain_recent();
+            self.per_ip.retain_recent();
+        }
+    }
+
     fn limit_key(&self, node: &NodeId) -> Result<(), Status> {
+        self.prune_limiters();
         if self.per_key.check_key(node).is_err() {
             return Err(self.reject(
                 "rate_limited",
@@ -145,8 +190,21 @@ impl NodeServiceImpl {
                 )),
             ));
         }
-        if self.per_key.len() > 100_000 {
-            self.per_key.retain_recent();
+        Ok(())
+    }
+
+    fn limit_ip(&self, ip: Option<std::net::IpAddr>) -> Result<(), Status> {
+        self.prune_limiters();
+        if let Some(ip) = ip {
+            if self.per_ip.check_key(&ip).is_err() {
+                return Err(self.reject(
+                    "rate_limited",
+                    Status::resource_exhausted(format!(
+                        "more than {} registration challenges per minute from {ip}",
+                        self.settings.challenges_per_ip_per_min
+                    )),
+                ));
+            }
         }
         Ok(())
     }
@@ -191,6 +249,7 @@ impl NodeService for NodeServiceImpl {
         &self,
         request: Request<pb::ChallengeRequest>,
     ) -> Result<Response<pb::ChallengeResponse>, Status> {
+        self.limit_ip(request.remote_addr().map(|a| a.ip()))?;
         let node = convert::node_id("node_id", &request.get_ref().node_id)
             .map_err(|e| self.reject("invalid", e.into()))?;
         identity::verifying_key(&node).map_err(|_| {
@@ -199,7 +258,6 @@ impl NodeService for NodeServiceImpl {
                 Status::invalid_argument("invalid node_id: not an Ed25519 public key"),
             )
         })?;
-        self.limit_key(&node)?;
         let (nonce, expires) = self.challenges.issue(
             node,
             self.clock.now().as_millis(),
@@ -230,7 +288,6 @@ impl NodeService for NodeServiceImpl {
                 Status::invalid_argument("invalid info.node_id: not an Ed25519 public key"),
             )
         })?;
-        self.limit_key(&info.id)?;
         let nonce: [u8; 32] = req.nonce.as_slice().try_into().map_err(|_| {
             self.reject(
                 "bad_nonce",
@@ -258,16 +315,34 @@ impl NodeService for NodeServiceImpl {
                 Status::unauthenticated(format!("registration signature: {e}")),
             )
         })?;
+        self.limit_key(&info.id)?;
         self.verify_attestation(&info)?;
         let node = info.id;
-        let reg = self.core.register_node(info).await.map_err(|e| {
-            let reason = match &e {
-                OrchestratorError::Register(r) => r.reason(),
-                _ => "unavailable",
-            };
-            self.reject(reason, status_of(&e))
+        let reg = self.core.register_node(info).await.map_err(|e| match &e {
+            OrchestratorError::Register(r) => self.reject_quietly(r.reason(), status_of(&e)),
+            _ => self.reject("unavailable", status_of(&e)),
         })?;
-        let token = self.sessions.open(node, reg.sessions, key, endpoint);
+        let Some(token) = self.sessions.open(node, reg.sessions, key, endpoint) else {
+            return Err(self.reject(
+                "superseded",
+                Status::aborted("a newer registration of this key won; use that one"),
+            ));
+        };
+        // A registration whose session never attaches is closed (and its node failed at
+        // once) rather than left advertising its endpoint.
+        {
+            let sessions = self.sessions.clone();
+            let core = self.core.clone();
+            let wait = Duration::from_millis(self.settings.first_message_timeout_ms);
+            let core_session = reg.sessions;
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                if sessions.close_if_unattached(&token) {
+                    tracing::info!(node = %node.short(), "registered but never opened its session");
+                    core.session_closed(node, core_session);
+                }
+            });
+        }
         tracing::info!(node = %node.short(), registrations = reg.sessions, "node registered");
         let hb = &self.core.config().heartbeat;
         Ok(Response::new(pb::RegisterResponse {
@@ -282,7 +357,8 @@ impl NodeService for NodeServiceImpl {
         }))
     }
 
-    type SessionStream = ReceiverStream<Outbound>;
+    type SessionStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Outbound> + Send + 'static>>;
 
     async fn session(
         &self,
@@ -290,7 +366,14 @@ impl NodeService for NodeServiceImpl {
     ) -> Result<Response<Self::SessionStream>, Status> {
         let mut inbound = request.into_inner();
         let wait = Duration::from_millis(self.settings.first_message_timeout_ms);
-        let first = match tokio::time::timeout(wait, inbound.message()).await {
+        let mut stop = self.shutdown.clone();
+        let first = tokio::select! {
+            r = tokio::time::timeout(wait, inbound.message()) => r,
+            _ = super::stopped(&mut stop) => {
+                return Err(Status::unavailable("orchestrator shutting down; reconnect later"));
+            }
+        };
+        let first = match first {
             Err(_) => {
                 return Err(self.reject(
                     "no_first_message",
@@ -354,9 +437,13 @@ impl NodeService for NodeServiceImpl {
             tx,
             out_seq,
             superseded,
+            overflow,
             core_session,
             ..
         } = attached;
+        // The closing status travels on a channel of its own, after whatever is queued, so
+        // it reaches the node even when the queue is full.
+        let (last_tx, last_rx) = tokio::sync::oneshot::channel::<Status>();
         let task = SessionTask {
             core: self.core.clone(),
             sessions: self.sessions.clone(),
@@ -368,8 +455,10 @@ impl NodeService for NodeServiceImpl {
             core_session,
             tx,
             out_seq,
+            last_tx: Some(last_tx),
             last_seq: 0,
             violations: 0,
+            last_violation: Instant::now(),
             limiter: RateLimiter::direct(
                 Quota::per_second(nz(self.settings.messages_per_s))
                     .allow_burst(nz(self.settings.burst)),
@@ -377,8 +466,11 @@ impl NodeService for NodeServiceImpl {
             settings: self.settings.clone(),
         };
         let shutdown = self.shutdown.clone();
-        tokio::spawn(task.run(msg, first, inbound, superseded, shutdown));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        tokio::spawn(task.run(msg, first, inbound, superseded, overflow, shutdown));
+        use futures_util::StreamExt;
+        let last =
+            futures_util::stream::once(last_rx).filter_map(|r| std::future::ready(r.ok().map(Err)));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx).chain(last))))
     }
 
     async fn upload_delta(
@@ -421,8 +513,12 @@ struct SessionTask {
     core_session: u32,
     tx: mpsc::Sender<Outbound>,
     out_seq: Arc<std::sync::atomic::AtomicU64>,
+    /// The closing status, sent once.
+    last_tx: Option<tokio::sync::oneshot::Sender<Status>>,
     last_seq: u64,
+    /// Refusals the node caused, forgiven after a minute without one.
     violations: u32,
+    last_violation: Instant,
     limiter: DefaultDirectRateLimiter,
     settings: NodeServiceSettings,
 }
@@ -440,6 +536,7 @@ impl SessionTask {
         first_env: pb::SignedNodeMessage,
         mut inbound: Streaming<pb::SignedNodeMessage>,
         mut superseded: tokio::sync::oneshot::Receiver<()>,
+        overflow: Arc<tokio::sync::Notify>,
         mut shutdown: watch::Receiver<bool>,
     ) {
         // The first message was decoded and its signature checked while attaching.
@@ -456,6 +553,12 @@ impl SessionTask {
                 _ = super::stopped(&mut shutdown) => Verdict::Close(Status::unavailable(
                     "orchestrator shutting down; reconnect later",
                 )),
+                _ = overflow.notified() => {
+                    self.metrics.incr("rejected_messages", "not_reading", 1);
+                    Verdict::Close(Status::resource_exhausted(
+                        "this node does not read its session stream (queue full)",
+                    ))
+                }
                 m = inbound.message() => match m {
                     Ok(Some(env)) => self.handle(env).await,
                     Ok(None) => break,
@@ -471,25 +574,38 @@ impl SessionTask {
                 },
             };
         }
-        if let Verdict::Close(status) = verdict {
-            tracing::info!(node = %self.node.short(), code = ?status.code(), "session closed: {}", status.message());
-            let _ = self.tx.send(Err(status)).await;
-        }
+        // Release the session and tell the core first: the closing status below must not
+        // wait on a node that does not read.
         self.metrics.incr("sessions", "closed", 1);
         if self.sessions.close(&self.token) {
             self.core.session_closed(self.node, self.core_session);
         }
+        if let Verdict::Close(status) = verdict {
+            tracing::info!(node = %self.node.short(), code = ?status.code(), "session closed: {}", status.message());
+            if let Some(last) = self.last_tx.take() {
+                let _ = last.send(status);
+            }
+        }
     }
 
-    fn refuse(&mut self, seq: u64, reason: &'static str, status: Status) -> Verdict {
+    /// Answers a `Reject` for message `seq`. `charged` refusals (the node's fault: rate,
+    /// malformed, replayed, stale) count towards `max_violations`; refusals of ours (the
+    /// core unavailable, a report refused, a probe answered late) do not.
+    fn refuse(&mut self, seq: u64, reason: &'static str, status: Status, charged: bool) -> Verdict {
         self.metrics.incr("rejected_messages", reason, 1);
-        tracing::info!(node = %self.node.short(), seq, reason, "session message refused: {}", status.message());
-        self.violations += 1;
-        if self.violations > self.settings.max_violations {
-            return Verdict::Close(Status::resource_exhausted(format!(
-                "more than {} refused messages in this session",
-                self.settings.max_violations
-            )));
+        tracing::debug!(node = %self.node.short(), seq, reason, "session message refused: {}", status.message());
+        if charged {
+            if self.last_violation.elapsed() > Duration::from_secs(60) {
+                self.violations = 0;
+            }
+            self.violations += 1;
+            self.last_violation = Instant::now();
+            if self.violations > self.settings.max_violations {
+                return Verdict::Close(Status::resource_exhausted(format!(
+                    "more than {} refused messages in this session",
+                    self.settings.max_violations
+                )));
+            }
         }
         let out = pb::OrchestratorMessage {
             seq: self
@@ -518,6 +634,7 @@ impl SessionTask {
                     "more than {} messages per second",
                     self.settings.messages_per_s
                 )),
+                true,
             );
         }
         let msg = match pb::NodeMessage::decode(env.payload.as_slice()) {
@@ -527,6 +644,7 @@ impl SessionTask {
                     0,
                     "invalid",
                     Status::invalid_argument(format!("payload is not a NodeMessage: {e}")),
+                    true,
                 )
             }
         };
@@ -546,6 +664,7 @@ impl SessionTask {
                 msg.seq,
                 "replay",
                 Status::failed_precondition("replay: message signed for another session"),
+                true,
             );
         }
         self.accept(msg, env.payload.len()).await
@@ -561,6 +680,7 @@ impl SessionTask {
                     "replay: seq {} is not above {}",
                     msg.seq, self.last_seq
                 )),
+                true,
             );
         }
         let now = self.clock.now().as_millis();
@@ -573,6 +693,7 @@ impl SessionTask {
                     "timestamp is {skew} ms from the orchestrator's clock (window ±{} ms)",
                     self.settings.replay_window_ms
                 )),
+                true,
             );
         }
         self.last_seq = msg.seq;
@@ -582,12 +703,20 @@ impl SessionTask {
                 msg.seq,
                 "invalid",
                 Status::invalid_argument("empty message body"),
+                true,
             ),
             Some(Body::Heartbeat(hb)) => {
                 let hb = match convert::heartbeat(self.node, msg.seq, msg.timestamp_ms, &hb) {
                     Ok(hb) => hb,
-                    Err(e) => return self.refuse(msg.seq, "invalid", e.into()),
+                    Err(e) => return self.refuse(msg.seq, "invalid", e.into(), true),
                 };
+                // A heartbeat of a session already replaced must not reach the core: the
+                // new session restarted the node's sequence numbers there.
+                if !self.sessions.is_current(&self.token) {
+                    return Verdict::Close(Status::aborted(
+                        "superseded: this key registered again; this session is closed",
+                    ));
+                }
                 let started = Instant::now();
                 let r = self.core.heartbeat(hb).await;
                 self.metrics.observe(
@@ -612,14 +741,18 @@ impl SessionTask {
                             OrchestratorError::Heartbeat(h) => h.reason(),
                             _ => "unavailable",
                         };
-                        self.refuse(msg.seq, reason, status_of(&e))
+                        let charged = matches!(
+                            e,
+                            OrchestratorError::Heartbeat(HeartbeatError::Invalid { .. })
+                        );
+                        self.refuse(msg.seq, reason, status_of(&e), charged)
                     }
                 }
             }
             Some(Body::ProbeResult(p)) => {
                 let peer = match convert::node_id("probe_result.peer", &p.peer) {
                     Ok(p) => p,
-                    Err(e) => return self.refuse(msg.seq, "invalid", e.into()),
+                    Err(e) => return self.refuse(msg.seq, "invalid", e.into(), true),
                 };
                 if !self.sessions.take_probe(p.probe_id, self.node, peer) {
                     return self.refuse(
@@ -630,6 +763,7 @@ impl SessionTask {
                             p.probe_id,
                             peer.short()
                         )),
+                        false,
                     );
                 }
                 self.metrics.incr("session_messages", "probe_result", 1);
@@ -645,11 +779,12 @@ impl SessionTask {
                             "probe_result.mbps {} is not ≥ 0",
                             p.mbps
                         )),
+                        true,
                     );
                 }
                 match self.core.report_link(self.node, peer, p.mbps).await {
                     Ok(()) => Verdict::Continue,
-                    Err(e) => self.refuse(msg.seq, "report_refused", status_of(&e)),
+                    Err(e) => self.refuse(msg.seq, "report_refused", status_of(&e), false),
                 }
             }
             Some(Body::RingAck(a)) => {

@@ -14,7 +14,7 @@ use ed25519_dalek::VerifyingKey;
 use hanzod_actors::ports::{LinkError, Metrics, NodeCommand, NodeLink};
 use hanzod_actors::types::NodeId;
 use hanzod_proto::v1 as pb;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tonic::Status;
 
 use super::convert;
@@ -36,6 +36,8 @@ struct Slot {
     /// Dropped when the slot is replaced: the attached stream then ends ABORTED.
     _superseded: oneshot::Sender<()>,
     superseded_rx: Option<oneshot::Receiver<()>>,
+    /// Notified when the node's queue overflows (it does not read its stream).
+    overflow: Arc<Notify>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +72,8 @@ pub struct Attached {
     pub out_seq: Arc<AtomicU64>,
     /// Resolves (with an error) when a newer registration replaced this session.
     pub superseded: oneshot::Receiver<()>,
+    /// Notified when the node's queue overflowed: the session must end.
+    pub overflow: Arc<Notify>,
 }
 
 /// Why a stream could not attach.
@@ -124,15 +128,17 @@ impl Sessions {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Opens a session for a node just registered; replaces (and thereby closes) the node's
-    /// previous session. Returns the new token.
+    /// Opens a session for a node just registered as the core's session `core_session`;
+    /// replaces (and thereby closes) the node's previous session. Returns the new token, or
+    /// `None` when the table already holds a newer registration of the node (two
+    /// registrations raced and this one lost: the caller answers `ABORTED`).
     pub fn open(
         &self,
         node: NodeId,
         core_session: u32,
         key: VerifyingKey,
         endpoint: String,
-    ) -> Token {
+    ) -> Option<Token> {
         let token: Token = rand::random();
         let (tx, rx) = mpsc::channel(self.queue);
         let (sup_tx, sup_rx) = oneshot::channel();
@@ -146,13 +152,40 @@ impl Sessions {
             out_seq: Arc::new(AtomicU64::new(0)),
             _superseded: sup_tx,
             superseded_rx: Some(sup_rx),
+            overflow: Arc::new(Notify::new()),
         };
         let mut g = self.lock();
+        if g.by_node
+            .get(&node)
+            .is_some_and(|old| old.core_session > core_session)
+        {
+            return None;
+        }
         if let Some(old) = g.by_node.insert(node, slot) {
             g.by_token.remove(&old.token);
         }
         g.by_token.insert(token, node);
-        token
+        Some(token)
+    }
+
+    /// True while `token` is its node's current session.
+    pub fn is_current(&self, token: &Token) -> bool {
+        self.lock().by_token.contains_key(token)
+    }
+
+    /// Removes the session `token` if no stream ever attached to it; returns whether it did
+    /// (the node registered but never opened its session).
+    pub fn close_if_unattached(&self, token: &Token) -> bool {
+        let mut g = self.lock();
+        let Some(node) = g.by_token.get(token).copied() else {
+            return false;
+        };
+        if g.by_node.get(&node).is_some_and(|s| s.rx.is_some()) {
+            g.by_token.remove(token);
+            g.by_node.remove(&node);
+            return true;
+        }
+        false
     }
 
     /// The node and key a token names, if live.
@@ -177,6 +210,7 @@ impl Sessions {
             tx: slot.tx.clone(),
             out_seq: slot.out_seq.clone(),
             superseded,
+            overflow: slot.overflow.clone(),
         })
     }
 
@@ -191,12 +225,11 @@ impl Sessions {
         true
     }
 
-    /// Closes every session (shutdown): each attached stream ends with `status`.
-    pub fn close_all(&self, status: Status) {
+    /// Closes every session (shutdown): the attached streams' tasks see their sessions
+    /// end and close them with the shutdown status.
+    pub fn close_all(&self) {
         let mut g = self.lock();
-        for (_, slot) in g.by_node.drain() {
-            let _ = slot.tx.try_send(Err(status.clone()));
-        }
+        g.by_node.clear();
         g.by_token.clear();
         g.probes.clear();
     }
@@ -301,7 +334,12 @@ impl Sessions {
         slot.tx.try_send(Ok(msg)).map_err(|e| LinkError::Delivery {
             node: *node,
             reason: match e {
-                mpsc::error::TrySendError::Full(_) => "session queue full".into(),
+                mpsc::error::TrySendError::Full(_) => {
+                    // A node that does not read its stream would silently miss ring
+                    // updates while its heartbeats keep it alive: end its session.
+                    slot.overflow.notify_one();
+                    "session queue full; closing the session".into()
+                }
                 mpsc::error::TrySendError::Closed(_) => "session stream closed".into(),
             },
         })
