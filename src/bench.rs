@@ -244,7 +244,8 @@ pub struct LoadReport {
     pub accepted_per_s: f64,
     /// Refusals the generator received.
     pub rejected: u64,
-    /// Daemon-side handling latency from its histogram, ms (upper bucket bound interpolated).
+    /// Daemon-side handling latency from its histogram, ms (interpolated inside the bucket;
+    /// `null` in JSON when above the largest bucket, 10 s).
     pub p50_handling_ms: f64,
     /// See `p50_handling_ms`.
     pub p99_handling_ms: f64,
@@ -303,7 +304,8 @@ pub fn histogram_quantile(
     for (le, count) in buckets {
         if count >= rank {
             if le.is_infinite() {
-                return lo;
+                // Above the largest finite bound: unknown, not that bound.
+                return f64::INFINITY;
             }
             let inside = count - below;
             return if inside <= 0.0 {
@@ -492,8 +494,11 @@ mod tests {
         .collect();
         // Rank 20 of 40 lies halfway through the (0.1, 0.2] bucket.
         assert!((histogram_quantile("h", &before, &after, 0.5) - 0.15).abs() < 1e-9);
-        // Rank 39.6 is in +Inf: the last finite bound.
-        assert_eq!(histogram_quantile("h", &before, &after, 0.99), 0.2);
+        // Rank 39.6 is in +Inf: above every bound, so unknown.
+        assert_eq!(
+            histogram_quantile("h", &before, &after, 0.99),
+            f64::INFINITY
+        );
         assert!(histogram_quantile("x", &before, &after, 0.5).is_nan());
     }
 }

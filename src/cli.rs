@@ -220,11 +220,20 @@ pub fn node_out(n: &pb::Node) -> NodeOut {
     }
 }
 
+/// Epochs as people count them: `3/5` while epoch index 2 runs, `5/5` once published,
+/// `-` before the first epoch.
+fn progress(j: &JobOut) -> String {
+    match j.phase.as_str() {
+        "Running" | "Aggregating" => format!("{}/{}", j.epoch + 1, j.epochs),
+        "Published" => format!("{}/{}", j.epoch, j.epochs),
+        _ => "-".into(),
+    }
+}
+
 /// A one-line summary of a job.
 pub fn job_line(j: &JobOut) -> String {
     let progress = match j.phase.as_str() {
-        "Running" | "Aggregating" => format!(" epoch {}/{}", j.epoch + 1, j.epochs),
-        "Published" => format!(" {} epochs", j.epoch),
+        "Running" | "Aggregating" | "Published" => format!(" epoch {}", progress(j)),
         _ => String::new(),
     };
     let ring = j
@@ -262,10 +271,13 @@ pub struct Clients {
 impl Clients {
     /// Connects.
     pub async fn connect(opts: ClientOptions) -> anyhow::Result<Clients> {
-        let channel = opts
-            .connect()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot reach hanzod at {}: {e}", opts.endpoint))?;
+        let channel = opts.connect().await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach hanzod at {}: {}",
+                opts.endpoint,
+                crate::agent::error_chain(&e)
+            )
+        })?;
         Ok(Clients {
             jobs: JobServiceClient::new(channel.clone()),
             admin: AdminServiceClient::new(channel),
@@ -327,6 +339,7 @@ impl Clients {
         }
         if jobs.is_empty() {
             println!("no jobs");
+            return Ok(());
         }
         println!(
             "{:>5}  {:<24} {:<13} {:>7} {:>6} {:>5}",
@@ -338,7 +351,7 @@ impl Clients {
                 j.id,
                 j.name,
                 j.phase,
-                format!("{}/{}", j.epoch, j.epochs),
+                progress(j),
                 j.ring
                     .as_ref()
                     .map(|r| format!("v{}", r.version))

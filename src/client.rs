@@ -92,7 +92,15 @@ impl ClientOptions {
     /// The configured endpoint (TLS when `https://` or a CA is given, keep-alive, connect
     /// deadline), not yet connected.
     pub fn endpoint(&self) -> Result<Endpoint, ClientError> {
-        let ep = Endpoint::from_shared(self.endpoint.clone())
+        // `host:port` alone means plaintext HTTP/2 (or TLS when a CA is given).
+        let uri = if self.endpoint.contains("://") {
+            self.endpoint.clone()
+        } else if self.ca.is_some() {
+            format!("https://{}", self.endpoint)
+        } else {
+            format!("http://{}", self.endpoint)
+        };
+        let ep = Endpoint::from_shared(uri)
             .map_err(|e| ClientError::Endpoint(self.endpoint.clone(), e.to_string()))?;
         let mut ep = ep
             .connect_timeout(Duration::from_millis(self.connect_timeout_ms))
@@ -100,7 +108,7 @@ impl ClientOptions {
             .keep_alive_timeout(Duration::from_millis(self.keepalive_ms * 2))
             .keep_alive_while_idle(true)
             .tcp_nodelay(true);
-        if self.endpoint.starts_with("https://") || self.ca.is_some() {
+        if ep.uri().scheme_str() == Some("https") || self.ca.is_some() {
             let read = |p: &PathBuf| {
                 std::fs::read(p).map_err(|e| ClientError::Material(p.display().to_string(), e))
             };

@@ -388,9 +388,22 @@ impl Config {
     }
 
     /// The configuration with secrets (`publish.hf_token`, `orchestrator.key`,
-    /// `server.admin_token`) replaced by `"<redacted>"`, for printing.
+    /// `server.admin_token`, and credentials inside URLs such as `redis://user:pw@host`)
+    /// replaced by `"<redacted>"`, for printing.
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
+        for url in [
+            &mut c.chain.rpc_url,
+            &mut c.state.valkey_url,
+            &mut c.publish.ipfs_url,
+        ] {
+            if let Some((scheme, rest)) = url.split_once("://") {
+                let authority_end = rest.find('/').unwrap_or(rest.len());
+                if let Some(at) = rest[..authority_end].rfind('@') {
+                    *url = format!("{scheme}://<redacted>@{}", &rest[at + 1..]);
+                }
+            }
+        }
         for s in [
             &mut c.publish.hf_token,
             &mut c.orchestrator.key,
@@ -444,6 +457,14 @@ mod tests {
         assert_eq!(c.state.valkey_url, "redis://kv:6379");
         assert_eq!(c.publish.hf_token, "hf_secret");
         assert_eq!(c.server.admin_token, "tok");
+        let c2 = Config::load(None, |k| {
+            (k == "VALKEY_URL").then(|| "redis://user:pw@kv:6379/0".to_string())
+        })
+        .unwrap();
+        assert_eq!(
+            c2.redacted().state.valkey_url,
+            "redis://<redacted>@kv:6379/0"
+        );
         let printed = toml::to_string(&c.redacted()).unwrap();
         assert!(!printed.contains("hf_secret") && !printed.contains(&"11".repeat(32)));
         assert!(!printed.contains("\"tok\""));

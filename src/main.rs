@@ -102,11 +102,15 @@ Examples:
     #[command(subcommand)]
     Job(JobCommand),
     /// List registered nodes.
+    #[command(
+        after_help = "Examples:\n  hanzod nodes\n  hanzod nodes --json --endpoint 10.0.0.2:9550"
+    )]
     Nodes {
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Show a job's ring, in order.
+    #[command(after_help = "Examples:\n  hanzod ring 1\n  hanzod ring 1 --json")]
     Ring {
         /// The job id.
         job: u64,
@@ -140,6 +144,7 @@ enum JobCommand {
         client: ClientArgs,
     },
     /// One job's state, ring and checkpoints.
+    #[command(after_help = CLIENT_EXAMPLES)]
     Status {
         /// The job id.
         job: u64,
@@ -147,11 +152,13 @@ enum JobCommand {
         client: ClientArgs,
     },
     /// Every job.
+    #[command(after_help = CLIENT_EXAMPLES)]
     List {
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Print each change of a job until it ends.
+    #[command(after_help = CLIENT_EXAMPLES)]
     Watch {
         /// The job id.
         job: u64,
@@ -159,6 +166,7 @@ enum JobCommand {
         client: ClientArgs,
     },
     /// Cancel a job.
+    #[command(after_help = CLIENT_EXAMPLES)]
     Cancel {
         /// The job id.
         job: u64,
@@ -185,11 +193,14 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Heartbeat load against a running daemon: many sessions, signed heartbeats.
+    /// Heartbeat load against a running daemon: many sessions, signed heartbeats. Use a
+    /// daemon of its own: the generated nodes are real registrations (they could be placed
+    /// on pending jobs) and stay listed as failed afterwards.
     #[command(after_help = "\
-Example (daemon with a raised per-session limit):
-  hanzod serve &
-  hanzod bench load --sessions 4000 --rate 1 --duration-s 20")]
+Example (loopback daemon with the per-address limit raised, config/scenarios/load.toml):
+  hanzod serve --config config/scenarios/load.toml &
+  hanzod bench load --endpoint http://127.0.0.1:19550 --metrics 127.0.0.1:19551 \\
+      --sessions 4000 --rate 4 --duration-s 15")]
     Load {
         /// The daemon's metrics endpoint, host:port.
         #[arg(long, default_value = "127.0.0.1:9551")]
@@ -213,6 +224,13 @@ Example (daemon with a raised per-session limit):
         client: ClientArgs,
     },
 }
+
+const CLIENT_EXAMPLES: &str = "\
+Examples:
+  hanzod job status 1
+  hanzod job list --json
+  hanzod job watch 1 --endpoint https://orch.example:9550 --ca ca.pem
+  hanzod job cancel 1 --admin-token s3cret";
 
 #[derive(Args, Debug)]
 struct NodeArgs {
@@ -371,6 +389,9 @@ async fn run_bench(cfg: &Config, cmd: BenchCommand) -> ExitCode {
                 seed,
                 json,
             } => {
+                if nodes < 2 || runs < 1 {
+                    anyhow::bail!("need --nodes >= 2 and --runs >= 1");
+                }
                 eprintln!("seed {seed}");
                 let r = hanzod::bench::recovery(cfg, nodes, runs, seed).await?;
                 if json {
@@ -401,7 +422,26 @@ async fn run_bench(cfg: &Config, cmd: BenchCommand) -> ExitCode {
                     seed,
                 })
                 .await?;
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                if client.json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    let ms = |v: f64| if v.is_finite() { format!("{v:.2} ms") } else { "n/a".into() };
+                    println!(
+                        "{} sessions over {} connections (set up in {:.1} s): offered {:.0} heartbeats/s, \
+                         accepted {:.0}/s, {} refused; daemon handling p50 {}, p99 {}; daemon RSS {}",
+                        r.sessions,
+                        r.connections,
+                        r.setup_s,
+                        r.offered_per_s,
+                        r.accepted_per_s,
+                        r.rejected,
+                        ms(r.p50_handling_ms),
+                        ms(r.p99_handling_ms),
+                        r.daemon_rss_bytes
+                            .map(|b| format!("{:.0} MiB", b / (1 << 20) as f64))
+                            .unwrap_or_else(|| "n/a".into())
+                    );
+                }
             }
         }
         Ok(())
@@ -483,6 +523,15 @@ async fn run_node(args: NodeArgs) -> ExitCode {
         eprintln!("error: --vram-gib {} is too large", args.vram_gib);
         return ExitCode::from(2);
     };
+    if !args
+        .region
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        || args.region.is_empty()
+    {
+        eprintln!("error: --region must be 1..=64 characters of [a-z0-9-], e.g. eu-west");
+        return ExitCode::from(2);
+    }
     let settings = hanzod::agent::AgentSettings {
         orchestrator: args.client.options(),
         gpu_model: args.gpu_model,
@@ -520,13 +569,23 @@ async fn run_node(args: NodeArgs) -> ExitCode {
     });
     eprintln!("node {me}");
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let run = tokio::spawn(agent.run(stop));
-    hanzod::serve::termination().await;
-    let _ = stop_tx.send(true);
-    let _ = run.await;
+    let mut run = tokio::spawn(agent.run(stop));
+    let result = tokio::select! {
+        r = &mut run => r,
+        _ = hanzod::serve::termination() => {
+            let _ = stop_tx.send(true);
+            run.await
+        }
+    };
     probes.abort();
+    // Let the printer write the last events.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     printer.abort();
-    ExitCode::SUCCESS
+    match result {
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(e)) => fail(e),
+        Err(e) => fail(e),
+    }
 }
 
 fn run_sim(cfg: &Config, args: hanzod::sim::SimArgs, json: bool) -> ExitCode {

@@ -32,7 +32,7 @@
 //! * `hanzod_ring_repair_seconds`: first failure reported to the ring actor → new ring
 //!   recorded, including the coalescing window. Buckets 1 ms … 60 s.
 //! * `hanzod_heartbeat_handling_seconds`: time the transport spends handling one heartbeat.
-//!   Buckets 10 µs … 1 s.
+//!   Buckets 10 µs … 10 s.
 //!
 //! An observation under an undeclared name registers a histogram `hanzod_<name>` with
 //! decade buckets from 1 µs to 100 000 (declared in seconds when the name ends with
@@ -91,10 +91,10 @@ pub const RING_REPAIR_BUCKETS: [f64; 15] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-/// Upper bounds of `hanzod_heartbeat_handling_seconds`, in seconds (10 µs … 1 s).
-pub const HEARTBEAT_HANDLING_BUCKETS: [f64; 16] = [
+/// Upper bounds of `hanzod_heartbeat_handling_seconds`, in seconds (10 µs … 10 s).
+pub const HEARTBEAT_HANDLING_BUCKETS: [f64; 19] = [
     0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.0025, 0.005, 0.01, 0.025,
-    0.05, 0.1, 0.25, 0.5, 1.0,
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
 /// Upper bounds of a histogram registered on first use under an undeclared name: decades
@@ -802,12 +802,12 @@ mod tests {
         assert_eq!(bucket(hb, 0.000_025), 1.0);
         assert_eq!(bucket(hb, 0.0025), 2.0);
         assert_eq!(value(&t, "hanzod_heartbeat_handling_seconds_count"), 2.0);
-        // 16 finite bounds + the +Inf bucket.
+        // Every finite bound + the +Inf bucket.
         assert_eq!(
             s.keys()
                 .filter(|k| k.starts_with("hanzod_heartbeat_handling_seconds_bucket"))
                 .count(),
-            17
+            HEARTBEAT_HANDLING_BUCKETS.len() + 1
         );
     }
 

@@ -187,9 +187,9 @@ impl Daemon {
     /// Starts the orchestrator and its listeners.
     pub async fn start(cfg: &Config) -> Result<Daemon, StartError> {
         for (var, value, what) in [
-            ("VALKEY_URL", &cfg.state.valkey_url, "a Valkey state store"),
-            ("HANZO_RPC", &cfg.chain.rpc_url, "an EVM chain adapter"),
-            ("IPFS_URL", &cfg.publish.ipfs_url, "an IPFS publisher"),
+            ("VALKEY_URL", &cfg.state.valkey_url, "Valkey state store"),
+            ("HANZO_RPC", &cfg.chain.rpc_url, "EVM chain adapter"),
+            ("IPFS_URL", &cfg.publish.ipfs_url, "IPFS publisher"),
         ] {
             if !value.is_empty() {
                 return Err(StartError::Unsupported(format!(

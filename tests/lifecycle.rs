@@ -303,3 +303,59 @@ async fn invalid_job_spec_is_refused_with_the_field() {
     assert!(e.to_string().contains("max"), "{e}");
     assert!(h.orch.jobs().await.unwrap().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_epoch_without_any_delta_fails_the_job_at_its_deadline() {
+    let mut cfg = HarnessConfig::new(3).seed_from_env_or(24);
+    cfg.core.heartbeat.timeout_ms = 3_600_000; // hung nodes stay alive: only the deadline acts
+    cfg.core.heartbeat.replay_window_ms = 3_600_000;
+    let h = Harness::start(cfg).await;
+    let mut spec = h.job_spec("idle", 3, 2);
+    spec.epoch_deadline_ms = 60_000;
+    let (job, _) = h.submit_and_form(spec).await;
+    for i in 0..3 {
+        h.hang(i);
+    }
+    let phase = h.await_end(job, 10 * MIN).await.unwrap();
+    assert!(
+        matches!(
+            phase,
+            JobPhase::Failed {
+                reason: FailReason::DeadlinePassed,
+                ..
+            }
+        ),
+        "{phase:?}"
+    );
+    assert!(
+        h.sink.checkpoints(job).is_empty(),
+        "no empty checkpoint is published"
+    );
+}
+
+/// Reads racing the end of a job get its final state, never "reply dropped".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_racing_a_cancel_see_the_final_state() {
+    let h = Harness::start(HarnessConfig::new(2).seed_from_env_or(25)).await;
+    for round in 0..20 {
+        let mut spec = h.job_spec(&format!("race-{round}"), 4, 1);
+        spec.min_nodes = 4; // never placed: it pends until cancelled
+        let job = h.orch.submit_job(spec).await.unwrap();
+        let mut reads = tokio::task::JoinSet::new();
+        for _ in 0..20 {
+            let orch = h.orch.clone();
+            reads.spawn(async move { (orch.job(job).await, orch.ring(job).await) });
+        }
+        h.orch.cancel_job(job).await.unwrap();
+        while let Some(r) = reads.join_next().await {
+            let (view, ring) = r.unwrap();
+            assert!(view.is_ok(), "round {round}: {view:?}");
+            assert!(ring.is_ok(), "round {round}: {ring:?}");
+        }
+        let again = h.orch.cancel_job(job).await.unwrap_err();
+        assert!(
+            matches!(again, OrchestratorError::Job(JobRequestError::Ended(_))),
+            "{again:?}"
+        );
+    }
+}

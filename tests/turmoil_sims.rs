@@ -267,7 +267,7 @@ fn build_sim(
                     }
                 });
                 let (_stop_tx, stop) = watch::channel(false);
-                agent.run(stop).await;
+                let _ = agent.run(stop).await;
                 Ok(())
             }
         });

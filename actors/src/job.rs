@@ -125,7 +125,8 @@ impl JobSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FailReason {
     /// The job was still Pending at its deadline (`submitted_at + pending_deadline_ms`), or an
-    /// epoch overran `epoch_deadline_ms`.
+    /// epoch reached `epoch_deadline_ms` without a single accepted delta (an epoch with some
+    /// deltas completes with those at its deadline).
     DeadlinePassed,
     /// Fewer live nodes than the job needs.
     TooFewNodes {

@@ -115,6 +115,11 @@ pub enum AgentEvent {
         /// Why.
         reason: String,
     },
+    /// Gave up: retrying cannot help (see [`Agent::run`]).
+    Stopped {
+        /// Why.
+        reason: String,
+    },
     /// Waiting before the next attempt.
     Reconnecting {
         /// Delay, ms.
@@ -139,6 +144,14 @@ pub struct Agent {
     log_id: Vec<u8>,
     /// The current attempt registered.
     registered: bool,
+}
+
+/// Why the agent stopped on its own.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AgentError {
+    /// A refusal that retrying cannot change.
+    #[error("{0}")]
+    Fatal(String),
 }
 
 /// Why one session ended.
@@ -207,7 +220,13 @@ impl Agent {
     }
 
     /// Runs until `stop` turns true: register, hold the session, reconnect on failure.
-    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+    ///
+    /// Returns early with [`AgentError::Fatal`] when retrying cannot help: the orchestrator
+    /// refused what this node declares (`INVALID_ARGUMENT`), refused its admission
+    /// (`PERMISSION_DENIED`: stake, attestation), or another process registered with the
+    /// same key (`ABORTED`: two agents on one key would otherwise replace each other
+    /// forever).
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
         let mut attempt: u32 = 0;
         loop {
             self.registered = false;
@@ -216,7 +235,24 @@ impl Agent {
                 _ = crate::grpc::stopped(&mut stop) => Err(SessionEnd::Stopped),
             };
             if *stop.borrow() {
-                return;
+                return Ok(());
+            }
+            if let Err(SessionEnd::Status(s)) = &end {
+                let fatal = match s.code() {
+                    tonic::Code::InvalidArgument | tonic::Code::PermissionDenied => true,
+                    tonic::Code::Aborted => {
+                        s.message().contains("superseded")
+                            || s.message().contains("newer registration")
+                    }
+                    _ => false,
+                };
+                if fatal {
+                    let reason = SessionEnd::Status(s.clone()).to_string();
+                    self.emit(AgentEvent::Stopped {
+                        reason: reason.clone(),
+                    });
+                    return Err(AgentError::Fatal(reason));
+                }
             }
             let reason = match end {
                 Ok(()) => "session ended".to_string(),
@@ -241,7 +277,7 @@ impl Agent {
             });
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(delay)) => {}
-                _ = crate::grpc::stopped(&mut stop) => return,
+                _ = crate::grpc::stopped(&mut stop) => return Ok(()),
             }
         }
     }
@@ -462,6 +498,7 @@ pub fn describe(e: &AgentEvent) -> String {
             format!("message {seq} refused (code {code}): {reason}")
         }
         AgentEvent::Disconnected { reason } => format!("disconnected: {reason}"),
+        AgentEvent::Stopped { reason } => format!("stopped: {reason}"),
         AgentEvent::Reconnecting { delay_ms, attempt } => {
             format!("reconnecting in {delay_ms} ms (attempt {attempt})")
         }

@@ -84,8 +84,11 @@ pub fn node_info(info: &pb::NodeInfo) -> Result<(NodeInfo, String), FieldError> 
         .gpu
         .as_ref()
         .ok_or_else(|| bad("info.gpu", "missing"))?;
-    if gpu.model.is_empty() || gpu.model.len() > 128 {
-        return Err(bad("info.gpu.model", "must be 1..=128 bytes"));
+    if gpu.model.is_empty() || gpu.model.len() > 128 || gpu.model.chars().any(char::is_control) {
+        return Err(bad(
+            "info.gpu.model",
+            "must be 1..=128 bytes without control characters",
+        ));
     }
     if gpu.vram_bytes == 0 {
         return Err(bad("info.gpu.vram_bytes", "must be > 0"));
@@ -171,6 +174,9 @@ pub fn job_spec(spec: Option<&pb::JobSpec>) -> Result<JobSpec, FieldError> {
     let s = spec.ok_or_else(|| bad("spec", "missing"))?;
     if s.name.len() > 256 {
         return Err(bad("spec.name", "longer than 256 bytes"));
+    }
+    if s.name.chars().any(char::is_control) {
+        return Err(bad("spec.name", "must not contain control characters"));
     }
     let spec = JobSpec {
         name: s.name.clone(),

@@ -359,6 +359,18 @@ impl JobState {
     }
 
     async fn complete_epoch(&mut self, myself: &ActorRef<JobMsg>, epoch: u32) {
+        if self.receipts.is_empty() {
+            // The deadline passed and no node delivered any work this epoch: publishing an
+            // empty checkpoint would report progress that did not happen.
+            tracing::warn!(job = %self.job.id, epoch, "epoch deadline passed without a single delta");
+            let fail = JobEvent::Fail {
+                reason: FailReason::DeadlinePassed,
+            };
+            if let Err(e) = self.transition(myself, fail).await {
+                tracing::warn!(job = %self.job.id, error = %e, "could not fail the job");
+            }
+            return;
+        }
         if let Err(e) = self
             .transition(myself, JobEvent::EpochComplete { epoch })
             .await

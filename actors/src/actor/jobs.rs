@@ -321,15 +321,23 @@ impl Actor for JobSupervisor {
                 None => answer(reply, Err(state.missing(receipt.job))),
             },
             JobSupervisorMsg::Cancel { job, reply } => match state.actor(job) {
-                Some(a) => {
-                    let _ = a.cast(JobMsg::Cancel { reply });
-                }
+                Some(a) => forward(
+                    &myself,
+                    &a,
+                    reply,
+                    |reply| JobMsg::Cancel { reply },
+                    move |reply| JobSupervisorMsg::Cancel { job, reply },
+                ),
                 None => answer(reply, Err(state.missing(job))),
             },
             JobSupervisorMsg::Get { job, reply } => match state.actor(job) {
-                Some(a) => {
-                    let _ = a.cast(JobMsg::Get { reply });
-                }
+                Some(a) => forward(
+                    &myself,
+                    &a,
+                    reply,
+                    |reply| JobMsg::Get { reply },
+                    move |reply| JobSupervisorMsg::Get { job, reply },
+                ),
                 None => answer(
                     reply,
                     state
@@ -367,9 +375,13 @@ impl Actor for JobSupervisor {
                 });
             }
             JobSupervisorMsg::Ring { job, reply } => match state.actor(job) {
-                Some(a) => {
-                    let _ = a.cast(JobMsg::GetRing { reply });
-                }
+                Some(a) => forward(
+                    &myself,
+                    &a,
+                    reply,
+                    |reply| JobMsg::GetRing { reply },
+                    move |reply| JobSupervisorMsg::Ring { job, reply },
+                ),
                 None => answer(
                     reply,
                     state
@@ -462,4 +474,32 @@ impl JobSupervisorState {
             JobRequestError::NotFound(job)
         }
     }
+}
+
+/// Forwards a caller's request to a job actor. A job actor that reaches a terminal phase
+/// reports `Finished` and stops, dropping what is still in its mailbox; a request dropped
+/// that way is asked of this supervisor again (`retry`), which has the final view by then
+/// (`Finished` was sent before the drop), instead of failing the caller with "reply
+/// dropped".
+fn forward<T: Send + 'static>(
+    myself: &ActorRef<JobSupervisorMsg>,
+    actor: &ActorRef<JobMsg>,
+    reply: RpcReplyPort<T>,
+    ask: impl FnOnce(RpcReplyPort<T>) -> JobMsg,
+    retry: impl FnOnce(RpcReplyPort<T>) -> JobSupervisorMsg + Send + 'static,
+) {
+    let (tx, rx) = ractor::concurrency::oneshot();
+    if actor.cast(ask(tx.into())).is_err() {
+        let _ = myself.cast(retry(reply));
+        return;
+    }
+    let myself = myself.clone();
+    tokio::spawn(async move {
+        match rx.await {
+            Ok(v) => answer(reply, v),
+            Err(_) => {
+                let _ = myself.cast(retry(reply));
+            }
+        }
+    });
 }
