@@ -456,6 +456,7 @@ impl NodeService for NodeServiceImpl {
             tx,
             out_seq,
             last_tx: Some(last_tx),
+            stopping: self.shutdown.clone(),
             last_seq: 0,
             violations: 0,
             last_violation: Instant::now(),
@@ -515,6 +516,8 @@ struct SessionTask {
     out_seq: Arc<std::sync::atomic::AtomicU64>,
     /// The closing status, sent once.
     last_tx: Option<tokio::sync::oneshot::Sender<Status>>,
+    /// True once the daemon is shutting down.
+    stopping: watch::Receiver<bool>,
     last_seq: u64,
     /// Refusals the node caused, forgiven after a minute without one.
     violations: u32,
@@ -713,9 +716,14 @@ impl SessionTask {
                 // A heartbeat of a session already replaced must not reach the core: the
                 // new session restarted the node's sequence numbers there.
                 if !self.sessions.is_current(&self.token) {
-                    return Verdict::Close(Status::aborted(
-                        "superseded: this key registered again; this session is closed",
-                    ));
+                    return Verdict::Close(if *self.stopping.borrow() {
+                        // Shutdown empties the table too: that is not a replacement.
+                        Status::unavailable("orchestrator shutting down; reconnect later")
+                    } else {
+                        Status::aborted(
+                            "superseded: this key registered again; this session is closed",
+                        )
+                    });
                 }
                 let started = Instant::now();
                 let r = self.core.heartbeat(hb).await;
