@@ -38,7 +38,11 @@ impl JobServiceImpl {
     }
 
     async fn job(&self, id: u64) -> Result<pb::Job, Status> {
-        let view = self.core.job(JobId(id)).await.map_err(|e| status_of(&e))?;
+        let view = self
+            .core
+            .job(JobId(id))
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
         Ok(convert::job(&view, |n| self.sessions.endpoint(n)))
     }
 }
@@ -49,13 +53,14 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
-        let spec = convert::job_spec(request.get_ref().spec.as_ref())?;
+        let spec = convert::job_spec(request.get_ref().spec.as_ref())
+            .map_err(|e| refused(&self.core, e.into()))?;
         let name = spec.name.clone();
         let id = self
             .core
             .submit_job(spec)
             .await
-            .map_err(|e| status_of(&e))?;
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
         tracing::info!(job = id.0, name, "job submitted");
         Ok(Response::new(pb::SubmitJobResponse { job_id: id.0 }))
     }
@@ -71,7 +76,11 @@ impl JobService for JobServiceImpl {
         &self,
         _request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
-        let jobs = self.core.jobs().await.map_err(|e| status_of(&e))?;
+        let jobs = self
+            .core
+            .jobs()
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
         Ok(Response::new(pb::ListJobsResponse {
             jobs: jobs
                 .iter()
@@ -160,10 +169,27 @@ impl JobService for JobServiceImpl {
         self.core
             .cancel_job(JobId(id))
             .await
-            .map_err(|e| status_of(&e))?;
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
         tracing::info!(job = id, "job cancelled");
         Ok(Response::new(pb::CancelJobResponse {}))
     }
+}
+
+/// Counts a refused job or admin request in `rejected_messages{reason}` (the reason is the
+/// status code, e.g. `not_found`) and logs it at debug level; returns the status.
+fn refused(core: &OrchestratorHandle, status: Status) -> Status {
+    let reason = match status.code() {
+        tonic::Code::InvalidArgument => "invalid",
+        tonic::Code::NotFound => "not_found",
+        tonic::Code::FailedPrecondition => "failed_precondition",
+        tonic::Code::Unavailable => "unavailable",
+        tonic::Code::PermissionDenied => "permission_denied",
+        tonic::Code::AlreadyExists => "already_exists",
+        _ => "other",
+    };
+    core.metrics().incr("rejected_messages", reason, 1);
+    tracing::debug!(reason, "request refused: {}", status.message());
+    status
 }
 
 fn is_terminal(job: &pb::Job) -> bool {
@@ -193,7 +219,11 @@ impl AdminService for AdminServiceImpl {
         &self,
         _request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        let nodes = self.core.nodes().await.map_err(|e| status_of(&e))?;
+        let nodes = self
+            .core
+            .nodes()
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
         let endpoints = self.sessions.endpoints();
         Ok(Response::new(pb::ListNodesResponse {
             nodes: nodes
@@ -207,12 +237,19 @@ impl AdminService for AdminServiceImpl {
         &self,
         request: Request<pb::GetNodeRequest>,
     ) -> Result<Response<pb::Node>, Status> {
-        let id: NodeId = convert::node_id("node_id", &request.get_ref().node_id)?;
-        let nodes = self.core.nodes().await.map_err(|e| status_of(&e))?;
-        let n = nodes
-            .iter()
-            .find(|n| n.id == id)
-            .ok_or_else(|| Status::not_found(format!("node {id} is not registered")))?;
+        let id: NodeId = convert::node_id("node_id", &request.get_ref().node_id)
+            .map_err(|e| refused(&self.core, e.into()))?;
+        let nodes = self
+            .core
+            .nodes()
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
+        let n = nodes.iter().find(|n| n.id == id).ok_or_else(|| {
+            refused(
+                &self.core,
+                Status::not_found(format!("node {id} is not registered")),
+            )
+        })?;
         Ok(Response::new(convert::node(n, self.sessions.endpoint(&id))))
     }
 
@@ -225,8 +262,13 @@ impl AdminService for AdminServiceImpl {
             .core
             .ring(JobId(id))
             .await
-            .map_err(|e| status_of(&e))?
-            .ok_or_else(|| Status::not_found(format!("job {id} has no ring")))?;
+            .map_err(|e| refused(&self.core, status_of(&e)))?
+            .ok_or_else(|| {
+                refused(
+                    &self.core,
+                    Status::not_found(format!("job {id} has no ring")),
+                )
+            })?;
         Ok(Response::new(convert::ring(&ring, |n| {
             self.sessions.endpoint(n)
         })))
