@@ -19,6 +19,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod delta;
 pub mod grpc;
 pub mod identity;
 pub mod metrics;

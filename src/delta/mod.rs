@@ -1,0 +1,8 @@
+//! Model deltas (DESIGN §6, paper §5–§6): the `HZDL` wire format and its signed statement
+//! ([`format`]), model descriptions for the format check ([`model`]), score math and the
+//! commit–reveal spot-check selection ([`score`]), and merging ([`merge`]).
+
+pub mod format;
+pub mod merge;
+pub mod model;
+pub mod score;
