@@ -120,6 +120,9 @@ Examples:
     /// Measure the transport: ring repair latency, heartbeat capacity, memory.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Inspect, sign and verify model delta files (HZDL, DESIGN §6).
+    #[command(subcommand)]
+    Delta(DeltaCommand),
     /// Print the effective configuration (defaults ← file ← environment) as TOML.
     Config,
     /// Run a job on simulated nodes with seeded faults, in simulated time, and report how
@@ -172,6 +175,95 @@ enum JobCommand {
         job: u64,
         #[command(flatten)]
         client: ClientArgs,
+    },
+}
+
+/// The statement a delta is signed with (DESIGN §6).
+#[derive(Args, Debug, Clone, Copy)]
+struct StatementArgs {
+    /// Job id.
+    #[arg(long)]
+    job: u64,
+    /// Epoch, 0-based.
+    #[arg(long)]
+    epoch: u32,
+    /// The node's local step.
+    #[arg(long)]
+    step: u64,
+    /// The training loss claimed at that step.
+    #[arg(long)]
+    loss: f64,
+}
+
+impl StatementArgs {
+    fn statement(&self) -> hanzod::delta::format::Statement {
+        hanzod::delta::format::Statement {
+            job: self.job,
+            epoch: self.epoch,
+            step: self.step,
+            claimed_loss: self.loss,
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum DeltaCommand {
+    /// Print the header and tensors (name, dtype, shape, L2 norm) and the verdict of the
+    /// format check; exit 0 when valid, 1 otherwise.
+    #[command(after_help = "\
+Examples:
+  hanzod delta inspect delta.hzdl
+  hanzod delta inspect delta.hzdl --model Qwen3-0.6B/config.json
+  hanzod delta inspect adapter.hzdl --model config.json --lora-rank 16 --lora-targets q_proj,v_proj --json")]
+    Inspect {
+        /// The delta file.
+        file: PathBuf,
+        /// A Hugging Face config.json (Llama / Qwen family) to check names and shapes against.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Check as a LoRA adapter of this rank (with --model).
+        #[arg(long, requires = "model")]
+        lora_rank: Option<usize>,
+        /// The adapter's target modules, comma-separated (with --lora-rank).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            requires = "lora_rank",
+            default_value = "q_proj,v_proj"
+        )]
+        lora_targets: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sign a delta's statement with a node key; prints the signature (hex).
+    #[command(
+        after_help = "Example:\n  hanzod delta sign delta.hzdl --key node.key --job 1 --epoch 0 --step 500 --loss 2.31"
+    )]
+    Sign {
+        /// The delta file.
+        file: PathBuf,
+        /// The node key.
+        #[arg(long)]
+        key: PathBuf,
+        #[command(flatten)]
+        statement: StatementArgs,
+    },
+    /// Verify a delta's signed statement; exit 0 when valid, 1 otherwise.
+    #[command(
+        after_help = "Example:\n  hanzod delta verify delta.hzdl --node <hex id> --signature <hex> --job 1 --epoch 0 --step 500 --loss 2.31"
+    )]
+    Verify {
+        /// The delta file.
+        file: PathBuf,
+        /// The signing node's id (hex public key).
+        #[arg(long)]
+        node: String,
+        /// The signature (hex, 64 bytes).
+        #[arg(long)]
+        signature: String,
+        #[command(flatten)]
+        statement: StatementArgs,
     },
 }
 
@@ -373,11 +465,97 @@ fn main() -> ExitCode {
         }
         .map_or_else(fail, |_| ExitCode::SUCCESS),
         Command::Sim { args, json } => run_sim(&cfg, args, json),
+        Command::Delta(d) => run_delta(d),
         Command::Bench(b) => match runtime() {
             Ok(rt) => rt.block_on(run_bench(&cfg, b)),
             Err(e) => fail(e),
         },
     }
+}
+
+fn run_delta(cmd: DeltaCommand) -> ExitCode {
+    use hanzod::delta::format::{payload_hash, sign_statement, verify_statement};
+    let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let r: Result<ExitCode, String> = (|| match cmd {
+        DeltaCommand::Inspect {
+            file,
+            model,
+            lora_rank,
+            lora_targets,
+            json,
+        } => {
+            let bytes = read(&file)?;
+            let spec = match &model {
+                None => None,
+                Some(p) => {
+                    let text =
+                        std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                    let spec = hanzod::delta::model::ModelSpec::from_hf_config(&text)
+                        .map_err(|e| format!("{}: {e}", p.display()))?;
+                    Some(match lora_rank {
+                        None => spec,
+                        Some(r) => {
+                            let targets: Vec<&str> =
+                                lora_targets.iter().map(String::as_str).collect();
+                            spec.lora_spec(r, &targets).map_err(|e| e.to_string())?
+                        }
+                    })
+                }
+            };
+            let report = hanzod::delta::inspect::inspect(&bytes, spec.as_ref());
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+                );
+            } else {
+                println!("{report}");
+            }
+            Ok(if report.valid {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        DeltaCommand::Sign {
+            file,
+            key,
+            statement,
+        } => {
+            let bytes = read(&file)?;
+            let id = hanzod::identity::Identity::load(&key).map_err(|e| e.to_string())?;
+            let sig = sign_statement(&id, &statement.statement(), &payload_hash(&bytes));
+            println!("{}", hex::encode(sig));
+            eprintln!("signed by node {}", id.node_id());
+            Ok(ExitCode::SUCCESS)
+        }
+        DeltaCommand::Verify {
+            file,
+            node,
+            signature,
+            statement,
+        } => {
+            let bytes = read(&file)?;
+            let node: hanzod::core::types::NodeId =
+                node.parse().map_err(|e| format!("--node: {e}"))?;
+            let key = hanzod::identity::verifying_key(&node).map_err(|e| format!("--node: {e}"))?;
+            let sig = hex::decode(signature.trim()).map_err(|e| format!("--signature: {e}"))?;
+            match verify_statement(&key, &statement.statement(), &payload_hash(&bytes), &sig) {
+                Ok(()) => {
+                    println!("valid: signed by {node}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    println!("INVALID: {e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+    })();
+    r.unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(2)
+    })
 }
 
 async fn run_bench(cfg: &Config, cmd: BenchCommand) -> ExitCode {

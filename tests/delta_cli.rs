@@ -1,0 +1,100 @@
+//! `hanzod delta inspect|sign|verify` as a user runs them: exit codes and messages.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn hanzod(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hanzod"))
+        .args(args)
+        .env("HANZO_LOG", "warn")
+        .output()
+        .expect("run hanzod")
+}
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/deltas")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn inspect_reports_valid_and_invalid_files_with_exit_codes() {
+    let ok = hanzod(&["delta", "inspect", &fixture("tiny_f32.hzdl")]);
+    assert_eq!(ok.status.code(), Some(0), "{}", stdout(&ok));
+    let text = stdout(&ok);
+    assert!(
+        text.contains("a.weight") && text.contains("[2, 3]"),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("valid"), "{text}");
+
+    let nan = hanzod(&["delta", "inspect", &fixture("tiny_nan_f32.hzdl"), "--json"]);
+    assert_eq!(nan.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&nan.stdout).expect("JSON report");
+    assert_eq!(report["valid"], false);
+    assert!(
+        report["error"].as_str().unwrap().contains("b.bias"),
+        "{report}"
+    );
+
+    let magic = hanzod(&["delta", "inspect", &fixture("tiny_bad_magic.hzdl")]);
+    assert_eq!(magic.status.code(), Some(1));
+    assert!(stdout(&magic).contains("INVALID"), "{}", stdout(&magic));
+
+    let missing = hanzod(&["delta", "inspect", "/nonexistent/delta.hzdl"]);
+    assert_eq!(missing.status.code(), Some(2));
+}
+
+#[test]
+fn sign_then_verify_and_a_replayed_statement_fails() {
+    let dir = std::env::temp_dir().join(format!("hanzod-delta-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("node.key");
+    let _ = std::fs::remove_file(&key);
+    let keygen = hanzod(&["keygen", "--out", key.to_str().unwrap()]);
+    assert!(keygen.status.success());
+    let node = stdout(&keygen).trim().to_string();
+    let file = fixture("tiny_f32.hzdl");
+    let statement = [
+        "--job", "3", "--epoch", "1", "--step", "500", "--loss", "2.25",
+    ];
+    let mut sign_args = vec!["delta", "sign", &file, "--key", key.to_str().unwrap()];
+    sign_args.extend(statement);
+    let signed = hanzod(&sign_args);
+    assert!(signed.status.success(), "{:?}", signed);
+    let sig = stdout(&signed).trim().to_string();
+    assert_eq!(sig.len(), 128);
+
+    let verify = |job: &str| {
+        hanzod(&[
+            "delta",
+            "verify",
+            &file,
+            "--node",
+            &node,
+            "--signature",
+            &sig,
+            "--job",
+            job,
+            "--epoch",
+            "1",
+            "--step",
+            "500",
+            "--loss",
+            "2.25",
+        ])
+    };
+    let good = verify("3");
+    assert_eq!(good.status.code(), Some(0), "{}", stdout(&good));
+    // The same signature offered for another job: refused.
+    let replayed = verify("4");
+    assert_eq!(replayed.status.code(), Some(1));
+    assert!(stdout(&replayed).contains("INVALID"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
