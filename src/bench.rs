@@ -60,21 +60,14 @@ pub struct RecoveryReport {
 }
 
 fn agent_settings(endpoint: String, advertise: String, region: &str) -> AgentSettings {
+    let orchestrator = ClientOptions {
+        endpoint,
+        ..ClientOptions::default()
+    };
     AgentSettings {
-        orchestrator: ClientOptions {
-            endpoint,
-            ..ClientOptions::default()
-        },
-        gpu_model: "NVIDIA A100-SXM4-80GB".into(),
-        vram_bytes: 80 << 30,
-        compute_cap: (8, 0),
-        driver_sig: vec![],
-        up_mbps: 1000.0,
-        down_mbps: 1000.0,
-        region: region.into(),
-        advertise,
         backoff_min_ms: 100,
         backoff_max_ms: 1000,
+        ..AgentSettings::new(orchestrator, region, advertise)
     }
 }
 
@@ -151,15 +144,8 @@ pub async fn recovery(
             .await?;
         let mut on_ring: HashMap<usize, (u64, Vec<String>)> = HashMap::new();
         wait(&mut events, Duration::from_secs(30), |i, e| {
-            if let AgentEvent::RingApplied {
-                job: j,
-                version,
-                members,
-            } = e
-            {
-                if *j == job.0 {
-                    on_ring.insert(i, (*version, members.clone()));
-                }
+            if let Some((version, members)) = ring_applied(e, job.0) {
+                on_ring.insert(i, (version, members.to_vec()));
             }
             on_ring.len() == nodes && on_ring.values().all(|r| r.1.len() == nodes)
         })
@@ -173,14 +159,9 @@ pub async fn recovery(
         probes.abort();
         let mut after: HashMap<usize, Vec<String>> = HashMap::new();
         wait(&mut events, Duration::from_secs(30), |i, e| {
-            if let AgentEvent::RingApplied {
-                job: j,
-                version,
-                members,
-            } = e
-            {
-                if *j == job.0 && *version > v1 && i != victim {
-                    after.insert(i, members.clone());
+            if let Some((version, members)) = ring_applied(e, job.0) {
+                if version > v1 && i != victim {
+                    after.insert(i, members.to_vec());
                 }
             }
             after.len() == nodes - 1 && {
@@ -209,6 +190,18 @@ pub async fn recovery(
         samples_ms: samples,
         coalesce_ms: cfg.core.ring.coalesce_ms,
     })
+}
+
+/// The version and members of `e` when it is a ring of `job` applied.
+fn ring_applied(e: &AgentEvent, job: u64) -> Option<(u64, &[String])> {
+    match e {
+        AgentEvent::RingApplied {
+            job: j,
+            version,
+            members,
+        } if *j == job => Some((*version, members)),
+        _ => None,
+    }
 }
 
 async fn wait<F: FnMut(usize, &AgentEvent) -> bool>(

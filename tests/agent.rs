@@ -19,21 +19,14 @@ async fn daemon() -> Daemon {
 }
 
 fn settings(d: &Daemon, advertise: &str) -> AgentSettings {
+    let orchestrator = ClientOptions {
+        endpoint: format!("http://{}", d.grpc_addr),
+        ..ClientOptions::default()
+    };
     AgentSettings {
-        orchestrator: ClientOptions {
-            endpoint: format!("http://{}", d.grpc_addr),
-            ..ClientOptions::default()
-        },
-        gpu_model: "NVIDIA L4".into(),
-        vram_bytes: 24 << 30,
-        compute_cap: (8, 9),
-        driver_sig: vec![],
-        up_mbps: 1000.0,
-        down_mbps: 1000.0,
-        region: "eu-west".into(),
-        advertise: advertise.into(),
         backoff_min_ms: 50,
         backoff_max_ms: 200,
+        ..AgentSettings::new(orchestrator, "eu-west", advertise)
     }
 }
 

@@ -13,6 +13,19 @@ use hanzod::OrchestratorError;
 
 const MIN: Duration = Duration::from_secs(60);
 
+fn assert_deadline_passed(phase: &JobPhase) {
+    assert!(
+        matches!(
+            phase,
+            JobPhase::Failed {
+                reason: FailReason::DeadlinePassed,
+                ..
+            }
+        ),
+        "{phase:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn job_runs_every_epoch_to_published() {
     let h = Harness::start(HarnessConfig::new(5).seed_from_env_or(21)).await;
@@ -77,16 +90,7 @@ async fn job_without_enough_nodes_fails_at_its_pending_deadline() {
         JobPhase::Pending { .. }
     ));
     let phase = h.await_end(job, MIN).await.unwrap();
-    assert!(
-        matches!(
-            phase,
-            JobPhase::Failed {
-                reason: FailReason::DeadlinePassed,
-                ..
-            }
-        ),
-        "{phase:?}"
-    );
+    assert_deadline_passed(&phase);
 }
 
 #[tokio::test(start_paused = true)]
@@ -317,16 +321,7 @@ async fn an_epoch_without_any_delta_fails_the_job_at_its_deadline() {
         h.hang(i);
     }
     let phase = h.await_end(job, 10 * MIN).await.unwrap();
-    assert!(
-        matches!(
-            phase,
-            JobPhase::Failed {
-                reason: FailReason::DeadlinePassed,
-                ..
-            }
-        ),
-        "{phase:?}"
-    );
+    assert_deadline_passed(&phase);
     assert!(
         h.sink.checkpoints(job).is_empty(),
         "no empty checkpoint is published"

@@ -230,17 +230,13 @@ fn build_sim(
             let shared = shared.clone();
             async move {
                 let settings = AgentSettings {
-                    orchestrator: client_options(),
-                    gpu_model: "NVIDIA A100-SXM4-80GB".into(),
-                    vram_bytes: 80 << 30,
-                    compute_cap: (8, 0),
-                    driver_sig: Vec::new(),
-                    up_mbps: 1_000.0,
-                    down_mbps: 1_000.0,
-                    region: REGIONS[i % REGIONS.len()].into(),
-                    advertise: format!("{name}:9560"),
                     backoff_min_ms: BACKOFF_MIN_MS,
                     backoff_max_ms: BACKOFF_MAX_MS,
+                    ..AgentSettings::new(
+                        client_options(),
+                        REGIONS[i % REGIONS.len()],
+                        format!("{name}:9560"),
+                    )
                 };
                 let agent = Agent::with_transport(
                     settings,

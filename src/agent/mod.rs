@@ -55,6 +55,32 @@ pub struct AgentSettings {
     pub backoff_max_ms: u64,
 }
 
+impl AgentSettings {
+    /// A node reaching the orchestrator through `orchestrator`, in `region`, reachable by
+    /// peers at `advertise`, with the defaults of `hanzod node`: one NVIDIA A100-SXM4-80GB
+    /// (80 GiB, compute capability 8.0, no attestation), 1,000 Mbit/s each way, reconnect
+    /// backoff from 500 ms to 30 s.
+    pub fn new(
+        orchestrator: ClientOptions,
+        region: impl Into<String>,
+        advertise: impl Into<String>,
+    ) -> AgentSettings {
+        AgentSettings {
+            orchestrator,
+            gpu_model: "NVIDIA A100-SXM4-80GB".into(),
+            vram_bytes: 80 << 30,
+            compute_cap: (8, 0),
+            driver_sig: Vec::new(),
+            up_mbps: 1000.0,
+            down_mbps: 1000.0,
+            region: region.into(),
+            advertise: advertise.into(),
+            backoff_min_ms: 500,
+            backoff_max_ms: 30_000,
+        }
+    }
+}
+
 /// Something the agent did or saw. Printed by `hanzod node` (one JSON object per line with
 /// `--json`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
