@@ -140,6 +140,7 @@ pub async fn recovery(
                 epoch_deadline_ms: 3_600_000,
                 utility: 1.0,
                 submitter_stake: GymWei::gym(10_000),
+                training: Default::default(),
             })
             .await?;
         let mut on_ring: HashMap<usize, (u64, Vec<String>)> = HashMap::new();

@@ -41,6 +41,10 @@ pub struct JobSpecFile {
     /// The submitter's stake, whole GYM (default 10,000).
     #[serde(default = "d_stake")]
     pub submitter_stake_gym: u64,
+    /// The training recipe (`[training]`; every key defaults, see
+    /// [`hanzod_actors::job::TrainingSpec`]).
+    #[serde(default)]
+    pub training: hanzod_actors::job::TrainingSpec,
 }
 
 fn d_epochs() -> u32 {
@@ -87,6 +91,7 @@ impl JobSpecFile {
             submitter_stake_gym_wei: hanzod_actors::types::GymWei::gym(self.submitter_stake_gym)
                 .0
                 .to_string(),
+            training: Some(crate::grpc::convert::training_spec_to_wire(&self.training)),
         }
     }
 }

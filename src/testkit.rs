@@ -594,6 +594,7 @@ impl Harness {
             epoch_deadline_ms: 120_000,
             utility: 1.0,
             submitter_stake: GymWei::gym(100_000),
+            training: Default::default(),
         }
     }
 
@@ -994,6 +995,8 @@ impl Sim {
             epoch,
             step: u64::from(epoch + 1) * 100,
             delta_hash,
+            claimed_loss: 1.0,
+            signature: Vec::new(),
         };
         if self.orch.submit_delta(receipt).await.is_ok() {
             self.last_epoch = Some((ring.job, epoch));

@@ -321,6 +321,7 @@ fn job_spec() -> pb::JobSpec {
         epoch_deadline_ms: 600_000,
         utility: 1.0,
         submitter_stake_gym_wei: "1000".into(),
+        training: None,
     }
 }
 

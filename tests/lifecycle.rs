@@ -176,6 +176,8 @@ async fn deltas_are_checked_against_epoch_membership_and_duplicates() {
         epoch,
         step: 1,
         delta_hash: [b; 32],
+        claimed_loss: 1.0,
+        signature: Vec::new(),
     };
     let e = h
         .orch

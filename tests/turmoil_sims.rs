@@ -326,6 +326,7 @@ fn job_spec(name: &str) -> pb::SubmitJobRequest {
             epoch_deadline_ms: 3_600_000,
             utility: 1.0,
             submitter_stake_gym_wei: "10000000000000000000000".into(),
+            training: None,
         }),
     }
 }

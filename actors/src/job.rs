@@ -50,6 +50,48 @@ pub struct JobSpec {
     pub utility: f64,
     /// Submitter's stake `s_j` in GYM wei (paper §3.2), as read from the chain.
     pub submitter_stake: GymWei,
+    /// What the nodes train and how (model, dataset, local steps, learning rates, seed);
+    /// defaults to the built-in Wine Quality MLP.
+    #[serde(default)]
+    pub training: TrainingSpec,
+}
+
+/// A job's training recipe (DESIGN §6): everything a node needs to train its share of an
+/// epoch and a validator needs to replay it. The core only carries it; the deltas pipeline
+/// resolves `model` and `dataset`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingSpec {
+    /// The model: a built-in name (`wine-mlp`) whose tensors bound and check every delta.
+    pub model: String,
+    /// The dataset: a built-in name (`wine-quality-red`).
+    pub dataset: String,
+    /// Local steps per node per epoch, ≥ 1.
+    pub local_steps: u32,
+    /// Samples per local step, ≥ 1.
+    pub batch_size: u32,
+    /// The nodes' local learning rate (finite, > 0).
+    pub local_lr: f64,
+    /// The outer learning rate applied to the merged delta (finite, > 0; 1.0 = plain
+    /// averaging).
+    pub outer_lr: f64,
+    /// Seed of the initial weights and of every node's batch stream (training is
+    /// deterministic for a given seed, so spot-checks can re-run it).
+    pub seed: u64,
+}
+
+impl Default for TrainingSpec {
+    fn default() -> Self {
+        TrainingSpec {
+            model: "wine-mlp".into(),
+            dataset: "wine-quality-red".into(),
+            local_steps: 20,
+            batch_size: 32,
+            local_lr: 0.05,
+            outer_lr: 1.0,
+            seed: 0,
+        }
+    }
 }
 
 /// Why a [`JobSpec`] was refused: one variant per bad field.
@@ -84,6 +126,20 @@ pub enum JobSpecError {
     /// `utility` is ≤ 0.
     #[error("utility must be greater than 0, got {0}")]
     NonPositiveUtility(f64),
+    /// `training.model` or `training.dataset` is blank.
+    #[error("training.{0} must not be empty")]
+    EmptyTrainingName(&'static str),
+    /// `training.local_steps` or `training.batch_size` is 0.
+    #[error("training.{0} must be at least 1")]
+    ZeroTrainingCount(&'static str),
+    /// A learning rate is NaN, infinite or ≤ 0.
+    #[error("training.{field} must be finite and greater than 0, got {value}")]
+    BadLearningRate {
+        /// `local_lr` or `outer_lr`.
+        field: &'static str,
+        /// The value given.
+        value: f64,
+    },
 }
 
 impl JobSpec {
@@ -116,6 +172,22 @@ impl JobSpec {
         }
         if self.utility <= 0.0 {
             return Err(JobSpecError::NonPositiveUtility(self.utility));
+        }
+        let t = &self.training;
+        for (field, value) in [("model", &t.model), ("dataset", &t.dataset)] {
+            if value.trim().is_empty() {
+                return Err(JobSpecError::EmptyTrainingName(field));
+            }
+        }
+        for (field, value) in [("local_steps", t.local_steps), ("batch_size", t.batch_size)] {
+            if value == 0 {
+                return Err(JobSpecError::ZeroTrainingCount(field));
+            }
+        }
+        for (field, value) in [("local_lr", t.local_lr), ("outer_lr", t.outer_lr)] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(JobSpecError::BadLearningRate { field, value });
+            }
         }
         Ok(())
     }
@@ -506,6 +578,7 @@ mod tests {
             epoch_deadline_ms: 3_600_000,
             utility: 1.5,
             submitter_stake: GymWei::gym(50_000),
+            training: Default::default(),
         }
     }
 

@@ -188,7 +188,7 @@ pub trait NodeLink: Send + Sync + std::fmt::Debug + 'static {
 
 /// A node's receipt for its model update in one epoch, as the core sees it: the delta
 /// itself is validated and stored by the deltas pipeline; the core keeps its hash.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeltaReceipt {
     /// The job.
     pub job: JobId,
@@ -200,6 +200,11 @@ pub struct DeltaReceipt {
     pub step: u64,
     /// SHA-256 of the delta payload (DESIGN §6).
     pub delta_hash: [u8; 32],
+    /// The training loss the node claims at `step` (checked by spot-checks, DESIGN §6).
+    pub claimed_loss: f64,
+    /// The node's Ed25519 signature (64 bytes) over the delta statement of DESIGN §6
+    /// (job, epoch, step, claimed loss, delta hash), kept so anyone can audit the epoch.
+    pub signature: Vec<u8>,
 }
 
 /// Errors of a [`CheckpointSink`].

@@ -203,6 +203,7 @@ mod tests {
             epoch_deadline_ms: 1_000_000,
             utility: 1.0,
             submitter_stake: GymWei::gym(1),
+            training: Default::default(),
         };
         let (a, b) = (NodeId([1; 32]), NodeId([2; 32]));
         let delta = |node, epoch| {
@@ -212,6 +213,8 @@ mod tests {
                 epoch,
                 step: 1,
                 delta_hash: [epoch as u8; 32],
+                claimed_loss: 1.0,
+                signature: Vec::new(),
             })
         };
         let ev = |event| Event::Job { job, event };

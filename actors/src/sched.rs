@@ -576,6 +576,7 @@ mod tests {
             epoch_deadline_ms: 1_000,
             utility: 2.0,
             submitter_stake: GymWei::gym(5),
+            training: Default::default(),
         };
         let mut job = Job::new(JobId(9), spec, NOW);
         let pj = PendingJob::from_job(&job).expect("pending");

@@ -3,7 +3,7 @@
 //! turn into `INVALID_ARGUMENT`.
 
 use hanzod_actors::actor::job::JobView;
-use hanzod_actors::job::{JobPhase, JobSpec};
+use hanzod_actors::job::{JobPhase, JobSpec, TrainingSpec};
 use hanzod_actors::node::Heartbeat;
 use hanzod_actors::ports::RingView;
 use hanzod_actors::sched::NodeView;
@@ -188,9 +188,39 @@ pub fn job_spec(spec: Option<&pb::JobSpec>) -> Result<JobSpec, FieldError> {
         epoch_deadline_ms: s.epoch_deadline_ms,
         utility: s.utility,
         submitter_stake: gym_wei("spec.submitter_stake_gym_wei", &s.submitter_stake_gym_wei)?,
+        training: training_spec(s.training.as_ref())?,
     };
     spec.validate().map_err(|e| bad("spec", e.to_string()))?;
     Ok(spec)
+}
+
+/// A training recipe from the wire: each unset field takes [`TrainingSpec::default`]'s value.
+fn training_spec(t: Option<&pb::TrainingSpec>) -> Result<TrainingSpec, FieldError> {
+    let d = TrainingSpec::default();
+    let Some(t) = t else { return Ok(d) };
+    for (field, value) in [
+        ("spec.training.model", &t.model),
+        ("spec.training.dataset", &t.dataset),
+    ] {
+        if value
+            .as_ref()
+            .is_some_and(|v| v.len() > 256 || v.chars().any(char::is_control))
+        {
+            return Err(bad(
+                field,
+                "longer than 256 bytes or has control characters",
+            ));
+        }
+    }
+    Ok(TrainingSpec {
+        model: t.model.clone().unwrap_or(d.model),
+        dataset: t.dataset.clone().unwrap_or(d.dataset),
+        local_steps: t.local_steps.unwrap_or(d.local_steps),
+        batch_size: t.batch_size.unwrap_or(d.batch_size),
+        local_lr: t.local_lr.unwrap_or(d.local_lr),
+        outer_lr: t.outer_lr.unwrap_or(d.outer_lr),
+        seed: t.seed.unwrap_or(d.seed),
+    })
 }
 
 /// The core's [`JobSpec`] on the wire.
@@ -205,6 +235,20 @@ pub fn job_spec_to_wire(s: &JobSpec) -> pb::JobSpec {
         epoch_deadline_ms: s.epoch_deadline_ms,
         utility: s.utility,
         submitter_stake_gym_wei: s.submitter_stake.0.to_string(),
+        training: Some(training_spec_to_wire(&s.training)),
+    }
+}
+
+/// A training recipe on the wire, every field set.
+pub fn training_spec_to_wire(t: &TrainingSpec) -> pb::TrainingSpec {
+    pb::TrainingSpec {
+        model: Some(t.model.clone()),
+        dataset: Some(t.dataset.clone()),
+        local_steps: Some(t.local_steps),
+        batch_size: Some(t.batch_size),
+        local_lr: Some(t.local_lr),
+        outer_lr: Some(t.outer_lr),
+        seed: Some(t.seed),
     }
 }
 
@@ -386,8 +430,27 @@ mod tests {
             epoch_deadline_ms: 1000,
             utility: 1.0,
             submitter_stake_gym_wei: "10000000000000000000000".into(),
+            training: None,
         };
         let spec = job_spec(Some(&good)).unwrap();
+        assert_eq!(spec.training, TrainingSpec::default());
+        assert_eq!(job_spec(Some(&job_spec_to_wire(&spec))).unwrap(), spec);
+        let mut partial = good.clone();
+        partial.training = Some(pb::TrainingSpec {
+            local_steps: Some(7),
+            ..Default::default()
+        });
+        let t = job_spec(Some(&partial)).unwrap().training;
+        assert_eq!(
+            (t.local_steps, t.batch_size),
+            (7, TrainingSpec::default().batch_size)
+        );
+        partial.training = Some(pb::TrainingSpec {
+            outer_lr: Some(f64::NAN),
+            ..Default::default()
+        });
+        let e = job_spec(Some(&partial)).unwrap_err();
+        assert!(e.to_string().contains("outer_lr"), "{e}");
         assert_eq!(spec.submitter_stake, GymWei(10_000 * 10u128.pow(18)));
         assert_eq!(job_spec_to_wire(&spec), good);
         let mut bad_stake = good.clone();

@@ -17,7 +17,7 @@ use super::ring::{RingActor, RingActorArgs, RingMsg};
 use super::scheduler::SchedulerMsg;
 use super::{answer, Deps, Notice};
 use crate::events::Event;
-use crate::job::{FailReason, Job, JobError, JobEvent, JobPhase};
+use crate::job::{FailReason, Job, JobError, JobEvent, JobPhase, JobSpec};
 use crate::ports::{DeltaReceipt, NodeCommand, RingView};
 use crate::supervision::{RestartBudget, RestartDecision};
 use crate::types::{JobId, NodeId, Timestamp};
@@ -141,6 +141,9 @@ pub struct JobView {
     pub deltas_this_epoch: usize,
     /// Published checkpoint references, one per finished epoch.
     pub checkpoints: Vec<String>,
+    /// The spec as submitted (its training recipe names the model every delta is checked
+    /// against).
+    pub spec: JobSpec,
 }
 
 impl JobView {
@@ -154,6 +157,7 @@ impl JobView {
             ring,
             deltas_this_epoch: deltas,
             checkpoints: job.checkpoints.clone(),
+            spec: job.spec.clone(),
         }
     }
 }
