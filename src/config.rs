@@ -41,6 +41,10 @@ pub struct Config {
     pub state: StateConfig,
     /// Checkpoint publication.
     pub publish: PublishConfig,
+    /// Delta uploads and the blob store that keeps them.
+    pub deltas: DeltasConfig,
+    /// The validator and the merge (DESIGN §6).
+    pub validation: ValidationSection,
     /// The orchestrator's own identity.
     pub orchestrator: OrchestratorConfig,
     /// Logging.
@@ -152,6 +156,68 @@ pub struct PublishConfig {
     pub ipfs_url: String,
     /// Hugging Face Hub token (`HF_TOKEN`); a secret, never printed.
     pub hf_token: String,
+}
+
+/// Delta uploads (`NodeService.UploadDelta`, DESIGN §6) and the content-addressed blob
+/// store their bytes are kept in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeltasConfig {
+    /// Directory of the blob store (`<dir>/<2 hex>/<62 hex>`, fsync'd); empty keeps blobs
+    /// in memory for the life of the process.
+    pub store_dir: String,
+    /// Uploads received at once, over all nodes (each node has at most one in flight);
+    /// more are refused `RESOURCE_EXHAUSTED`. Memory held by uploads is bounded by this
+    /// times twice the largest delta of the jobs' models.
+    pub max_concurrent_uploads: usize,
+    /// An upload whose next chunk does not arrive within this many ms ends
+    /// `DEADLINE_EXCEEDED`.
+    pub upload_idle_ms: u64,
+    /// The data chunk size nodes are asked to use, bytes (announced in
+    /// `RegisterResponse.delta_chunk_bytes`; any size up to `server.max_message_bytes` is
+    /// accepted).
+    pub chunk_bytes: usize,
+}
+
+/// The validator pool and the merge (DESIGN §6, paper §5–§6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidationSection {
+    /// Fraction of deltas spot-checked, in `[0, 1]` (DESIGN §6: 0.1).
+    pub spot_check_rate: f64,
+    /// Relative tolerance of the claimed-loss comparison, `[0, 1]` (paper §5.2: 0.05).
+    pub loss_rel_tol: f64,
+    /// Whether a spot-check also re-runs the node's local steps (deterministic recipes).
+    pub replay: bool,
+    /// Relative L2 distance allowed between a delta and its re-run (plus the dtype's
+    /// rounding), `[0, 1]`.
+    pub replay_rel_tol: f64,
+    /// Fraction of suspect deltas above which the coordinate-wise median replaces the
+    /// weighted mean, `[0, 1]` (paper §6: 0.30).
+    pub suspect_threshold: f32,
+    /// Validator workers; 0 = one per CPU.
+    pub workers: usize,
+}
+
+impl ValidationSection {
+    /// The sink's settings.
+    pub fn sink_config(&self) -> crate::delta::sink::SinkConfig {
+        let default = crate::delta::sink::SinkConfig::default();
+        crate::delta::sink::SinkConfig {
+            validation: crate::delta::validate::ValidationConfig {
+                spot_check_rate: self.spot_check_rate,
+                loss_rel_tol: self.loss_rel_tol,
+                replay_rel_tol: self.replay_rel_tol,
+                replay: self.replay,
+            },
+            suspect_threshold: self.suspect_threshold,
+            workers: if self.workers == 0 {
+                default.workers
+            } else {
+                self.workers
+            },
+        }
+    }
 }
 
 /// The orchestrator's identity.
@@ -363,9 +429,37 @@ impl Config {
             ),
             ("server.limits.challenge_ttl_ms", s.limits.challenge_ttl_ms),
             ("nodes.probe_ttl_ms", self.nodes.probe_ttl_ms),
+            (
+                "deltas.max_concurrent_uploads",
+                self.deltas.max_concurrent_uploads as u64,
+            ),
+            ("deltas.upload_idle_ms", self.deltas.upload_idle_ms),
+            ("deltas.chunk_bytes", self.deltas.chunk_bytes as u64),
         ] {
             if v == 0 {
                 return Err(format!("{key} must be greater than 0"));
+            }
+        }
+        // A data chunk travels in a DeltaChunk message: tag and length take at most 16 bytes.
+        if self.deltas.chunk_bytes.saturating_add(CHUNK_FRAMING) > s.max_message_bytes {
+            return Err(format!(
+                "deltas.chunk_bytes ({}) must be at most server.max_message_bytes - {CHUNK_FRAMING} ({})",
+                self.deltas.chunk_bytes,
+                s.max_message_bytes.saturating_sub(CHUNK_FRAMING)
+            ));
+        }
+        let v = &self.validation;
+        for (key, value) in [
+            ("validation.spot_check_rate", v.spot_check_rate),
+            ("validation.loss_rel_tol", v.loss_rel_tol),
+            ("validation.replay_rel_tol", v.replay_rel_tol),
+            (
+                "validation.suspect_threshold",
+                f64::from(v.suspect_threshold),
+            ),
+        ] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err(format!("{key} must be within [0, 1], got {value}"));
             }
         }
         if s.tls.cert.is_empty() != s.tls.key.is_empty() {
@@ -417,6 +511,9 @@ impl Config {
     }
 }
 
+/// Bytes of protobuf framing around a data chunk in a `DeltaChunk` message, at most.
+const CHUNK_FRAMING: usize = 16;
+
 /// The `HANZO_*` variables we read.
 pub const KNOWN_HANZO_VARS: &[&str] = &[
     "HANZO_RPC",
@@ -436,6 +533,10 @@ mod tests {
         assert_eq!(c.chain.chain_id, 36900);
         assert_eq!(c.server.grpc_addr, "0.0.0.0:9550");
         assert!(c.nodes.attesters.is_empty());
+        assert_eq!(c.deltas.store_dir, "");
+        assert_eq!(c.deltas.max_concurrent_uploads, 4);
+        assert_eq!(c.deltas.upload_idle_ms, 30_000);
+        assert_eq!(c.deltas.chunk_bytes, 1 << 20);
     }
 
     #[test]
@@ -485,6 +586,13 @@ mod tests {
             ("[server.limits]\nburst = 0\n", "server.limits.burst"),
             ("[server.tls]\ncert = \"c.pem\"\n", "server.tls.cert"),
             ("[nodes]\nattesters = [\"xyz\"]\n", "nodes.attesters[0]"),
+            (
+                "[deltas]\nmax_concurrent_uploads = 0\n",
+                "deltas.max_concurrent_uploads",
+            ),
+            ("[deltas]\nupload_idle_ms = 0\n", "deltas.upload_idle_ms"),
+            ("[deltas]\nchunk_bytes = 4194304\n", "deltas.chunk_bytes"),
+            ("[deltas]\nstore = \"/tmp\"\n", "store"),
         ] {
             std::fs::write(&f, text).unwrap();
             let err = Config::load(Some(&f), |_| None).unwrap_err().to_string();

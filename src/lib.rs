@@ -28,6 +28,7 @@ pub mod serve;
 pub mod sim;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod train;
 
 pub use hanzod_actors as core;
 pub use hanzod_actors::{Orchestrator, OrchestratorBuilder, OrchestratorError, OrchestratorHandle};

@@ -213,12 +213,14 @@ enum DeltaCommand {
     #[command(after_help = "\
 Examples:
   hanzod delta inspect delta.hzdl
+  hanzod delta inspect delta.hzdl --model wine-mlp
   hanzod delta inspect delta.hzdl --model Qwen3-0.6B/config.json
   hanzod delta inspect adapter.hzdl --model config.json --lora-rank 16 --lora-targets q_proj,v_proj --json")]
     Inspect {
         /// The delta file.
         file: PathBuf,
-        /// A Hugging Face config.json (Llama / Qwen family) to check names and shapes against.
+        /// The model to check names and shapes against: a built-in name (`wine-mlp`) or a
+        /// Hugging Face config.json (Llama / Qwen family).
         #[arg(long)]
         model: Option<PathBuf>,
         /// Check as a LoRA adapter of this rank (with --model).
@@ -488,10 +490,17 @@ fn run_delta(cmd: DeltaCommand) -> ExitCode {
             let spec = match &model {
                 None => None,
                 Some(p) => {
-                    let text =
-                        std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-                    let spec = hanzod::delta::model::ModelSpec::from_hf_config(&text)
-                        .map_err(|e| format!("{}: {e}", p.display()))?;
+                    use hanzod::delta::model::ModelSpec;
+                    // A built-in name (`wine-mlp`), else a Hugging Face config.json.
+                    let spec = match p.to_str().and_then(ModelSpec::builtin) {
+                        Some(spec) => spec,
+                        None => {
+                            let text = std::fs::read_to_string(p)
+                                .map_err(|e| format!("{}: {e}", p.display()))?;
+                            ModelSpec::from_hf_config(&text)
+                                .map_err(|e| format!("{}: {e}", p.display()))?
+                        }
+                    };
                     Some(match lora_rank {
                         None => spec,
                         Some(r) => {

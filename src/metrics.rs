@@ -21,6 +21,11 @@
 //! | `hanzod_rejected_messages_total{reason}` | the rejection reason | gRPC messages refused by the transport |
 //! | `hanzod_session_messages_total{kind}` | the message kind | messages received on node sessions |
 //! | `hanzod_sessions_total{event}` | `opened`, `closed` | node sessions opened and closed |
+//! | `hanzod_deltas_total{outcome}` | `accepted` or the refusal reason (`timeout`, `hash_mismatch`, `bad_signature`, `non_finite`, `stale_base`, `conflicting`, …; see `grpc::upload`) | delta uploads handled |
+//! | `hanzod_delta_bytes_received_total{outcome}` | as `hanzod_deltas_total` | payload bytes received by delta uploads, by the upload's outcome |
+//! | `hanzod_deltas_validated_total{outcome}` | `accepted` or the rejection reason (`signature`, `wrong_step`, `format`, `stale_base`, `spot_check_loss`, `spot_check_replay`, …; see `delta::validate::Rejection::label`) | deltas judged at aggregation |
+//! | `hanzod_spot_checks_total{outcome}` | `passed`, `failed` | spot-checks run (DESIGN §6) |
+//! | `hanzod_merges_total{aggregator}` | `weighted_mean`, `median`, `kept` | epochs merged, by aggregator |
 //! | `hanzod_metrics_errors_total{kind}` | `name_conflict`, `non_finite_observation`, `sample_timeout` | misuse of this sink and slow scrapes (see below) |
 //!
 //! A counter name nobody declared is registered on first use as
@@ -132,7 +137,7 @@ struct CounterSpec {
 }
 
 /// The counters reported through [`Metrics::incr`] by the core and the gRPC transport.
-const COUNTERS: [CounterSpec; 11] = [
+const COUNTERS: [CounterSpec; 16] = [
     CounterSpec {
         name: "probe_requests",
         key: "outcome",
@@ -187,6 +192,31 @@ const COUNTERS: [CounterSpec; 11] = [
         name: "sessions",
         key: "event",
         help: "Node sessions opened and closed",
+    },
+    CounterSpec {
+        name: "deltas",
+        key: "outcome",
+        help: "Delta uploads handled, by outcome: accepted or the refusal reason",
+    },
+    CounterSpec {
+        name: "delta_bytes_received",
+        key: "outcome",
+        help: "Payload bytes received by delta uploads, by the upload's outcome",
+    },
+    CounterSpec {
+        name: "deltas_validated",
+        key: "outcome",
+        help: "Deltas judged at aggregation, by outcome: accepted or the rejection reason",
+    },
+    CounterSpec {
+        name: "spot_checks",
+        key: "outcome",
+        help: "Spot-checks run (DESIGN §6), passed or failed",
+    },
+    CounterSpec {
+        name: "merges",
+        key: "aggregator",
+        help: "Epochs merged, by aggregator (weighted_mean, median) or kept",
     },
 ];
 

@@ -3,7 +3,9 @@
 //! `/metrics`, and shuts down gracefully.
 //!
 //! [`Daemon::start`] is also how tests and embedders run a daemon in-process: bind
-//! `127.0.0.1:0` and read the bound addresses back.
+//! `127.0.0.1:0` and read the bound addresses back. [`Daemon::start_with`] takes
+//! [`DaemonParts`] in place of what the configuration would build (a model catalog with
+//! the embedder's models, a blob store of its own).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -20,11 +22,16 @@ use tokio::sync::watch;
 
 use crate::client::Io;
 use crate::config::Config;
+use crate::delta::catalog::ModelCatalog;
+use crate::delta::sink::TrainingSink;
+use crate::delta::store::{BlobError, BlobStore, FsBlobStore, MemoryBlobStore};
 use crate::grpc::node::NodeServiceSettings;
 use crate::grpc::server::{tls_acceptor, GrpcServer, ServeError, ServerSettings};
 use crate::grpc::sessions::{GrpcNodeLink, Sessions};
+use crate::grpc::upload::UploadSettings;
 use crate::identity::Identity;
 use crate::metrics::PrometheusMetrics;
+use sha2::{Digest, Sha256};
 
 /// Connections from any transport.
 type Incoming =
@@ -98,6 +105,22 @@ pub enum StartError {
     /// The gRPC server could not be built.
     #[error(transparent)]
     Serve(#[from] ServeError),
+    /// The blob store (`deltas.store_dir`) could not be opened.
+    #[error("deltas.store_dir: {0}")]
+    BlobStore(#[from] BlobError),
+    /// The validator pool or the model keeper did not start.
+    #[error("validator: {0}")]
+    Validator(String),
+}
+
+/// Components an embedder (or a test) supplies in place of what the configuration builds.
+#[derive(Debug, Default, Clone)]
+pub struct DaemonParts {
+    /// The models and datasets jobs may name (default: [`ModelCatalog::builtin`]).
+    pub catalog: Option<ModelCatalog>,
+    /// Where uploaded deltas are stored (default: per `deltas.store_dir`, an
+    /// [`FsBlobStore`] there or a [`MemoryBlobStore`] when it is empty).
+    pub blobs: Option<Arc<dyn BlobStore>>,
 }
 
 /// A running daemon.
@@ -112,6 +135,9 @@ pub struct Daemon {
     pub sessions: Arc<Sessions>,
     /// The orchestrator's identity.
     pub identity: Identity,
+    blobs: Arc<dyn BlobStore>,
+    catalog: Arc<ModelCatalog>,
+    sink: TrainingSink,
     shutdown: watch::Sender<bool>,
     grpc: tokio::task::JoinHandle<Result<(), ServeError>>,
     exporter: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -180,12 +206,42 @@ pub fn server_settings(
             log_id,
             orchestrator_key,
         },
+        uploads: UploadSettings {
+            max_concurrent: cfg.deltas.max_concurrent_uploads,
+            idle_ms: cfg.deltas.upload_idle_ms,
+            chunk_bytes: cfg.deltas.chunk_bytes,
+        },
     }
+}
+
+/// The blob store `deltas.store_dir` asks for: an [`FsBlobStore`] in that directory
+/// (opened on a blocking thread: it lists the directory), or a [`MemoryBlobStore`] when it
+/// is empty.
+pub async fn blob_store(cfg: &Config) -> Result<Arc<dyn BlobStore>, BlobError> {
+    let dir = cfg.deltas.store_dir.clone();
+    if dir.is_empty() {
+        tracing::info!("deltas are kept in memory (deltas.store_dir is empty)");
+        return Ok(Arc::new(MemoryBlobStore::new()));
+    }
+    let store = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || FsBlobStore::open(dir)
+    })
+    .await
+    .map_err(|e| BlobError::Io(format!("opening the store: {e}")))??;
+    tracing::info!(%dir, "deltas are kept on disk");
+    Ok(Arc::new(store))
 }
 
 impl Daemon {
     /// Starts the orchestrator and its listeners.
     pub async fn start(cfg: &Config) -> Result<Daemon, StartError> {
+        Daemon::start_with(cfg, DaemonParts::default()).await
+    }
+
+    /// Starts the orchestrator and its listeners with `parts` in place of what `cfg` would
+    /// build.
+    pub async fn start_with(cfg: &Config, parts: DaemonParts) -> Result<Daemon, StartError> {
         for (var, value, what) in [
             ("VALKEY_URL", &cfg.state.valkey_url, "Valkey state store"),
             ("HANZO_RPC", &cfg.chain.rpc_url, "EVM chain adapter"),
@@ -246,6 +302,7 @@ impl Daemon {
             Serving::Tcp(grpc_listener, acceptor),
             metrics_listener,
             None,
+            parts,
         )
         .await
     }
@@ -270,6 +327,7 @@ impl Daemon {
             Serving::Incoming(Box::pin(incoming)),
             None,
             Some(clock),
+            DaemonParts::default(),
         )
         .await
     }
@@ -281,8 +339,14 @@ impl Daemon {
         serving: Serving,
         metrics_listener: Option<TcpListener>,
         clock: Option<Arc<dyn Clock>>,
+        parts: DaemonParts,
     ) -> Result<Daemon, StartError> {
         let settings = server_settings(cfg, rand::random(), identity.node_id().0);
+        let blobs = match parts.blobs {
+            Some(b) => b,
+            None => blob_store(cfg).await?,
+        };
+        let catalog = Arc::new(parts.catalog.unwrap_or_else(ModelCatalog::builtin));
         let metrics = Arc::new(PrometheusMetrics::new());
         let sessions = Arc::new(Sessions::new(
             cfg.server.session_queue,
@@ -291,8 +355,23 @@ impl Daemon {
             metrics.clone(),
         ));
         let stake = GymWei::gym(cfg.chain.dev_stake_gym);
+        // The spot-check seed (DESIGN §6) comes from the orchestrator key, so the epoch
+        // secrets (and the commitments published from them) survive a restart with the same
+        // key: Ed25519 signatures are deterministic, and nobody without the key can make
+        // this one.
+        let seed: [u8; 32] =
+            Sha256::digest(identity.sign(b"hanzod-spot-check-seed-v1", &[])).into();
+        let sink = TrainingSink::start(
+            blobs.clone(),
+            seed,
+            cfg.validation.sink_config(),
+            metrics.clone(),
+        )
+        .await
+        .map_err(|e| StartError::Validator(e.to_string()))?;
         let mut builder = Orchestrator::builder()
             .config(cfg.core.clone())
+            .checkpoint_sink(Arc::new(sink.clone()))
             .chain(Arc::new(MemoryChain::with_default_stake(stake)))
             .node_link(Arc::new(GrpcNodeLink(sessions.clone())))
             .metrics(metrics.clone());
@@ -305,6 +384,8 @@ impl Daemon {
             core.clone(),
             sessions.clone(),
             &settings,
+            blobs.clone(),
+            catalog.clone(),
             shutdown_rx.clone(),
         )
         .await?;
@@ -368,11 +449,30 @@ impl Daemon {
             core,
             sessions,
             identity,
+            blobs,
+            catalog,
+            sink,
             shutdown,
             grpc,
             exporter,
             grace: Duration::from_millis(cfg.server.shutdown_grace_ms),
         })
+    }
+
+    /// The validating, merging checkpoint sink (its epoch reports and spot-check
+    /// commitments).
+    pub fn sink(&self) -> &TrainingSink {
+        &self.sink
+    }
+
+    /// The blob store uploaded deltas are kept in (content-addressed by SHA-256).
+    pub fn blobs(&self) -> Arc<dyn BlobStore> {
+        self.blobs.clone()
+    }
+
+    /// The models and datasets this daemon's jobs may name.
+    pub fn catalog(&self) -> Arc<ModelCatalog> {
+        self.catalog.clone()
     }
 
     /// Stops gracefully: health turns NOT_SERVING, session streams end `UNAVAILABLE` (nodes
@@ -394,6 +494,7 @@ impl Daemon {
             let _ = tokio::time::timeout(self.grace, e).await;
         }
         self.core.shutdown().await;
+        self.sink.stop();
         tracing::info!("hanzod stopped");
     }
 }

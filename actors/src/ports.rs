@@ -21,6 +21,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::events::{Event, Record};
+use crate::job::JobSpec;
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
 pub use memory::TokioClock;
@@ -225,14 +226,25 @@ pub enum CheckpointError {
 /// reference back, not a second checkpoint.
 #[async_trait]
 pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
-    /// Merges `deltas` of `job`'s epoch `epoch` and publishes the result; returns the
-    /// checkpoint reference.
-    async fn publish(
-        &self,
-        job: JobId,
-        epoch: u32,
-        deltas: &[DeltaReceipt],
-    ) -> Result<String, CheckpointError>;
+    /// Validates and merges the deltas of `input.job`'s epoch `input.epoch` onto
+    /// `input.base`, publishes the result; returns the new checkpoint reference.
+    async fn publish(&self, input: EpochInput<'_>) -> Result<String, CheckpointError>;
+}
+
+/// What the core hands a [`CheckpointSink`] for one epoch.
+#[derive(Debug, Clone, Copy)]
+pub struct EpochInput<'a> {
+    /// The job.
+    pub job: JobId,
+    /// The epoch being aggregated, 0-based.
+    pub epoch: u32,
+    /// The job's spec (its training recipe names the model and how to replay a node's steps).
+    pub spec: &'a JobSpec,
+    /// The checkpoint the epoch trained from: the reference published for epoch − 1, `None`
+    /// in epoch 0 (the recipe's initial weights).
+    pub base: Option<&'a str>,
+    /// The epoch's accepted receipts, one per node, in node order.
+    pub deltas: &'a [DeltaReceipt],
 }
 
 /// Where the actors report what they count and time. One instance per orchestrator (not a
@@ -251,6 +263,9 @@ pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
 /// | `job_transitions` | phase entered | job state machine transitions |
 /// | `actor_restarts` | `node`, `job`, `ring` or the subsystem | supervisor rebuilds |
 /// | `probe_requests` | `sent` or `undeliverable` | [`NodeCommand::ProbeRequest`]s queued after admissions (DESIGN §4); `undeliverable`: no session (after one retry a heartbeat interval later), delivery failed or timed out |
+///
+/// The daemon's deltas pipeline adds `deltas`, `delta_bytes_received`, `deltas_validated`,
+/// `spot_checks`, `merges` and `actor_restarts{validator}` (see `hanzod::metrics`).
 ///
 /// Observations (histograms): `ring_repair_seconds` (first failure reported to the ring
 /// actor → new ring recorded, including the coalescing window).

@@ -1,6 +1,8 @@
 //! The node side of the NodeService protocol, in one place: challenge–response
-//! registration and signing session messages (DESIGN §3). The agent, the load generator
-//! and tests build their messages here.
+//! registration, signing session messages (DESIGN §3) and uploading deltas (DESIGN §6).
+//! The agent, the load generator and tests build their messages here.
+
+use std::sync::Arc;
 
 use hanzod_proto::v1 as pb;
 use hanzod_proto::v1::node_service_client::NodeServiceClient;
@@ -9,6 +11,7 @@ use tonic::transport::Channel;
 use tonic::Status;
 
 use crate::client::ClientOptions;
+use crate::delta::format::{payload_hash, sign_statement, Statement};
 use crate::identity::Identity;
 
 /// Registers `info` (whose `node_id` must be `identity`'s): asks for a nonce, signs
@@ -89,4 +92,89 @@ impl SessionSigner {
 /// An empty heartbeat body (utilisation, memory and step at 0).
 pub fn heartbeat() -> pb::node_message::Body {
     pb::node_message::Body::Heartbeat(pb::Heartbeat::default())
+}
+
+/// The header and the signed trailer of an upload of `payload` (an HZDL delta) for `job`'s
+/// epoch `epoch`, taken at local step `step` with training loss `claimed_loss`, on the
+/// session `session`: the trailer carries SHA-256(`payload`) and `identity`'s Ed25519
+/// signature over the DESIGN §6 statement (job, epoch, step, claimed loss, that hash).
+pub fn delta_upload_parts(
+    session: &[u8],
+    identity: &Identity,
+    statement: &Statement,
+    payload: &[u8],
+) -> (pb::DeltaHeader, pb::DeltaTrailer) {
+    let hash = payload_hash(payload);
+    let signature = sign_statement(identity, statement, &hash);
+    (
+        pb::DeltaHeader {
+            session: session.to_vec(),
+            job_id: statement.job,
+            epoch: statement.epoch,
+            step: statement.step,
+            claimed_loss: statement.claimed_loss,
+            total_bytes: payload.len() as u64,
+        },
+        pb::DeltaTrailer {
+            sha256: hash.to_vec(),
+            signature: signature.to_vec(),
+        },
+    )
+}
+
+/// The chunks of an upload, in order: `header`, `payload` in data chunks of at most
+/// `chunk_bytes` bytes (at least 1), then `trailer`. Lazy: each data chunk is copied out of
+/// `payload` when the transport asks for it.
+pub fn delta_chunks(
+    header: pb::DeltaHeader,
+    payload: Arc<[u8]>,
+    trailer: pb::DeltaTrailer,
+    chunk_bytes: usize,
+) -> impl tokio_stream::Stream<Item = pb::DeltaChunk> + Send + 'static {
+    use pb::delta_chunk::Part;
+    let step = chunk_bytes.max(1);
+    let n = payload.len().div_ceil(step);
+    let head = tokio_stream::once(Part::Header(header));
+    let data = tokio_stream::iter(0..n).map(move |i| {
+        let end = ((i + 1) * step).min(payload.len());
+        Part::Data(payload[i * step..end].to_vec())
+    });
+    let tail = tokio_stream::once(Part::Trailer(trailer));
+    use tokio_stream::StreamExt;
+    head.chain(data)
+        .chain(tail)
+        .map(|part| pb::DeltaChunk { part: Some(part) })
+}
+
+/// Uploads one delta (DESIGN §6): signs the statement for (`job`, `epoch`, `step`,
+/// `claimed_loss`, SHA-256(`payload`)) with `identity`, and streams the header, `payload`
+/// in chunks of `chunk_bytes` (`RegisterResponse.delta_chunk_bytes`), and the trailer, on
+/// the session `session` (`RegisterResponse.session`).
+///
+/// Returns the daemon's ack once the delta is validated, stored and recorded. Errors: the
+/// daemon's status (see `UploadDelta` in `node.proto`: `UNAUTHENTICATED`,
+/// `INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, `FAILED_PRECONDITION`, `PERMISSION_DENIED`,
+/// `ALREADY_EXISTS`, `DATA_LOSS`, `DEADLINE_EXCEEDED`, `UNAVAILABLE`, …) or a transport
+/// failure.
+#[allow(clippy::too_many_arguments)]
+pub async fn upload_delta(
+    client: &mut NodeServiceClient<Channel>,
+    session: &[u8],
+    identity: &Identity,
+    job: u64,
+    epoch: u32,
+    step: u64,
+    claimed_loss: f64,
+    payload: &[u8],
+    chunk_bytes: usize,
+) -> Result<pb::DeltaAck, Status> {
+    let statement = Statement {
+        job,
+        epoch,
+        step,
+        claimed_loss,
+    };
+    let (header, trailer) = delta_upload_parts(session, identity, &statement, payload);
+    let chunks = delta_chunks(header, Arc::from(payload), trailer, chunk_bytes);
+    Ok(client.upload_delta(chunks).await?.into_inner())
 }

@@ -182,6 +182,15 @@ impl ModelSpec {
         })
     }
 
+    /// A model built into this crate, by name: `"wine-mlp"` is
+    /// [`crate::train::model_spec`]`(32)` (the default recipe's hidden width).
+    pub fn builtin(name: &str) -> Option<ModelSpec> {
+        match name {
+            crate::train::MODEL_NAME => Some(crate::train::model_spec(32)),
+            _ => None,
+        }
+    }
+
     /// The delta kind this spec describes: LoRA when built by [`ModelSpec::lora_spec`].
     pub fn kind(&self) -> DeltaKind {
         if self.lora.is_some() {

@@ -404,6 +404,20 @@ impl EpochSecret {
         Self(bytes)
     }
 
+    /// The secret of `job`'s epoch `epoch` derived from the orchestrator's private `seed`
+    /// (32 bytes, e.g. a hash of its signing key): `SHA-256("hanzod-spot-check-v1" ‖ seed ‖
+    /// job u64 LE ‖ epoch u32 LE)`. Fixed before any delta exists (so the orchestrator cannot
+    /// pick it after seeing the deltas), unpredictable without the seed, and the same after
+    /// a restart, so a commitment published at epoch start still opens at epoch end.
+    pub fn derive(seed: &[u8; 32], job: u64, epoch: u32) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"hanzod-spot-check-v1");
+        h.update(seed);
+        h.update(job.to_le_bytes());
+        h.update(epoch.to_le_bytes());
+        EpochSecret(h.finalize().into())
+    }
+
     /// A secret from its bytes (e.g. a revealed secret, or one restored from the state store).
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
         Self(bytes)

@@ -452,7 +452,19 @@ mod tests {
         let e = job_spec(Some(&partial)).unwrap_err();
         assert!(e.to_string().contains("outer_lr"), "{e}");
         assert_eq!(spec.submitter_stake, GymWei(10_000 * 10u128.pow(18)));
-        assert_eq!(job_spec_to_wire(&spec), good);
+        // The wire form spells the defaulted recipe out; everything else is as sent.
+        let wire = job_spec_to_wire(&spec);
+        assert_eq!(
+            wire.training,
+            Some(training_spec_to_wire(&TrainingSpec::default()))
+        );
+        assert_eq!(
+            pb::JobSpec {
+                training: None,
+                ..wire
+            },
+            good
+        );
         let mut bad_stake = good.clone();
         bad_stake.submitter_stake_gym_wei = "-1".into();
         assert_eq!(

@@ -14,25 +14,30 @@ use tonic::{Request, Response, Status};
 
 use super::sessions::Sessions;
 use super::{convert, status_of};
+use crate::delta::catalog::{CatalogError, ModelCatalog};
 
 /// The JobService implementation.
 #[derive(Clone)]
 pub struct JobServiceImpl {
     core: OrchestratorHandle,
     sessions: Arc<Sessions>,
+    catalog: Arc<ModelCatalog>,
     shutdown: watch::Receiver<bool>,
 }
 
 impl JobServiceImpl {
-    /// A service over `core`; watch streams end `UNAVAILABLE` when `shutdown` turns true.
+    /// A service over `core` accepting jobs whose model and dataset `catalog` knows; watch
+    /// streams end `UNAVAILABLE` when `shutdown` turns true.
     pub fn new(
         core: OrchestratorHandle,
         sessions: Arc<Sessions>,
+        catalog: Arc<ModelCatalog>,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         JobServiceImpl {
             core,
             sessions,
+            catalog,
             shutdown,
         }
     }
@@ -55,6 +60,18 @@ impl JobService for JobServiceImpl {
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
         let spec = convert::job_spec(request.get_ref().spec.as_ref())
             .map_err(|e| refused(&self.core, e.into()))?;
+        // A job whose deltas nothing could check (or whose data nobody has) is refused now,
+        // not when its first delta arrives.
+        self.catalog.check_training(&spec.training).map_err(|e| {
+            let field = match e {
+                CatalogError::UnknownModel { .. } => "spec.training.model",
+                CatalogError::UnknownDataset { .. } => "spec.training.dataset",
+            };
+            refused(
+                &self.core,
+                Status::invalid_argument(format!("invalid {field}: {e}")),
+            )
+        })?;
         let name = spec.name.clone();
         let id = self
             .core

@@ -2,18 +2,20 @@
 //!
 //! * [`node::NodeServiceImpl`]: challenge–response registration and the signed session
 //!   streams; [`sessions::GrpcNodeLink`] is the core's `NodeLink` over those streams.
+//! * [`upload::DeltaUploads`]: `UploadDelta`, bounded, verified, stored, then recorded.
 //! * [`jobs::JobServiceImpl`] and [`jobs::AdminServiceImpl`]: jobs, nodes and rings.
 //! * [`server`]: assembles them with `grpc.health.v1`, reflection, TLS 1.3 and limits.
 //! * [`convert`]: every wire ↔ domain conversion.
 //!
 //! Every refusal is a precise status (see [`status_of`]) and is counted in the metric
-//! `rejected_messages{reason}`.
+//! `rejected_messages{reason}` (delta uploads: in `deltas{outcome}`, see [`upload`]).
 
 pub mod convert;
 pub mod jobs;
 pub mod node;
 pub mod server;
 pub mod sessions;
+pub mod upload;
 
 use hanzod_actors::actor::job::JobRequestError;
 use hanzod_actors::actor::jobs::SubmitError;

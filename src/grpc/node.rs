@@ -6,6 +6,8 @@
 //! strictly above the last accepted one, timestamp within the replay window. A bad
 //! signature ends the stream `UNAUTHENTICATED`; other refusals answer a `Reject` and keep
 //! the stream, until `max_violations` refusals end it `RESOURCE_EXHAUSTED`.
+//!
+//! `UploadDelta` is served by [`super::upload::DeltaUploads`].
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::sessions::{AttachError, Attached, Outbound, Sessions, Token};
+use super::upload::DeltaUploads;
 use super::{convert, status_of};
 use crate::identity::{self, gpu_attestation_bytes};
 
@@ -114,6 +117,7 @@ pub struct NodeServiceImpl {
     metrics: Arc<dyn Metrics>,
     clock: Arc<dyn Clock>,
     shutdown: watch::Receiver<bool>,
+    uploads: Arc<DeltaUploads>,
 }
 
 fn nz(v: u32) -> NonZeroU32 {
@@ -121,12 +125,13 @@ fn nz(v: u32) -> NonZeroU32 {
 }
 
 impl NodeServiceImpl {
-    /// A service over `core`, delivering through `sessions`; streams end `UNAVAILABLE` when
-    /// `shutdown` turns true.
+    /// A service over `core`, delivering through `sessions` and receiving deltas through
+    /// `uploads`; streams end `UNAVAILABLE` when `shutdown` turns true.
     pub fn new(
         core: OrchestratorHandle,
         sessions: Arc<Sessions>,
         settings: NodeServiceSettings,
+        uploads: Arc<DeltaUploads>,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         let per_key = RateLimiter::keyed(
@@ -151,6 +156,7 @@ impl NodeServiceImpl {
             per_key,
             settings,
             shutdown,
+            uploads,
         }
     }
 
@@ -354,6 +360,8 @@ impl NodeService for NodeServiceImpl {
             registrations: reg.sessions,
             log_id: self.settings.log_id.to_vec(),
             orchestrator_key: self.settings.orchestrator_key.to_vec(),
+            delta_chunk_bytes: u32::try_from(self.uploads.settings().chunk_bytes)
+                .unwrap_or(u32::MAX),
         }))
     }
 
@@ -476,11 +484,12 @@ impl NodeService for NodeServiceImpl {
 
     async fn upload_delta(
         &self,
-        _request: Request<Streaming<pb::DeltaChunk>>,
+        request: Request<Streaming<pb::DeltaChunk>>,
     ) -> Result<Response<pb::DeltaAck>, Status> {
-        Err(Status::unimplemented(
-            "delta upload is not served by this version of hanzod",
-        ))
+        self.uploads
+            .upload(request.into_inner())
+            .await
+            .map(Response::new)
     }
 }
 

@@ -24,6 +24,9 @@ use tonic::{Request, Status};
 use super::jobs::{AdminServiceImpl, JobServiceImpl};
 use super::node::{NodeServiceImpl, NodeServiceSettings};
 use super::sessions::Sessions;
+use super::upload::{DeltaUploads, UploadSettings};
+use crate::delta::catalog::ModelCatalog;
+use crate::delta::store::BlobStore;
 
 /// The names `grpc.health.v1` reports: the whole server ("") and each hanzod service.
 const HEALTH_NAMES: [&str; 4] = [
@@ -49,6 +52,8 @@ pub struct ServerSettings {
     pub admin_token: Option<String>,
     /// The node service's limits.
     pub node: NodeServiceSettings,
+    /// Delta upload limits.
+    pub uploads: UploadSettings,
 }
 
 /// Why the server could not be set up.
@@ -166,19 +171,30 @@ pub struct GrpcServer {
 }
 
 impl GrpcServer {
-    /// Builds the server for `core`, delivering through `sessions`; long-lived streams end
+    /// Builds the server for `core`, delivering through `sessions`, storing uploaded deltas
+    /// in `blobs` and checking jobs and deltas against `catalog`; long-lived streams end
     /// `UNAVAILABLE` when `shutdown` turns true.
     pub async fn new(
         core: OrchestratorHandle,
         sessions: Arc<Sessions>,
         settings: &ServerSettings,
+        blobs: Arc<dyn BlobStore>,
+        catalog: Arc<ModelCatalog>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<GrpcServer, ServeError> {
         let max = settings.max_message_bytes;
+        let uploads = Arc::new(DeltaUploads::new(
+            core.clone(),
+            sessions.clone(),
+            blobs,
+            catalog.clone(),
+            settings.uploads.clone(),
+        ));
         let node = NodeServiceServer::new(NodeServiceImpl::new(
             core.clone(),
             sessions.clone(),
             settings.node.clone(),
+            uploads,
             shutdown.clone(),
         ))
         .max_decoding_message_size(max)
@@ -188,6 +204,7 @@ impl GrpcServer {
             JobServiceServer::new(JobServiceImpl::new(
                 core.clone(),
                 sessions.clone(),
+                catalog,
                 shutdown.clone(),
             ))
             .max_decoding_message_size(max)

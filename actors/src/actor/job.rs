@@ -18,7 +18,7 @@ use super::scheduler::SchedulerMsg;
 use super::{answer, Deps, Notice};
 use crate::events::Event;
 use crate::job::{FailReason, Job, JobError, JobEvent, JobPhase, JobSpec};
-use crate::ports::{DeltaReceipt, NodeCommand, RingView};
+use crate::ports::{DeltaReceipt, EpochInput, NodeCommand, RingView};
 use crate::supervision::{RestartBudget, RestartDecision};
 use crate::types::{JobId, NodeId, Timestamp};
 
@@ -389,7 +389,17 @@ impl JobState {
     /// rebuilt actor may publish again) and records the outcome.
     async fn publish(&mut self, myself: &ActorRef<JobMsg>, epoch: u32) {
         let deltas: Vec<DeltaReceipt> = self.receipts.values().cloned().collect();
-        let event = match self.deps.sink.publish(self.job.id, epoch, &deltas).await {
+        let input = EpochInput {
+            job: self.job.id,
+            epoch,
+            spec: &self.job.spec,
+            base: epoch
+                .checked_sub(1)
+                .and_then(|e| self.job.checkpoints.get(e as usize))
+                .map(String::as_str),
+            deltas: &deltas,
+        };
+        let event = match self.deps.sink.publish(input).await {
             Ok(checkpoint) => JobEvent::CheckpointPublished { epoch, checkpoint },
             Err(e) => JobEvent::Fail {
                 reason: FailReason::PublicationFailed(e.to_string()),

@@ -11,8 +11,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::{
-    ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, DeltaReceipt, LinkError,
-    Metrics, NodeCommand, NodeLink, Snapshot, StateStore, StoreError,
+    ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput,
+    LinkError, Metrics, NodeCommand, NodeLink, Snapshot, StateStore, StoreError,
 };
 use crate::events::{Event, Record};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
@@ -275,12 +275,10 @@ impl MemoryCheckpointSink {
 
 #[async_trait]
 impl CheckpointSink for MemoryCheckpointSink {
-    async fn publish(
-        &self,
-        job: JobId,
-        epoch: u32,
-        deltas: &[DeltaReceipt],
-    ) -> Result<String, CheckpointError> {
+    async fn publish(&self, input: EpochInput<'_>) -> Result<String, CheckpointError> {
+        let EpochInput {
+            job, epoch, deltas, ..
+        } = input;
         if self.fail.load(Ordering::SeqCst) {
             return Err(CheckpointError::Failed(
                 "simulated publication failure".into(),

@@ -1,0 +1,625 @@
+//! [`TrainingSink`]: the [`CheckpointSink`] that turns an epoch's accepted deltas into the
+//! next checkpoint (DESIGN §6, paper §5–§6): fetch each delta from the blob store, judge it
+//! on the [`ValidatorPool`], choose the aggregator ([`RobustPolicy`]), merge with the
+//! composite scores as weights, apply the merged delta with the job's outer learning rate,
+//! and store the new checkpoint (safetensors) content-addressed.
+//!
+//! The per-job model state (the current weights, the running norm average, the last merged
+//! delta, the epoch reports) is owned by one actor, the model keeper; the sink is a handle
+//! to it. Publications of different jobs are handled one after the other; the heavy work of
+//! each (validation, merging) runs on the pool and the blocking thread pool.
+//!
+//! Checkpoint references are `sha256:<hex>` of the safetensors bytes until the publication
+//! issue makes them IPFS CIDs. Idempotent per (job, epoch): a second call returns the first
+//! reference. After a daemon restart the keeper reloads a job's weights from the base
+//! checkpoint the core names; the norm average and the last merged delta restart empty
+//! (stability then scores 1 and convergence drops out, as in epoch 0), until the state
+//! store keeps them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::merge::{KeepReason, MergeOutcome, RobustPolicy};
+use super::score::{Commitment, EpochSecret, NormTracker};
+use super::store::BlobStore;
+use super::validate::{
+    seed_norms, EpochContext, Rejection, SlashEvidence, SpotCheck, Submission, ValidationConfig,
+    ValidatorPool, Verdict,
+};
+use crate::core::job::TrainingSpec;
+use crate::core::ports::{CheckpointError, CheckpointSink, DeltaReceipt, EpochInput, Metrics};
+use crate::core::types::JobId;
+use crate::train::{self, Dataset, Recipe, Weights};
+
+/// Tunables of the sink.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SinkConfig {
+    /// The validator's tunables.
+    pub validation: ValidationConfig,
+    /// Fraction of suspect deltas above which the robust aggregator is used (DESIGN §6:
+    /// 0.30).
+    pub suspect_threshold: f32,
+    /// Validator workers.
+    pub workers: usize,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig {
+            validation: ValidationConfig::default(),
+            suspect_threshold: 0.30,
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        }
+    }
+}
+
+/// One delta's line in an [`EpochReport`].
+#[derive(Debug, Clone, Serialize)]
+pub struct DeltaReport {
+    /// The node (hex key).
+    pub node: String,
+    /// The delta hash (hex).
+    pub delta_hash: String,
+    /// Claimed loss.
+    pub claimed_loss: f64,
+    /// Validation loss of base + delta.
+    pub loss_after: Option<f64>,
+    /// L2 norm.
+    pub norm: Option<f64>,
+    /// Loss improvement, stability, convergence, composite.
+    pub score: Option<super::score::QualityScore>,
+    /// Merge weight (the composite; 0 when rejected).
+    pub weight: f32,
+    /// Suspect (counts towards the robust-merge threshold).
+    pub suspect: bool,
+    /// The spot-check, when selected.
+    pub spot_check: Option<SpotCheck>,
+    /// Why rejected (`None`: accepted).
+    pub rejected: Option<Rejection>,
+}
+
+/// What one epoch's aggregation did: every number needed to audit it (DESIGN §6: anyone
+/// holding the revealed secret recomputes the spot-check choice).
+#[derive(Debug, Clone, Serialize)]
+pub struct EpochReport {
+    /// Job id.
+    pub job: u64,
+    /// Epoch.
+    pub epoch: u32,
+    /// The base checkpoint reference (`None`: the recipe's initial weights).
+    pub base: Option<String>,
+    /// The new checkpoint reference.
+    pub checkpoint: String,
+    /// Validation loss of the base.
+    pub loss_before: f64,
+    /// Validation loss of the new checkpoint.
+    pub loss_after: f64,
+    /// `SHA-256(secret)` (hex), committed at epoch start.
+    pub commitment: String,
+    /// The revealed secret (hex).
+    pub secret: String,
+    /// Spot-check rate.
+    pub spot_check_rate: f64,
+    /// The aggregator used, or `None` when the epoch kept the base checkpoint.
+    pub aggregator: Option<&'static str>,
+    /// Why the base checkpoint was kept, when it was.
+    pub kept: Option<String>,
+    /// Suspect deltas / all deltas.
+    pub suspect: usize,
+    /// Every delta, in node order.
+    pub deltas: Vec<DeltaReport>,
+    /// Evidence for slashing, one per failed spot-check.
+    pub slashes: Vec<SlashEvidence>,
+}
+
+/// The model state of one job.
+struct JobModel {
+    recipe: Recipe,
+    current: Arc<Weights>,
+    current_ref: Option<String>,
+    norms: NormTracker,
+    last_merged: Option<Arc<Vec<f32>>>,
+}
+
+enum KeeperMsg {
+    Publish {
+        job: JobId,
+        epoch: u32,
+        training: TrainingSpec,
+        base: Option<String>,
+        deltas: Vec<DeltaReceipt>,
+        reply: RpcReplyPort<Result<String, CheckpointError>>,
+    },
+    Report {
+        job: JobId,
+        epoch: u32,
+        reply: RpcReplyPort<Option<EpochReport>>,
+    },
+}
+
+struct Keeper;
+
+struct KeeperState {
+    deps: KeeperArgs,
+    jobs: HashMap<JobId, JobModel>,
+    reports: BTreeMap<(JobId, u32), EpochReport>,
+}
+
+struct KeeperArgs {
+    blobs: Arc<dyn BlobStore>,
+    pool: ValidatorPool,
+    data: Arc<Dataset>,
+    seed: [u8; 32],
+    config: SinkConfig,
+    metrics: Arc<dyn Metrics>,
+}
+
+fn failed(what: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Failed(what.to_string())
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub fn checkpoint_ref(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// The blob hash a `sha256:<hex>` reference names.
+fn ref_hash(reference: &str) -> Result<[u8; 32], CheckpointError> {
+    let hex_part = reference.strip_prefix("sha256:").ok_or_else(|| {
+        failed(format!(
+            "checkpoint reference {reference:?} is not sha256:<hex>"
+        ))
+    })?;
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(hex_part, &mut out)
+        .map_err(|e| failed(format!("checkpoint reference {reference:?}: {e}")))?;
+    Ok(out)
+}
+
+/// The trainer recipe of a job's training spec; only the built-in model and data set are
+/// known to the sink.
+pub fn recipe_of(t: &TrainingSpec) -> Result<Recipe, CheckpointError> {
+    if t.model != train::MODEL_NAME {
+        return Err(failed(format!(
+            "model {:?} is not one the validator can run (known: {})",
+            t.model,
+            train::MODEL_NAME
+        )));
+    }
+    if t.dataset != "wine-quality-red" {
+        return Err(failed(format!(
+            "dataset {:?} is not one the validator can run (known: wine-quality-red)",
+            t.dataset
+        )));
+    }
+    let recipe = Recipe {
+        seed: t.seed,
+        local_steps: t.local_steps,
+        batch_size: t.batch_size,
+        local_lr: t.local_lr,
+        ..Recipe::default()
+    };
+    recipe.validate().map_err(failed)?;
+    Ok(recipe)
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, CheckpointError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| failed(format!("aggregation task: {e}")))
+}
+
+impl KeeperState {
+    /// The job's model as of `base`, loaded from the blob store when the keeper does not
+    /// hold it (a restart) or holds another version.
+    async fn model(
+        &mut self,
+        job: JobId,
+        training: &TrainingSpec,
+        base: Option<&str>,
+    ) -> Result<&mut JobModel, CheckpointError> {
+        let recipe = recipe_of(training)?;
+        let fresh = match self.jobs.get(&job) {
+            Some(m) => m.current_ref.as_deref() != base || m.recipe != recipe,
+            None => true,
+        };
+        if fresh {
+            let current = match base {
+                None => train::init(&recipe),
+                Some(r) => {
+                    let bytes = self.deps.blobs.get(&ref_hash(r)?).await.map_err(failed)?;
+                    let layout = train::layout(recipe.hidden);
+                    Weights::from_safetensors(&bytes, layout).map_err(failed)?
+                }
+            };
+            let kept = self.jobs.remove(&job);
+            self.jobs.insert(
+                job,
+                JobModel {
+                    recipe,
+                    current: Arc::new(current),
+                    current_ref: base.map(str::to_string),
+                    // A continuation of the same job keeps its history; a reload starts it
+                    // again (module docs).
+                    norms: kept.as_ref().map(|m| m.norms).unwrap_or_default(),
+                    last_merged: None,
+                },
+            );
+        }
+        Ok(self.jobs.get_mut(&job).expect("inserted above"))
+    }
+
+    async fn publish(
+        &mut self,
+        job: JobId,
+        epoch: u32,
+        training: TrainingSpec,
+        base: Option<String>,
+        deltas: Vec<DeltaReceipt>,
+    ) -> Result<String, CheckpointError> {
+        if let Some(r) = self.reports.get(&(job, epoch)) {
+            return Ok(r.checkpoint.clone());
+        }
+        let d = &self.deps;
+        let (blobs, pool, data, config, seed) = (
+            d.blobs.clone(),
+            d.pool.clone(),
+            d.data.clone(),
+            d.config,
+            d.seed,
+        );
+        let outer_lr = training.outer_lr as f32;
+        let model = self.model(job, &training, base.as_deref()).await?;
+        let base_weights = model.current.clone();
+        let secret = EpochSecret::derive(&seed, job.0, epoch);
+        let loss_before = {
+            let (w, d) = (base_weights.clone(), data.clone());
+            blocking(move || train::validation_loss(&w, &d))
+                .await?
+                .map_err(failed)?
+        };
+        let ctx = Arc::new(EpochContext {
+            job: job.0,
+            epoch,
+            recipe: model.recipe,
+            data,
+            base: base_weights.clone(),
+            base_version: u64::from(epoch),
+            loss_before,
+            norms: model.norms,
+            last_merged: model.last_merged.clone(),
+            secret: secret.clone(),
+            config: config.validation,
+        });
+        // Judge every delta concurrently on the pool.
+        let judged = futures_util::future::join_all(deltas.iter().map(|r| {
+            let (pool, blobs, ctx, receipt) = (pool.clone(), blobs.clone(), ctx.clone(), r.clone());
+            async move {
+                match blobs.get(&receipt.delta_hash).await {
+                    Ok(payload) => pool.validate(ctx, Submission { receipt, payload }).await,
+                    Err(e) => Verdict::rejected(
+                        &receipt,
+                        ctx.loss_before,
+                        Rejection::Unavailable(e.to_string()),
+                    ),
+                }
+            }
+        }))
+        .await;
+        let mut judged = judged;
+        // A job's first epoch: seed the norm average from the epoch itself (DESIGN §12).
+        let mut norm_average = ctx.norms;
+        if norm_average.average().is_none() {
+            if let Some(seeded) = seed_norms(&judged) {
+                judged.iter_mut().for_each(|v| v.rescore(&seeded));
+                norm_average = seeded;
+            }
+        }
+
+        // Merge the accepted ones, weighted by their composite scores.
+        let suspect = judged.iter().filter(|v| v.suspect()).count();
+        let accepted: Vec<(Arc<Vec<f32>>, f32, f64)> = judged
+            .iter()
+            .filter_map(|v| {
+                let d = v.outcome.as_ref().ok()?;
+                let w = v.score.map_or(0.0, |s| s.composite as f32);
+                Some((d.clone(), w, v.norm.unwrap_or(0.0)))
+            })
+            .collect();
+        let threshold = config.suspect_threshold;
+        let total = judged.len();
+        let len = base_weights.data.len();
+        let merge_inputs = accepted.clone();
+        let (outcome, merged) = blocking(move || {
+            let policy = RobustPolicy {
+                suspect_threshold: threshold,
+                ..RobustPolicy::default()
+            };
+            let aggregator = policy.choose(suspect, total);
+            let refs: Vec<&[f32]> = merge_inputs.iter().map(|(d, ..)| d.as_slice()).collect();
+            let weights: Vec<f32> = merge_inputs.iter().map(|(_, w, _)| *w).collect();
+            let mut out = vec![0.0f32; len];
+            aggregator
+                .merge(&refs, &weights, &mut out)
+                .map(|outcome| (outcome, out))
+        })
+        .await?
+        .map_err(failed)?;
+
+        let (next, aggregator, kept, merged) = match outcome {
+            MergeOutcome::Merged { aggregator, .. } => {
+                let mut next = (*base_weights).clone();
+                next.add_scaled(&merged, outer_lr).map_err(failed)?;
+                (
+                    Arc::new(next),
+                    Some(aggregator),
+                    None,
+                    Some(Arc::new(merged)),
+                )
+            }
+            MergeOutcome::KeepPrevious { reason } => {
+                tracing::warn!(job = %job, epoch, %reason, "epoch keeps the previous checkpoint");
+                (base_weights.clone(), None, Some(reason), None)
+            }
+        };
+        let (bytes, loss_after) = {
+            let (w, d) = (next.clone(), ctx.data.clone());
+            blocking(move || (w.to_safetensors(), train::validation_loss(&w, &d))).await?
+        };
+        let loss_after = loss_after.map_err(failed)?;
+        let hash: [u8; 32] = Sha256::digest(&bytes).into();
+        let checkpoint = checkpoint_ref(&bytes);
+        blobs.put(hash, bytes.into()).await.map_err(failed)?;
+
+        // Fold the accepted norms into the running average, in delta-hash order so the
+        // result does not depend on arrival order.
+        let model = self.jobs.get_mut(&job).expect("model loaded above");
+        let mut norms: Vec<(&[u8; 32], f64)> = judged
+            .iter()
+            .filter(|v| v.outcome.is_ok())
+            .filter_map(|v| v.norm.map(|n| (&v.delta_hash, n)))
+            .collect();
+        norms.sort_by(|a, b| a.0.cmp(b.0));
+        model.norms = norm_average;
+        for (_, n) in norms {
+            let _ = model.norms.accept(n);
+        }
+        model.current = next;
+        model.current_ref = Some(checkpoint.clone());
+        if kept != Some(KeepReason::NoDeltas) {
+            model.last_merged = merged;
+        }
+
+        let report = self.report(&ctx, &deltas, &judged, base, &checkpoint, loss_after);
+        let report = EpochReport {
+            aggregator,
+            kept: kept.map(|k| k.to_string()),
+            suspect,
+            ..report
+        };
+        self.count(&report);
+        tracing::info!(
+            job = %job,
+            epoch,
+            checkpoint = %checkpoint,
+            loss_before = report.loss_before,
+            loss_after = report.loss_after,
+            accepted = accepted.len(),
+            rejected = total - accepted.len(),
+            aggregator = report.aggregator.unwrap_or("none (kept)"),
+            "epoch aggregated"
+        );
+        self.reports.insert((job, epoch), report);
+        Ok(checkpoint)
+    }
+
+    fn report(
+        &self,
+        ctx: &EpochContext,
+        deltas: &[DeltaReceipt],
+        judged: &[Verdict],
+        base: Option<String>,
+        checkpoint: &str,
+        loss_after: f64,
+    ) -> EpochReport {
+        let lines = deltas
+            .iter()
+            .zip(judged)
+            .map(|(r, v)| DeltaReport {
+                node: hex::encode(r.node.0),
+                delta_hash: hex::encode(r.delta_hash),
+                claimed_loss: r.claimed_loss,
+                loss_after: v.loss_after,
+                norm: v.norm,
+                score: v.score,
+                weight: match (&v.outcome, v.score) {
+                    (Ok(_), Some(s)) => s.composite as f32,
+                    _ => 0.0,
+                },
+                suspect: v.suspect(),
+                spot_check: v.spot_check.clone(),
+                rejected: v.outcome.as_ref().err().cloned(),
+            })
+            .collect();
+        EpochReport {
+            job: ctx.job,
+            epoch: ctx.epoch,
+            base,
+            checkpoint: checkpoint.to_string(),
+            loss_before: ctx.loss_before,
+            loss_after,
+            commitment: hex::encode(ctx.secret.commitment().0),
+            secret: ctx.secret.to_hex(),
+            spot_check_rate: ctx.config.spot_check_rate,
+            aggregator: None,
+            kept: None,
+            suspect: 0,
+            deltas: lines,
+            slashes: deltas
+                .iter()
+                .zip(judged)
+                .filter_map(|(r, v)| v.evidence(r))
+                .collect(),
+        }
+    }
+
+    fn count(&self, report: &EpochReport) {
+        for d in &report.deltas {
+            let label = d.rejected.as_ref().map_or("accepted", Rejection::label);
+            self.deps.metrics.incr("deltas_validated", label, 1);
+            if let Some(c) = &d.spot_check {
+                let outcome = if c.passed { "passed" } else { "failed" };
+                self.deps.metrics.incr("spot_checks", outcome, 1);
+            }
+        }
+        let merge = report.aggregator.unwrap_or("kept");
+        self.deps.metrics.incr("merges", merge, 1);
+    }
+}
+
+impl Actor for Keeper {
+    type Msg = KeeperMsg;
+    type State = KeeperState;
+    type Arguments = KeeperArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<KeeperMsg>,
+        a: KeeperArgs,
+    ) -> Result<KeeperState, ActorProcessingErr> {
+        Ok(KeeperState {
+            deps: a,
+            jobs: HashMap::new(),
+            reports: BTreeMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<KeeperMsg>,
+        msg: KeeperMsg,
+        state: &mut KeeperState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            KeeperMsg::Publish {
+                job,
+                epoch,
+                training,
+                base,
+                deltas,
+                reply,
+            } => {
+                let result = state.publish(job, epoch, training, base, deltas).await;
+                if let Err(e) = &result {
+                    tracing::warn!(job = %job, epoch, error = %e, "aggregation failed");
+                }
+                let _ = reply.send(result);
+            }
+            KeeperMsg::Report { job, epoch, reply } => {
+                let _ = reply.send(state.reports.get(&(job, epoch)).cloned());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The validating, merging [`CheckpointSink`] (module docs).
+#[derive(Debug, Clone)]
+pub struct TrainingSink {
+    keeper: ActorRef<KeeperMsg>,
+    pool: ValidatorPool,
+    seed: [u8; 32],
+}
+
+impl std::fmt::Debug for KeeperMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeeperMsg::Publish { .. } => "Publish",
+            KeeperMsg::Report { .. } => "Report",
+        })
+    }
+}
+
+impl TrainingSink {
+    /// Starts the validator pool and the model keeper. `seed` is the orchestrator's private
+    /// spot-check seed ([`EpochSecret::derive`]): keep it secret and stable across restarts
+    /// (the daemon derives it from the orchestrator key).
+    pub async fn start(
+        blobs: Arc<dyn BlobStore>,
+        seed: [u8; 32],
+        config: SinkConfig,
+        metrics: Arc<dyn Metrics>,
+    ) -> anyhow::Result<TrainingSink> {
+        let data = Arc::new(Dataset::wine_quality()?);
+        let pool = ValidatorPool::start(config.workers, metrics.clone()).await?;
+        let (keeper, _) = Actor::spawn(
+            None,
+            Keeper,
+            KeeperArgs {
+                blobs,
+                pool: pool.clone(),
+                data,
+                seed,
+                config,
+                metrics,
+            },
+        )
+        .await?;
+        Ok(TrainingSink { keeper, pool, seed })
+    }
+
+    /// The commitment `SHA-256(secret_e)` for `job`'s epoch `epoch` (DESIGN §6), publishable
+    /// at epoch start; the secret itself is revealed in the epoch's [`EpochReport`].
+    pub fn commitment(&self, job: JobId, epoch: u32) -> Commitment {
+        EpochSecret::derive(&self.seed, job.0, epoch).commitment()
+    }
+
+    /// The report of an aggregated epoch.
+    pub async fn report(&self, job: JobId, epoch: u32) -> Option<EpochReport> {
+        self.keeper
+            .call(|reply| KeeperMsg::Report { job, epoch, reply }, None)
+            .await
+            .ok()
+            .and_then(|r| match r {
+                ractor::rpc::CallResult::Success(r) => r,
+                _ => None,
+            })
+    }
+
+    /// The validator pool (for fault injection in tests).
+    pub fn pool(&self) -> &ValidatorPool {
+        &self.pool
+    }
+
+    /// Stops the keeper and the pool.
+    pub fn stop(&self) {
+        self.keeper.stop(None);
+        self.pool.stop();
+    }
+}
+
+#[async_trait]
+impl CheckpointSink for TrainingSink {
+    async fn publish(&self, input: EpochInput<'_>) -> Result<String, CheckpointError> {
+        let msg = |reply| KeeperMsg::Publish {
+            job: input.job,
+            epoch: input.epoch,
+            training: input.spec.training.clone(),
+            base: input.base.map(str::to_string),
+            deltas: input.deltas.to_vec(),
+            reply,
+        };
+        match self.keeper.call(msg, None).await {
+            Ok(ractor::rpc::CallResult::Success(r)) => r,
+            Ok(_) => Err(failed("the model keeper did not answer")),
+            Err(e) => Err(failed(format!("the model keeper is gone: {e}"))),
+        }
+    }
+}

@@ -1,0 +1,1146 @@
+//! `NodeService.UploadDelta` against a real daemon on loopback (DESIGN §6): the happy path
+//! (ack, blob stored, receipt recorded with the claimed loss and signature), every refusal
+//! with its exact code, refusals of the header arriving before any data is sent, nothing
+//! stored or recorded for an incomplete upload, idempotent re-uploads, the catalog check at
+//! Submit, and heartbeats served while a large delta is uploaded and parsed.
+//!
+//! Each test starts its own daemon on `127.0.0.1:0`; every wait on the server is bounded.
+//! Nothing here sleeps: waits follow the core's notices, the session stream and the
+//! responses; the one timeout under test (`deltas.upload_idle_ms`) is also unit-tested in
+//! paused time (`grpc::upload`).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use hanzod::agent::protocol::{delta_upload_parts, upload_delta};
+use hanzod::config::Config;
+use hanzod::core::events::Event;
+use hanzod::core::job::JobPhase;
+use hanzod::core::ports::DeltaReceipt;
+use hanzod::core::types::JobId;
+use hanzod::delta::catalog::ModelCatalog;
+use hanzod::delta::format::{
+    payload_hash, verify_statement, write_delta, DeltaDtype, DeltaKind, Statement,
+};
+use hanzod::delta::model::ModelSpec;
+use hanzod::identity::{verifying_key, Identity};
+use hanzod::serve::{Daemon, DaemonParts};
+use hanzod_proto::domain;
+use hanzod_proto::v1 as pb;
+use hanzod_proto::v1::job_service_client::JobServiceClient;
+use hanzod_proto::v1::node_service_client::NodeServiceClient;
+use hanzod_proto::v1::orchestrator_message::Body as Out;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Code, Status, Streaming};
+
+/// The longest any single wait on the server may take before the test fails.
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn within<F: Future>(what: &str, f: F) -> F::Output {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Daemon, nodes, jobs
+// ---------------------------------------------------------------------------------------
+
+fn config() -> Config {
+    let mut cfg = Config::load(None, |_| None).expect("default configuration");
+    cfg.server.grpc_addr = "127.0.0.1:0".into();
+    cfg.server.metrics_addr = "127.0.0.1:0".into();
+    // No probe listeners here; jobs are placed at once; nobody fails for silence.
+    cfg.core.probe.peers_per_node = 0;
+    cfg.core.scheduler.tick_ms = 20;
+    cfg.core.heartbeat.timeout_ms = 3_600_000;
+    // The heartbeat round trips below send duplicates on purpose.
+    cfg.server.limits.messages_per_s = 10_000;
+    cfg.server.limits.burst = 10_000;
+    cfg.server.limits.max_violations = 100_000;
+    cfg
+}
+
+async fn start_with(cfg: &Config, parts: DaemonParts) -> Daemon {
+    within("the daemon to start", Daemon::start_with(cfg, parts))
+        .await
+        .expect("daemon starts")
+}
+
+async fn start() -> Daemon {
+    start_with(&config(), DaemonParts::default()).await
+}
+
+async fn channel(d: &Daemon) -> Channel {
+    let ep = Channel::from_shared(format!("http://{}", d.grpc_addr)).expect("uri");
+    within("connect", ep.connect()).await.expect("connect")
+}
+
+fn now_ms(d: &Daemon) -> u64 {
+    d.core.clock().now().as_millis()
+}
+
+/// Every sample of one scrape of `/metrics`.
+async fn scrape(d: &Daemon) -> HashMap<String, f64> {
+    let addr = d.metrics_addr.expect("metrics exporter bound").to_string();
+    let body = within("a metrics scrape", hanzod::metrics::scrape(&addr))
+        .await
+        .expect("scrape");
+    hanzod::metrics::parse_samples(&body)
+}
+
+fn deltas(outcome: &str) -> String {
+    format!("hanzod_deltas_total{{outcome=\"{outcome}\"}}")
+}
+
+fn delta_bytes(outcome: &str) -> String {
+    format!("hanzod_delta_bytes_received_total{{outcome=\"{outcome}\"}}")
+}
+
+/// The value of `series` now (absent counts as 0).
+async fn counter(d: &Daemon, series: &str) -> f64 {
+    scrape(d).await.get(series).copied().unwrap_or(0.0)
+}
+
+fn node_info(id: &Identity) -> pb::NodeInfo {
+    pb::NodeInfo {
+        node_id: id.node_id().0.to_vec(),
+        gpu: Some(pb::GpuInfo {
+            model: "NVIDIA A100-SXM4-80GB".into(),
+            vram_bytes: 80 << 30,
+            compute_cap_major: 8,
+            compute_cap_minor: 0,
+            driver_sig: Vec::new(),
+        }),
+        bandwidth: Some(pb::BandwidthProbe {
+            up_mbps: 1000.0,
+            down_mbps: 1000.0,
+        }),
+        region: "eu-west".into(),
+        endpoint: "127.0.0.1:7000".into(),
+    }
+}
+
+/// A heartbeat numbered `seq` on the session `token`, signed by `id`.
+fn heartbeat(d: &Daemon, id: &Identity, token: &[u8], seq: u64) -> pb::SignedNodeMessage {
+    let payload = pb::NodeMessage {
+        session: token.to_vec(),
+        seq,
+        timestamp_ms: now_ms(d),
+        body: Some(pb::node_message::Body::Heartbeat(pb::Heartbeat::default())),
+    }
+    .encode_to_vec();
+    let signature = id.sign(domain::SESSION, &[&payload]).to_vec();
+    pb::SignedNodeMessage { payload, signature }
+}
+
+/// A registered node with its session stream attached.
+struct Node {
+    id: Identity,
+    token: Vec<u8>,
+    chunk_bytes: usize,
+    tx: mpsc::Sender<pb::SignedNodeMessage>,
+    inbound: Streaming<pb::OrchestratorMessage>,
+    seq: u64,
+    client: NodeServiceClient<Channel>,
+}
+
+impl Node {
+    async fn join(d: &Daemon, seed: u8) -> Node {
+        let id = Identity::from_seed([seed; 32]);
+        let mut client = NodeServiceClient::new(channel(d).await);
+        let opts = hanzod::client::ClientOptions::default();
+        let reg = within(
+            "Register",
+            hanzod::agent::protocol::register(&mut client, &opts, &id, &node_info(&id)),
+        )
+        .await
+        .expect("registered");
+        // The first message attaches the stream: it is queued before the call, which
+        // answers once the daemon has read it.
+        let (tx, rx) = mpsc::channel(64);
+        let first = heartbeat(d, &id, &reg.session, 1);
+        tx.try_send(first).expect("queue the first heartbeat");
+        let inbound = within("the Session call", client.session(ReceiverStream::new(rx)))
+            .await
+            .expect("session attached")
+            .into_inner();
+        Node {
+            id,
+            token: reg.session,
+            chunk_bytes: reg.delta_chunk_bytes as usize,
+            tx,
+            inbound,
+            seq: 1,
+            client,
+        }
+    }
+
+    /// The next heartbeat (or a copy of message `seq`, a replay).
+    fn heartbeat_message(&mut self, d: &Daemon, seq: Option<u64>) -> pb::SignedNodeMessage {
+        let seq = seq.unwrap_or_else(|| {
+            self.seq += 1;
+            self.seq
+        });
+        heartbeat(d, &self.id, &self.token, seq)
+    }
+
+    /// Sends a heartbeat and proves the daemon accepted it: a replay of it is the next thing
+    /// refused, as a replay of exactly that sequence number.
+    async fn heartbeat_round_trip(&mut self, d: &Daemon) {
+        let hb = self.heartbeat_message(d, None);
+        let replay = self.heartbeat_message(d, Some(self.seq));
+        within("a heartbeat send", self.tx.send(hb))
+            .await
+            .expect("session open");
+        within("a replay send", self.tx.send(replay))
+            .await
+            .expect("session open");
+        loop {
+            match within("a Reject", self.inbound.message()).await {
+                Ok(Some(pb::OrchestratorMessage {
+                    body: Some(Out::Reject(r)),
+                    ..
+                })) => {
+                    assert_eq!(r.seq, self.seq, "an earlier heartbeat was refused: {r:?}");
+                    assert!(
+                        r.reason
+                            .contains(&format!("seq {} is not above {}", self.seq, self.seq)),
+                        "{r:?}"
+                    );
+                    return;
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the session ended"),
+                Err(s) => panic!("the session ended {s:?}"),
+            }
+        }
+    }
+
+    fn statement(job: u64, epoch: u32, step: u64, claimed_loss: f64) -> Statement {
+        Statement {
+            job,
+            epoch,
+            step,
+            claimed_loss,
+        }
+    }
+
+    /// Uploads `payload` for (`job`, `epoch`), signed by this node, at step 100, loss 0.5.
+    async fn upload(
+        &mut self,
+        job: u64,
+        epoch: u32,
+        payload: &[u8],
+    ) -> Result<pb::DeltaAck, Status> {
+        let (token, chunk) = (self.token.clone(), self.chunk_bytes);
+        within(
+            "UploadDelta",
+            upload_delta(
+                &mut self.client,
+                &token,
+                &self.id,
+                job,
+                epoch,
+                100,
+                0.5,
+                payload,
+                chunk,
+            ),
+        )
+        .await
+    }
+
+    /// Streams exactly `chunks` (no more) and keeps the stream open until the answer comes:
+    /// the daemon answers without waiting for anything the client did not send.
+    async fn send_and_hold(&mut self, chunks: Vec<pb::DeltaChunk>) -> Result<pb::DeltaAck, Status> {
+        let (tx, rx) = mpsc::channel(chunks.len().max(1));
+        for c in chunks {
+            tx.try_send(c).expect("queue a chunk");
+        }
+        let r = within(
+            "an UploadDelta answered while the stream is open",
+            self.client.upload_delta(ReceiverStream::new(rx)),
+        )
+        .await;
+        drop(tx);
+        r.map(|r| r.into_inner())
+    }
+
+    /// Streams `chunks` and then ends the stream.
+    async fn send_and_close(
+        &mut self,
+        chunks: Vec<pb::DeltaChunk>,
+    ) -> Result<pb::DeltaAck, Status> {
+        within(
+            "UploadDelta",
+            self.client.upload_delta(tokio_stream::iter(chunks)),
+        )
+        .await
+        .map(|r| r.into_inner())
+    }
+}
+
+fn header_chunk(h: pb::DeltaHeader) -> pb::DeltaChunk {
+    pb::DeltaChunk {
+        part: Some(pb::delta_chunk::Part::Header(h)),
+    }
+}
+
+fn data_chunk(b: &[u8]) -> pb::DeltaChunk {
+    pb::DeltaChunk {
+        part: Some(pb::delta_chunk::Part::Data(b.to_vec())),
+    }
+}
+
+fn trailer_chunk(t: pb::DeltaTrailer) -> pb::DeltaChunk {
+    pb::DeltaChunk {
+        part: Some(pb::delta_chunk::Part::Trailer(t)),
+    }
+}
+
+/// A whole upload as chunks: header, data in 4 KiB pieces, trailer.
+fn chunks(
+    header: pb::DeltaHeader,
+    payload: &[u8],
+    trailer: pb::DeltaTrailer,
+) -> Vec<pb::DeltaChunk> {
+    let mut v = vec![header_chunk(header)];
+    v.extend(payload.chunks(4096).map(data_chunk));
+    v.push(trailer_chunk(trailer));
+    v
+}
+
+fn job_spec(name: &str, nodes: u32, epochs: u32, model: Option<&str>) -> pb::JobSpec {
+    pb::JobSpec {
+        name: name.into(),
+        epochs,
+        min_nodes: nodes,
+        max_nodes: nodes,
+        min_vram_bytes: 1 << 30,
+        pending_deadline_ms: 600_000,
+        epoch_deadline_ms: 3_600_000,
+        utility: 1.0,
+        submitter_stake_gym_wei: "1000".into(),
+        training: model.map(|m| pb::TrainingSpec {
+            model: Some(m.into()),
+            ..Default::default()
+        }),
+    }
+}
+
+async fn submit(d: &Daemon, spec: pb::JobSpec) -> Result<u64, Status> {
+    let mut jobs = JobServiceClient::new(channel(d).await);
+    within(
+        "SubmitJob",
+        jobs.submit_job(pb::SubmitJobRequest { spec: Some(spec) }),
+    )
+    .await
+    .map(|r| r.into_inner().job_id)
+}
+
+/// Waits until job `id` is in a phase `pred` accepts; returns its view.
+async fn await_phase(
+    d: &Daemon,
+    id: u64,
+    what: &str,
+    pred: impl Fn(&JobPhase) -> bool,
+) -> hanzod::core::actor::job::JobView {
+    let mut notices = d.core.subscribe();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let view = d.core.job(JobId(id)).await.expect("job view");
+        if pred(&view.phase) {
+            return view;
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, notices.recv()).await {
+            Err(_) => panic!("job {id} never reached {what}; it is {:?}", view.phase),
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// A running job of `nodes` nodes (all of `members`) training `model`.
+async fn running_job(d: &Daemon, members: usize, epochs: u32, model: Option<&str>) -> u64 {
+    let id = submit(d, job_spec("deltas", members as u32, epochs, model))
+        .await
+        .expect("job accepted");
+    let view = await_phase(d, id, "Running(0)", |p| {
+        matches!(p, JobPhase::Running { epoch: 0, .. })
+    })
+    .await;
+    assert_eq!(view.ring.expect("ring").members.len(), members);
+    id
+}
+
+// ---------------------------------------------------------------------------------------
+// Deltas
+// ---------------------------------------------------------------------------------------
+
+fn wine() -> ModelSpec {
+    ModelSpec::builtin("wine-mlp").expect("the built-in model")
+}
+
+/// Deterministic small values for a tensor of `n` elements.
+fn values(n: usize, salt: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i % 17) as f32 - 8.0) * 1e-3 + salt * 1e-4)
+        .collect()
+}
+
+/// A full delta of `spec` against checkpoint `base`, with `edit` applied to its tensor list
+/// (name, shape, values) before writing.
+fn delta_with(
+    spec: &ModelSpec,
+    base: u64,
+    salt: f32,
+    edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<f32>)>),
+) -> Vec<u8> {
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = spec
+        .params
+        .iter()
+        .map(|(n, s)| (n.clone(), s.clone(), values(s.iter().product(), salt)))
+        .collect();
+    edit(&mut tensors);
+    let refs: Vec<(&str, &[usize], &[f32])> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.as_slice(), v.as_slice()))
+        .collect();
+    write_delta(DeltaKind::Full, base, DeltaDtype::F32, &refs).expect("delta written")
+}
+
+fn delta(spec: &ModelSpec, base: u64, salt: f32) -> Vec<u8> {
+    delta_with(spec, base, salt, |_| {})
+}
+
+/// The receipts recorded in the event log.
+async fn receipts(d: &Daemon) -> Vec<DeltaReceipt> {
+    d.core
+        .state_store()
+        .read_after(0)
+        .await
+        .expect("event log")
+        .into_iter()
+        .filter_map(|r| match r.event {
+            Event::DeltaAccepted(receipt) => Some(receipt),
+            _ => None,
+        })
+        .collect()
+}
+
+fn assert_refused<T: std::fmt::Debug>(
+    what: &str,
+    r: Result<T, Status>,
+    code: Code,
+    mentions: &str,
+) {
+    match r {
+        Ok(v) => panic!("{what}: accepted: {v:?}"),
+        Err(s) => {
+            assert_eq!(s.code(), code, "{what}: {s:?}");
+            assert!(
+                s.message().contains(mentions),
+                "{what}: message {:?} does not mention {mentions:?}",
+                s.message()
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_delta_is_stored_then_recorded_with_its_claimed_loss_and_signature() {
+    let d = start().await;
+    let mut a = Node::join(&d, 1).await;
+    let _b = Node::join(&d, 2).await;
+    assert_eq!(
+        a.chunk_bytes,
+        1 << 20,
+        "RegisterResponse announces the chunk size"
+    );
+    let job = running_job(&d, 2, 2, None).await;
+
+    let payload = delta(&wine(), 0, 1.0);
+    let hash = payload_hash(&payload);
+    let ack = a.upload(job, 0, &payload).await.expect("accepted");
+    assert_eq!(ack.delta_hash, hash.to_vec());
+    assert!(ack.accepted);
+    assert!(ack.reason.is_empty());
+
+    // Stored, content-addressed.
+    let stored = d.blobs().get(&hash).await.expect("blob stored");
+    assert_eq!(&*stored, payload.as_slice());
+    // Counted by the job (the other member has not uploaded: the epoch is still open).
+    let view = d.core.job(JobId(job)).await.unwrap();
+    assert!(matches!(view.phase, JobPhase::Running { epoch: 0, .. }));
+    assert_eq!(view.deltas_this_epoch, 1);
+    // Recorded in the event log with what the node claimed and signed.
+    let r = receipts(&d).await;
+    assert_eq!(r.len(), 1, "{r:?}");
+    let r = &r[0];
+    assert_eq!(
+        (r.job, r.node, r.epoch, r.step),
+        (JobId(job), a.id.node_id(), 0, 100)
+    );
+    assert_eq!(r.delta_hash, hash);
+    assert_eq!(r.claimed_loss, 0.5);
+    let key = verifying_key(&a.id.node_id()).unwrap();
+    verify_statement(
+        &key,
+        &Node::statement(job, 0, 100, 0.5),
+        &hash,
+        &r.signature,
+    )
+    .expect("the recorded signature is the node's statement");
+
+    assert_eq!(counter(&d, &deltas("accepted")).await, 1.0);
+    assert_eq!(
+        counter(&d, &delta_bytes("accepted")).await,
+        payload.len() as f64
+    );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_delta_again_is_acked_again_and_a_different_one_already_exists() {
+    let d = start().await;
+    let mut a = Node::join(&d, 3).await;
+    let _b = Node::join(&d, 4).await;
+    let job = running_job(&d, 2, 1, None).await;
+
+    let first = delta(&wine(), 0, 1.0);
+    let ack1 = a.upload(job, 0, &first).await.expect("first upload");
+    let ack2 = a
+        .upload(job, 0, &first)
+        .await
+        .expect("the same delta again");
+    assert_eq!(ack1, ack2);
+
+    let other = delta(&wine(), 0, 2.0);
+    assert_refused(
+        "a different delta in the same epoch",
+        a.upload(job, 0, &other).await,
+        Code::AlreadyExists,
+        "different delta",
+    );
+    assert_eq!(receipts(&d).await.len(), 1);
+    assert_eq!(d.core.job(JobId(job)).await.unwrap().deltas_this_epoch, 1);
+    assert_eq!(counter(&d, &deltas("accepted")).await, 2.0);
+    assert_eq!(counter(&d, &deltas("conflicting")).await, 1.0);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_refusals_come_before_any_data_is_sent() {
+    let d = start().await;
+    let mut a = Node::join(&d, 5).await;
+    let _b = Node::join(&d, 6).await;
+    let job = running_job(&d, 2, 1, None).await;
+    // Joins after the ring formed: registered, live, but no member.
+    let mut c = Node::join(&d, 7).await;
+    // A job that stays Pending (it needs more nodes than there are).
+    let pending = submit(&d, job_spec("pending", 9, 1, None)).await.unwrap();
+
+    let max = wine().max_delta_bytes(DeltaDtype::F32);
+    let header = |n: &Node, job: u64, epoch: u32, total: u64| pb::DeltaHeader {
+        session: n.token.clone(),
+        job_id: job,
+        epoch,
+        step: 1,
+        claimed_loss: 0.25,
+        total_bytes: total,
+    };
+
+    // Each of these sends the header alone and holds the stream open.
+    let h = header(&a, job, 0, max + 1);
+    assert_refused(
+        "declared size above the model's bound",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::ResourceExhausted,
+        &max.to_string(),
+    );
+    let h = header(&a, job, 0, 1u64 << 62);
+    assert_refused(
+        "declared size of 4 EiB",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::ResourceExhausted,
+        "exceeds",
+    );
+    let h = header(&a, job, 0, 23);
+    assert_refused(
+        "declared size below the HZDL header",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::InvalidArgument,
+        "total_bytes",
+    );
+    let mut h = header(&a, job, 0, 100);
+    h.claimed_loss = f64::NAN;
+    assert_refused(
+        "a NaN claimed loss",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::InvalidArgument,
+        "claimed_loss",
+    );
+    assert_refused(
+        "data before the header",
+        a.send_and_hold(vec![data_chunk(b"HZDL")]).await,
+        Code::InvalidArgument,
+        "header",
+    );
+    let mut h = header(&a, job, 0, 100);
+    h.session = vec![9; 16];
+    assert_refused(
+        "an unknown session",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::Unauthenticated,
+        "session",
+    );
+    let h = header(&a, 999, 0, 100);
+    assert_refused(
+        "an unknown job",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::NotFound,
+        "not found",
+    );
+    let h = header(&a, job, 1, 100);
+    assert_refused(
+        "the wrong epoch",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::FailedPrecondition,
+        "epoch 0",
+    );
+    let h = header(&a, pending, 0, 100);
+    assert_refused(
+        "a job that is not running",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::FailedPrecondition,
+        "not running",
+    );
+    let h = header(&c, job, 0, 100);
+    assert_refused(
+        "a node outside the ring",
+        c.send_and_hold(vec![header_chunk(h)]).await,
+        Code::PermissionDenied,
+        "not a member",
+    );
+
+    for (outcome, n) in [
+        ("too_large", 2.0),
+        ("invalid", 2.0),
+        ("no_header", 1.0),
+        ("unknown_session", 1.0),
+        ("unknown_job", 1.0),
+        ("wrong_epoch", 1.0),
+        ("not_running", 1.0),
+        ("not_member", 1.0),
+    ] {
+        assert_eq!(counter(&d, &deltas(outcome)).await, n, "{outcome}");
+    }
+    // Not a byte of data was taken from any of them.
+    let total: f64 = scrape(&d)
+        .await
+        .iter()
+        .filter(|(k, _)| k.starts_with("hanzod_delta_bytes_received_total"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(total, 0.0);
+    assert!(receipts(&d).await.is_empty());
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_replayed_or_misattributed_deltas_are_refused() {
+    let d = start().await;
+    let mut a = Node::join(&d, 8).await;
+    let mut b = Node::join(&d, 9).await;
+    let job = running_job(&d, 2, 1, None).await;
+    let payload = delta(&wine(), 0, 1.0);
+    let statement = Node::statement(job, 0, 100, 0.5);
+
+    // The trailer's hash is not the payload's.
+    let (h, mut t) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
+    t.sha256[0] ^= 1;
+    assert_refused(
+        "a trailer hash that does not match",
+        a.send_and_close(chunks(h, &payload, t)).await,
+        Code::DataLoss,
+        "sha256",
+    );
+    // A byte flipped in transit (the trailer describes the original).
+    let (h, t) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
+    let mut flipped = payload.clone();
+    flipped[100] ^= 0x40;
+    assert_refused(
+        "a payload altered in transit",
+        a.send_and_close(chunks(h, &flipped, t)).await,
+        Code::DataLoss,
+        "sha256",
+    );
+    // Signed by a key that is not the session's.
+    let stranger = Identity::from_seed([77; 32]);
+    let (h, t) = {
+        let (h, _) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
+        let (_, t) = delta_upload_parts(&a.token, &stranger, &statement, &payload);
+        (h, t)
+    };
+    assert_refused(
+        "a statement signed by another key",
+        a.send_and_close(chunks(h, &payload, t)).await,
+        Code::Unauthenticated,
+        "signature",
+    );
+    // Node A's signed delta uploaded on node B's session.
+    let (mut h, t) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
+    h.session = b.token.clone();
+    assert_refused(
+        "A's delta on B's session",
+        b.send_and_close(chunks(h, &payload, t)).await,
+        Code::Unauthenticated,
+        "signature",
+    );
+    // A genuine statement for another step, epoch or job, replayed with this header.
+    for (what, signed) in [
+        ("step", Node::statement(job, 0, 99, 0.5)),
+        ("epoch", Node::statement(job, 1, 100, 0.5)),
+        ("job", Node::statement(job + 1, 0, 100, 0.5)),
+        ("claimed loss", Node::statement(job, 0, 100, 0.25)),
+    ] {
+        let (h, _) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
+        let (_, t) = delta_upload_parts(&a.token, &a.id, &signed, &payload);
+        assert_refused(
+            &format!("a statement for another {what}"),
+            a.send_and_close(chunks(h, &payload, t)).await,
+            Code::Unauthenticated,
+            "signature",
+        );
+    }
+    // A truncated signature.
+    let (h, mut t) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
+    t.signature.truncate(63);
+    assert_refused(
+        "a 63-byte signature",
+        a.send_and_close(chunks(h, &payload, t)).await,
+        Code::Unauthenticated,
+        "signature",
+    );
+
+    assert_eq!(counter(&d, &deltas("hash_mismatch")).await, 2.0);
+    assert_eq!(counter(&d, &deltas("bad_signature")).await, 7.0);
+    // Nothing stored or recorded; the genuine upload is still accepted afterwards.
+    assert!(!d.blobs().contains(&payload_hash(&payload)).await.unwrap());
+    assert!(receipts(&d).await.is_empty());
+    a.upload(job, 0, &payload)
+        .await
+        .expect("the genuine upload");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deltas_that_fail_the_format_check_are_invalid_argument_with_the_reason() {
+    let d = start().await;
+    let mut a = Node::join(&d, 10).await;
+    let _b = Node::join(&d, 11).await;
+    let job = running_job(&d, 2, 1, None).await;
+    let spec = wine();
+    let (first, first_shape) = spec
+        .params
+        .iter()
+        .find(|(_, s)| s.len() == 2)
+        .map(|(n, s)| (n.clone(), s.clone()))
+        .expect("a 2-D tensor");
+
+    let unknown = delta_with(&spec, 0, 1.0, |t| {
+        t.push(("fc9.weight".into(), vec![2, 2], vec![0.0; 4]))
+    });
+    assert_refused(
+        "an unknown tensor",
+        a.upload(job, 0, &unknown).await,
+        Code::InvalidArgument,
+        "unknown tensor \"fc9.weight\"",
+    );
+    let transposed = delta_with(&spec, 0, 1.0, |t| {
+        let e = t.iter_mut().find(|(n, _, _)| *n == first).unwrap();
+        e.1 = vec![first_shape[1], first_shape[0]];
+    });
+    assert_refused(
+        "a tensor of the wrong shape",
+        a.upload(job, 0, &transposed).await,
+        Code::InvalidArgument,
+        &format!("tensor {first:?} has shape"),
+    );
+    let nan = delta_with(&spec, 0, 1.0, |t| t[0].2[5] = f32::NAN);
+    assert_refused(
+        "a NaN",
+        a.upload(job, 0, &nan).await,
+        Code::InvalidArgument,
+        "non-finite value at element 5",
+    );
+    let inf = delta_with(&spec, 0, 1.0, |t| t[1].2[0] = f32::INFINITY);
+    assert_refused(
+        "an infinity",
+        a.upload(job, 0, &inf).await,
+        Code::InvalidArgument,
+        "non-finite",
+    );
+    let missing = delta_with(&spec, 0, 1.0, |t| {
+        t.pop();
+    });
+    assert_refused(
+        "a missing tensor",
+        a.upload(job, 0, &missing).await,
+        Code::InvalidArgument,
+        "missing",
+    );
+    let mut garbage = delta(&spec, 0, 1.0);
+    garbage[0] = b'X';
+    assert_refused(
+        "bad magic",
+        a.upload(job, 0, &garbage).await,
+        Code::InvalidArgument,
+        "magic",
+    );
+    // A future base version (epoch 0 trains from version 0).
+    let ahead = delta(&spec, 1, 1.0);
+    assert_refused(
+        "a base version the job has not reached",
+        a.upload(job, 0, &ahead).await,
+        Code::FailedPrecondition,
+        "version 0",
+    );
+
+    for (outcome, n) in [
+        ("unknown_tensor", 1.0),
+        ("wrong_shape", 1.0),
+        ("non_finite", 2.0),
+        ("missing_tensor", 1.0),
+        ("bad_header", 1.0),
+        ("stale_base", 1.0),
+    ] {
+        assert_eq!(counter(&d, &deltas(outcome)).await, n, "{outcome}");
+    }
+    assert!(receipts(&d).await.is_empty());
+    assert_eq!(d.core.job(JobId(job)).await.unwrap().deltas_this_epoch, 0);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_against_the_previous_checkpoint_is_a_stale_base() {
+    let d = start().await;
+    let mut a = Node::join(&d, 12).await;
+    let mut b = Node::join(&d, 13).await;
+    let job = running_job(&d, 2, 3, None).await;
+    a.upload(job, 0, &delta(&wine(), 0, 1.0))
+        .await
+        .expect("a, epoch 0");
+    b.upload(job, 0, &delta(&wine(), 0, 2.0))
+        .await
+        .expect("b, epoch 0");
+    let view = await_phase(&d, job, "Running(1)", |p| {
+        matches!(p, JobPhase::Running { epoch: 1, .. })
+    })
+    .await;
+    assert_eq!(view.checkpoints.len(), 1);
+
+    assert_refused(
+        "a delta computed against checkpoint 0 in epoch 1",
+        a.upload(job, 1, &delta(&wine(), 0, 3.0)).await,
+        Code::FailedPrecondition,
+        "computed against checkpoint version 0, the job is at version 1",
+    );
+    assert_refused(
+        "last epoch's upload again",
+        a.upload(job, 0, &delta(&wine(), 0, 1.0)).await,
+        Code::FailedPrecondition,
+        "epoch 1",
+    );
+    a.upload(job, 1, &delta(&wine(), 1, 3.0))
+        .await
+        .expect("a delta against checkpoint 1");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_that_ends_without_a_trailer_stores_and_records_nothing() {
+    let d = start().await;
+    let mut a = Node::join(&d, 14).await;
+    let _b = Node::join(&d, 15).await;
+    let job = running_job(&d, 2, 1, None).await;
+    let payload = delta(&wine(), 0, 1.0);
+    let (h, _) = delta_upload_parts(
+        &a.token,
+        &a.id,
+        &Node::statement(job, 0, 100, 0.5),
+        &payload,
+    );
+
+    // Every byte, then the stream ends.
+    let mut all = vec![header_chunk(h.clone())];
+    all.extend(payload.chunks(1000).map(data_chunk));
+    assert_refused(
+        "every byte but no trailer",
+        a.send_and_close(all).await,
+        Code::InvalidArgument,
+        "without a trailer",
+    );
+    // Half the bytes, then the stream ends.
+    let half = vec![header_chunk(h), data_chunk(&payload[..payload.len() / 2])];
+    assert_refused(
+        "half the bytes",
+        a.send_and_close(half).await,
+        Code::InvalidArgument,
+        "without a trailer",
+    );
+    assert_eq!(counter(&d, &deltas("no_trailer")).await, 2.0);
+    assert_eq!(
+        counter(&d, &delta_bytes("no_trailer")).await,
+        (payload.len() + payload.len() / 2) as f64
+    );
+    assert!(!d.blobs().contains(&payload_hash(&payload)).await.unwrap());
+    assert!(receipts(&d).await.is_empty());
+    assert_eq!(d.core.job(JobId(job)).await.unwrap().deltas_this_epoch, 0);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_data_than_declared_or_a_stall_ends_the_upload() {
+    let mut cfg = config();
+    cfg.deltas.upload_idle_ms = 300;
+    let d = start_with(&cfg, DaemonParts::default()).await;
+    let mut a = Node::join(&d, 16).await;
+    let _b = Node::join(&d, 17).await;
+    let job = running_job(&d, 2, 1, None).await;
+    let payload = delta(&wine(), 0, 1.0);
+    let statement = Node::statement(job, 0, 100, 0.5);
+
+    // Declares one byte less than it sends.
+    let (mut h, t) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
+    h.total_bytes -= 1;
+    assert_refused(
+        "more data than declared",
+        a.send_and_close(chunks(h, &payload, t)).await,
+        Code::InvalidArgument,
+        "more data than",
+    );
+    // Declares one byte more than it sends.
+    let (mut h, t) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
+    h.total_bytes += 1;
+    assert_refused(
+        "a trailer before the declared bytes",
+        a.send_and_close(chunks(h, &payload, t)).await,
+        Code::InvalidArgument,
+        "total_bytes",
+    );
+    // Sends the header and some data, then nothing, with the stream open.
+    let (h, _) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
+    assert_refused(
+        "a stalled upload",
+        a.send_and_hold(vec![header_chunk(h), data_chunk(&payload[..64])])
+            .await,
+        Code::DeadlineExceeded,
+        "300 ms",
+    );
+    assert_eq!(counter(&d, &deltas("overflow")).await, 1.0);
+    assert_eq!(counter(&d, &deltas("short")).await, 1.0);
+    assert_eq!(counter(&d, &deltas("timeout")).await, 1.0);
+    assert!(receipts(&d).await.is_empty());
+    // The node may upload again: its failed uploads released their slots.
+    a.upload(job, 0, &payload).await.expect("a complete upload");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_refuses_a_model_or_dataset_the_catalog_does_not_know() {
+    let d = start().await;
+    let e = submit(&d, job_spec("x", 1, 1, Some("gpt-9")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("spec.training.model"), "{e:?}");
+    assert!(
+        e.message().contains("gpt-9") && e.message().contains("wine-mlp"),
+        "{e:?}"
+    );
+
+    let mut spec = job_spec("x", 1, 1, None);
+    spec.training = Some(pb::TrainingSpec {
+        dataset: Some("imagenet".into()),
+        ..Default::default()
+    });
+    let e = submit(&d, spec).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("spec.training.dataset"), "{e:?}");
+    assert!(e.message().contains("wine-quality-red"), "{e:?}");
+
+    // The built-in pair is accepted.
+    submit(&d, job_spec("x", 1, 1, Some("wine-mlp")))
+        .await
+        .expect("wine-mlp on wine-quality-red");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_are_accepted_while_a_large_delta_uploads_and_parses() {
+    // An MLP 11 → 2048 → 2048 → 1: 4.2 M parameters, a 17 MB f32 delta.
+    let big = hanzod::train::model_spec(2048);
+    let mut catalog = ModelCatalog::builtin();
+    catalog.insert("wide-mlp", big.clone());
+    let parts = DaemonParts {
+        catalog: Some(catalog),
+        ..DaemonParts::default()
+    };
+    let d = start_with(&config(), parts).await;
+    let mut a = Node::join(&d, 18).await;
+    let _b = Node::join(&d, 19).await;
+    let job = running_job(&d, 2, 1, Some("wide-mlp")).await;
+
+    let payload = delta(&big, 0, 1.0);
+    assert!(payload.len() > 16_000_000, "{}", payload.len());
+    let (h, t) = delta_upload_parts(
+        &a.token,
+        &a.id,
+        &Node::statement(job, 0, 100, 0.5),
+        &payload,
+    );
+    let (tx, rx) = mpsc::channel::<pb::DeltaChunk>(4);
+    let mut client = a.client.clone();
+    let upload = tokio::spawn(async move { client.upload_delta(ReceiverStream::new(rx)).await });
+    tx.send(header_chunk(h)).await.unwrap();
+
+    // A heartbeat round trip after every 1 MiB sent.
+    let mut during = 0;
+    for piece in payload.chunks(256 << 10).collect::<Vec<_>>().chunks(4) {
+        for c in piece {
+            within("a data chunk to be taken", tx.send(data_chunk(c)))
+                .await
+                .expect("the upload is open");
+        }
+        a.heartbeat_round_trip(&d).await;
+        during += 1;
+    }
+    within("the trailer to be taken", tx.send(trailer_chunk(t)))
+        .await
+        .expect("the upload is open");
+    // While the daemon hashes, verifies, parses and checks 17 MB: more round trips.
+    while !upload.is_finished() {
+        a.heartbeat_round_trip(&d).await;
+        during += 1;
+    }
+    let ack = within("the ack", upload)
+        .await
+        .expect("upload task")
+        .expect("the large delta is accepted")
+        .into_inner();
+    assert_eq!(ack.delta_hash, payload_hash(&payload).to_vec());
+    assert!(
+        during >= 16,
+        "{during} heartbeat round trips during the upload"
+    );
+    // Every round trip's heartbeat reached the core and was accepted there.
+    assert!(counter(&d, "hanzod_heartbeats_total{outcome=\"accepted\"}").await >= during as f64);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_are_bounded_per_node_and_in_all() {
+    let mut cfg = config();
+    cfg.deltas.max_concurrent_uploads = 1;
+    let d = start_with(&cfg, DaemonParts::default()).await;
+    let mut a = Node::join(&d, 20).await;
+    let mut b = Node::join(&d, 21).await;
+    let job = running_job(&d, 2, 1, None).await;
+    let payload = delta(&wine(), 0, 1.0);
+
+    // A's upload sends its header and holds: it owns the only slot.
+    let (h, t) = delta_upload_parts(
+        &a.token,
+        &a.id,
+        &Node::statement(job, 0, 100, 0.5),
+        &payload,
+    );
+    let (tx, rx) = mpsc::channel::<pb::DeltaChunk>(64);
+    let mut client = a.client.clone();
+    let held = tokio::spawn(async move { client.upload_delta(ReceiverStream::new(rx)).await });
+    tx.send(header_chunk(h.clone())).await.unwrap();
+    tx.send(data_chunk(&payload[..10])).await.unwrap();
+    // B probes until A holds the slot: a probe that gets the slot itself ends at once (it
+    // sends one byte more than it declares); one that does not is refused busy.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let mut bh = h.clone();
+        bh.session = b.token.clone();
+        bh.total_bytes = 24;
+        let s = b
+            .send_and_close(vec![header_chunk(bh), data_chunk(&[0; 25])])
+            .await
+            .expect_err("a probe is never accepted");
+        match s.code() {
+            Code::ResourceExhausted => {
+                assert!(s.message().contains("in progress"), "{s:?}");
+                break;
+            }
+            Code::InvalidArgument => assert!(s.message().contains("more data"), "{s:?}"),
+            _ => panic!("{s:?}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "A never held its slot"
+        );
+    }
+    // A second upload by A itself is refused too, for A's own upload in flight.
+    assert_refused(
+        "a second upload by the same node",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::ResourceExhausted,
+        "already has an upload",
+    );
+    // A finishes; its slot is free again and B's upload goes through.
+    for c in payload[10..].chunks(4096) {
+        tx.send(data_chunk(c)).await.unwrap();
+    }
+    tx.send(trailer_chunk(t)).await.unwrap();
+    within("A's ack", held)
+        .await
+        .unwrap()
+        .expect("A's upload accepted");
+    b.upload(job, 0, &delta(&wine(), 0, 2.0))
+        .await
+        .expect("B's upload after A's");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_with_a_store_dir_keeps_deltas_on_disk() {
+    let dir = std::env::temp_dir().join(format!(
+        "hanzod-delta-upload-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let mut cfg = config();
+    cfg.deltas.store_dir = dir.display().to_string();
+    let d = start_with(&cfg, DaemonParts::default()).await;
+    let mut a = Node::join(&d, 22).await;
+    let _b = Node::join(&d, 23).await;
+    let job = running_job(&d, 2, 1, None).await;
+    let payload = delta(&wine(), 0, 1.0);
+    a.upload(job, 0, &payload).await.expect("accepted");
+    let hex = hex::encode(payload_hash(&payload));
+    let on_disk = std::fs::read(dir.join(&hex[..2]).join(&hex[2..])).expect("the blob file");
+    assert_eq!(on_disk, payload);
+    d.stop().await;
+
+    // A store directory that cannot be one refuses to start, naming the key.
+    let file = dir.join("not-a-directory");
+    std::fs::write(&file, b"x").unwrap();
+    cfg.deltas.store_dir = file.display().to_string();
+    let e = Daemon::start(&cfg).await.expect_err("a file as the store");
+    assert!(e.to_string().contains("deltas.store_dir"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,346 @@
+//! The validator and the merging sink (issue 4, DESIGN §6): real burn training on the
+//! built-in Wine Quality MLP, real signatures, the blob store, the supervised pool.
+//!
+//! Each scenario trains honest nodes with the job's recipe, adds dishonest ones (a node
+//! that lies about its loss; a node that sends a sign-flipped, scaled delta with an honest
+//! claim), and runs the epoch through [`TrainingSink`] exactly as the job actor does.
+
+use std::sync::Arc;
+
+use hanzod::core::job::JobSpec;
+use hanzod::core::ports::memory::MemoryMetrics;
+use hanzod::core::ports::{CheckpointSink, DeltaReceipt, EpochInput};
+use hanzod::core::types::{GymWei, JobId};
+use hanzod::delta::format::{payload_hash, sign_statement, Statement};
+use hanzod::delta::score::{is_spot_checked, verify_reveal, Commitment, EpochSecret};
+use hanzod::delta::sink::{recipe_of, SinkConfig, TrainingSink};
+use hanzod::delta::store::{BlobStore, MemoryBlobStore};
+use hanzod::delta::validate::{Rejection, ValidationConfig};
+use hanzod::identity::Identity;
+use hanzod::train::{self, Dataset, Weights};
+
+const JOB: JobId = JobId(7);
+
+fn spec() -> JobSpec {
+    JobSpec {
+        name: "wine".into(),
+        epochs: 3,
+        min_nodes: 1,
+        max_nodes: 8,
+        min_vram_bytes: 0,
+        pending_deadline_ms: 1_000,
+        epoch_deadline_ms: 1_000,
+        utility: 1.0,
+        submitter_stake: GymWei::gym(1),
+        training: Default::default(),
+    }
+}
+
+/// How a simulated node behaves.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Behaviour {
+    Honest,
+    /// Trains honestly, claims twice its loss.
+    LiesAboutLoss,
+    /// Sends `-5 ×` its honest delta with an honest claim.
+    Poisons,
+}
+
+struct Fixture {
+    blobs: Arc<MemoryBlobStore>,
+    sink: TrainingSink,
+    metrics: Arc<MemoryMetrics>,
+    data: Dataset,
+    seed: [u8; 32],
+}
+
+async fn fixture(rate: f64) -> Fixture {
+    let blobs = Arc::new(MemoryBlobStore::new());
+    let metrics = Arc::new(MemoryMetrics::new());
+    let seed = [42u8; 32];
+    let config = SinkConfig {
+        validation: ValidationConfig {
+            spot_check_rate: rate,
+            ..ValidationConfig::default()
+        },
+        workers: 2,
+        ..SinkConfig::default()
+    };
+    let sink = TrainingSink::start(blobs.clone(), seed, config, metrics.clone())
+        .await
+        .unwrap();
+    Fixture {
+        blobs,
+        sink,
+        metrics,
+        data: Dataset::wine_quality().unwrap(),
+        seed,
+    }
+}
+
+impl Fixture {
+    /// Node `i` trains epoch `epoch` from `base` and stores its (possibly dishonest) delta.
+    async fn submit(&self, i: u8, epoch: u32, base: &Weights, how: Behaviour) -> DeltaReceipt {
+        let recipe = recipe_of(&spec().training).unwrap();
+        let id = Identity::from_seed([i; 32]);
+        let node = id.node_id();
+        let step = u64::from(epoch) * u64::from(recipe.local_steps);
+        let run = train::train_local(base, &self.data, &recipe, &node.0, step).unwrap();
+        let mut delta = run.weights.sub(base).unwrap();
+        let mut claimed = run.claimed_loss;
+        match how {
+            Behaviour::Honest => {}
+            Behaviour::LiesAboutLoss => claimed *= 2.0,
+            Behaviour::Poisons => delta.data.iter_mut().for_each(|v| *v *= -5.0),
+        }
+        let payload = delta.to_delta_bytes(u64::from(epoch)).unwrap();
+        let hash = payload_hash(&payload);
+        let statement = Statement {
+            job: JOB.0,
+            epoch,
+            step,
+            claimed_loss: claimed,
+        };
+        let signature = sign_statement(&id, &statement, &hash).to_vec();
+        self.blobs.put(hash, payload.into()).await.unwrap();
+        DeltaReceipt {
+            job: JOB,
+            node,
+            epoch,
+            step,
+            delta_hash: hash,
+            claimed_loss: claimed,
+            signature,
+        }
+    }
+
+    async fn publish(&self, epoch: u32, base: Option<&str>, deltas: &[DeltaReceipt]) -> String {
+        let spec = spec();
+        let input = EpochInput {
+            job: JOB,
+            epoch,
+            spec: &spec,
+            base,
+            deltas,
+        };
+        self.sink.publish(input).await.unwrap()
+    }
+
+    async fn weights(&self, reference: &str) -> Weights {
+        let hash: [u8; 32] = hex::decode(reference.strip_prefix("sha256:").unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let bytes = self.blobs.get(&hash).await.unwrap();
+        Weights::from_safetensors(&bytes, train::layout(32)).unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn honest_epochs_lower_the_validation_loss_and_cheaters_are_caught() {
+    // Every delta spot-checked, so both cheaters must be caught.
+    let f = fixture(1.0).await;
+    let recipe = recipe_of(&spec().training).unwrap();
+    let init = train::init(&recipe);
+    let mut deltas = Vec::new();
+    for i in 1..=4 {
+        deltas.push(f.submit(i, 0, &init, Behaviour::Honest).await);
+    }
+    deltas.push(f.submit(5, 0, &init, Behaviour::LiesAboutLoss).await);
+    deltas.push(f.submit(6, 0, &init, Behaviour::Poisons).await);
+    let cp0 = f.publish(0, None, &deltas).await;
+    let r0 = f.sink.report(JOB, 0).await.unwrap();
+    eprintln!("epoch 0: {} → {}", r0.loss_before, r0.loss_after);
+    assert!(r0.loss_after < r0.loss_before, "{r0:#?}");
+    assert_eq!(r0.checkpoint, cp0);
+    let rejected: Vec<_> = r0.deltas.iter().map(|d| d.rejected.clone()).collect();
+    assert!(rejected[..4].iter().all(Option::is_none), "{rejected:?}");
+    assert!(
+        matches!(rejected[4], Some(Rejection::SpotCheckLoss { .. })),
+        "{rejected:?}"
+    );
+    assert!(
+        matches!(rejected[5], Some(Rejection::SpotCheckReplay { .. })),
+        "{rejected:?}"
+    );
+    for d in &r0.deltas {
+        eprintln!("{:?} {:?} suspect {}", d.loss_after, d.score, d.suspect);
+    }
+    // Two of six are suspect (33 % > 30 %): the robust aggregator merged the epoch.
+    assert_eq!(r0.suspect, 2);
+    assert_eq!(r0.aggregator, Some("median"));
+    // Slashing evidence names the cheaters and carries their signatures.
+    assert_eq!(r0.slashes.len(), 2);
+    assert_eq!(r0.slashes[0].node, hex::encode(deltas[4].node.0));
+    assert_eq!(r0.slashes[0].signature, hex::encode(&deltas[4].signature));
+    assert!(r0.slashes[0].claimed_loss > r0.slashes[0].measured_loss * 1.5);
+    assert_eq!(f.metrics.counter("spot_checks", "failed"), 2);
+    assert_eq!(f.metrics.counter("deltas_validated", "accepted"), 4);
+
+    // The checkpoint is stored and loads; epoch 1 trains from it and improves again.
+    let w0 = f.weights(&cp0).await;
+    let loss0 = train::validation_loss(&w0, &f.data).unwrap();
+    assert_eq!(loss0, r0.loss_after);
+    let mut deltas = Vec::new();
+    for i in 1..=4 {
+        deltas.push(f.submit(i, 1, &w0, Behaviour::Honest).await);
+    }
+    let cp1 = f.publish(1, Some(&cp0), &deltas).await;
+    let r1 = f.sink.report(JOB, 1).await.unwrap();
+    eprintln!("epoch 1: {} → {}", r1.loss_before, r1.loss_after);
+    assert_eq!(r1.loss_before, r0.loss_after);
+    assert!(r1.loss_after < r1.loss_before);
+    assert_eq!(r1.aggregator, Some("weighted_mean"));
+    // Epoch 1 has a previous merged delta: convergence is scored.
+    assert!(r1
+        .deltas
+        .iter()
+        .all(|d| d.score.unwrap().convergence.is_some()));
+    // Idempotent: the same epoch again gives the same checkpoint.
+    assert_eq!(f.publish(1, Some(&cp0), &deltas).await, cp1);
+    f.sink.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anyone_can_recompute_the_spot_check_choice_after_the_reveal() {
+    let f = fixture(0.5).await;
+    let init = train::init(&recipe_of(&spec().training).unwrap());
+    let commitment = f.sink.commitment(JOB, 0);
+    let mut deltas = Vec::new();
+    for i in 1..=8 {
+        deltas.push(f.submit(i, 0, &init, Behaviour::Honest).await);
+    }
+    f.publish(0, None, &deltas).await;
+    let report = f.sink.report(JOB, 0).await.unwrap();
+    // The revealed secret opens the commitment published at epoch start.
+    assert_eq!(report.commitment, hex::encode(commitment.0));
+    let secret: [u8; 32] = hex::decode(&report.secret).unwrap().try_into().unwrap();
+    let secret = EpochSecret::from_bytes(secret);
+    verify_reveal(&Commitment(commitment.0), &secret).unwrap();
+    assert_eq!(secret, EpochSecret::derive(&f.seed, JOB.0, 0));
+    // An auditor's recomputation selects exactly the deltas the validator checked.
+    let mut checked = 0;
+    for (d, r) in report.deltas.iter().zip(&deltas) {
+        let selected = is_spot_checked(&secret, &r.delta_hash, report.spot_check_rate);
+        assert_eq!(d.spot_check.is_some(), selected, "{}", d.node);
+        checked += usize::from(selected);
+        assert!(d.rejected.is_none());
+    }
+    eprintln!("spot-checked {checked} of {}", deltas.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_deltas_are_rejected_with_their_reason_and_an_empty_epoch_keeps_the_base() {
+    let f = fixture(0.0).await;
+    let init = train::init(&recipe_of(&spec().training).unwrap());
+    let good = f.submit(1, 0, &init, Behaviour::Honest).await;
+    // Another node's signature on the same delta (a replay from another node).
+    let mut stolen = f.submit(2, 0, &init, Behaviour::Honest).await;
+    stolen.node = Identity::from_seed([3; 32]).node_id();
+    // A receipt for a payload that is not in the store.
+    let mut missing = f.submit(4, 0, &init, Behaviour::Honest).await;
+    f.blobs.remove(&missing.delta_hash).await.unwrap();
+    missing.node = Identity::from_seed([4; 32]).node_id();
+    // A delta taken at the wrong step (signed, so only the step check can catch it).
+    let id = Identity::from_seed([5; 32]);
+    let payload = init.sub(&init).unwrap().to_delta_bytes(0).unwrap();
+    let hash = payload_hash(&payload);
+    let statement = Statement {
+        job: JOB.0,
+        epoch: 0,
+        step: 3,
+        claimed_loss: 1.0,
+    };
+    f.blobs.put(hash, payload.into()).await.unwrap();
+    let wrong_step = DeltaReceipt {
+        job: JOB,
+        node: id.node_id(),
+        epoch: 0,
+        step: 3,
+        delta_hash: hash,
+        claimed_loss: 1.0,
+        signature: sign_statement(&id, &statement, &hash).to_vec(),
+    };
+    let cp = f
+        .publish(0, None, &[good.clone(), stolen, missing, wrong_step])
+        .await;
+    let r = f.sink.report(JOB, 0).await.unwrap();
+    let labels: Vec<_> = r
+        .deltas
+        .iter()
+        .map(|d| d.rejected.as_ref().map_or("accepted", Rejection::label))
+        .collect();
+    assert_eq!(
+        labels,
+        ["accepted", "signature", "unavailable", "wrong_step"]
+    );
+    // 3 of 4 suspect: the median of the one accepted delta is that delta.
+    assert_eq!(r.aggregator, Some("median"));
+    assert!(r.loss_after < r.loss_before);
+    // Published once per (job, epoch): a repeated call returns the first checkpoint.
+    assert_eq!(cp, f.publish(0, None, &[]).await);
+
+    // Epoch 1 with no delta at all keeps the base checkpoint and says so.
+    let f2 = fixture(0.0).await;
+    let base = f2.publish(0, None, &[good]).await;
+    let kept = f2.publish(1, Some(&base), &[]).await;
+    let r = f2.sink.report(JOB, 1).await.unwrap();
+    assert_eq!(kept, base);
+    assert_eq!(r.kept.as_deref(), Some("no deltas to merge"));
+    assert_eq!(r.aggregator, None);
+    assert_eq!(r.loss_after, r.loss_before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_validator_worker_is_restarted_and_the_pool_keeps_serving() {
+    let f = fixture(0.0).await;
+    let init = train::init(&recipe_of(&spec().training).unwrap());
+    for id in 0..2 {
+        f.sink.pool().crash_worker(id);
+    }
+    // Both restarts are observed before the epoch is judged (bounded wait, no fixed sleep).
+    for _ in 0..500 {
+        if f.metrics.counter("actor_restarts", "validator") == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let deltas = vec![
+        f.submit(1, 0, &init, Behaviour::Honest).await,
+        f.submit(2, 0, &init, Behaviour::Honest).await,
+    ];
+    f.publish(0, None, &deltas).await;
+    let r = f.sink.report(JOB, 0).await.unwrap();
+    assert!(r.deltas.iter().all(|d| d.rejected.is_none()), "{r:#?}");
+    assert_eq!(f.metrics.counter("actor_restarts", "validator"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unchecked_poisoned_deltas_are_suspect_and_the_robust_merge_still_improves() {
+    // No spot-check at all: only the quality score and the robust merge stand in the way.
+    let f = fixture(0.0).await;
+    let init = train::init(&recipe_of(&spec().training).unwrap());
+    let mut deltas = Vec::new();
+    for i in 1..=4 {
+        deltas.push(f.submit(i, 0, &init, Behaviour::Honest).await);
+    }
+    for i in 5..=6 {
+        deltas.push(f.submit(i, 0, &init, Behaviour::Poisons).await);
+    }
+    f.publish(0, None, &deltas).await;
+    let r = f.sink.report(JOB, 0).await.unwrap();
+    for d in &r.deltas[4..] {
+        let s = d.score.unwrap();
+        // A 5× norm against the epoch's median: stability e^{-2·4} ≈ 3e-4; no improvement.
+        assert!(s.stability < 0.01 && s.loss_improvement == 0.0, "{s:?}");
+        assert!(d.suspect && d.rejected.is_none());
+    }
+    assert_eq!(r.suspect, 2);
+    assert_eq!(r.aggregator, Some("median"));
+    assert!(
+        r.loss_after < r.loss_before,
+        "{} → {}",
+        r.loss_before,
+        r.loss_after
+    );
+}
