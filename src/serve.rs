@@ -386,6 +386,10 @@ impl Daemon {
             &settings,
             blobs.clone(),
             catalog.clone(),
+            {
+                let sink = sink.clone();
+                Arc::new(move |job, epoch| sink.commitment(job, epoch).0)
+            },
             shutdown_rx.clone(),
         )
         .await?;

@@ -1144,3 +1144,147 @@ async fn a_daemon_with_a_store_dir_keeps_deltas_on_disk() {
     assert!(e.to_string().contains("deltas.store_dir"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---------------------------------------------------------------------------------------
+// Whole epochs: trained deltas over the wire → validator → merge → next epoch
+// ---------------------------------------------------------------------------------------
+
+/// Node `n` trains its share of `epoch` from `base` with the job's recipe and uploads the
+/// delta over gRPC, claiming `loss_factor ×` its true loss.
+async fn train_and_upload(
+    n: &mut Node,
+    job: u64,
+    epoch: u32,
+    base: &hanzod::train::Weights,
+    loss_factor: f64,
+) -> pb::DeltaAck {
+    use hanzod::train;
+    let recipe = hanzod::delta::sink::recipe_of(&Default::default()).expect("recipe");
+    let data = train::Dataset::wine_quality().expect("data");
+    let step = u64::from(epoch) * u64::from(recipe.local_steps);
+    let run = train::train_local(base, &data, &recipe, &n.id.node_id().0, step).expect("train");
+    let payload = run
+        .weights
+        .sub(base)
+        .expect("delta")
+        .to_delta_bytes(u64::from(epoch))
+        .expect("HZDL");
+    let (token, chunk) = (n.token.clone(), n.chunk_bytes);
+    let claimed = run.claimed_loss * loss_factor;
+    within(
+        "UploadDelta",
+        upload_delta(
+            &mut n.client,
+            &token,
+            &n.id,
+            job,
+            epoch,
+            step,
+            claimed,
+            &payload,
+            chunk,
+        ),
+    )
+    .await
+    .expect("delta accepted at upload")
+}
+
+/// The checkpoint `reference` (`sha256:<hex>`) read back from the daemon's blob store.
+async fn checkpoint(d: &Daemon, reference: &str) -> hanzod::train::Weights {
+    let hex_part = reference
+        .strip_prefix("sha256:")
+        .expect("a sha256 reference");
+    let hash: [u8; 32] = hex::decode(hex_part).unwrap().try_into().unwrap();
+    let bytes = d.blobs().get(&hash).await.expect("checkpoint stored");
+    hanzod::train::Weights::from_safetensors(&bytes, hanzod::train::layout(32)).expect("loads")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trained_deltas_are_validated_merged_and_the_next_epoch_trains_from_the_checkpoint() {
+    use hanzod::train;
+    let mut cfg = config();
+    // Spot-check everything, so the lying node is caught in this run.
+    cfg.validation.spot_check_rate = 1.0;
+    let d = start_with(&cfg, DaemonParts::default()).await;
+    let mut nodes = Vec::new();
+    for seed in 31..=33 {
+        nodes.push(Node::join(&d, seed).await);
+    }
+    let job = running_job(&d, 3, 2, None).await;
+    // The spot-check commitment is public while the epoch runs.
+    let mut jobs = JobServiceClient::new(channel(&d).await);
+    let wire = within("GetJob", jobs.get_job(pb::GetJobRequest { job_id: job }))
+        .await
+        .expect("GetJob")
+        .into_inner();
+    let commitment = wire.spot_check_commitment;
+    assert_eq!(commitment.len(), 32);
+    let data = train::Dataset::wine_quality().unwrap();
+    let init = train::init(&hanzod::delta::sink::recipe_of(&Default::default()).unwrap());
+    let loss_init = train::validation_loss(&init, &data).unwrap();
+
+    // Epoch 0: two honest nodes, one claiming twice its loss.
+    for (i, n) in nodes.iter_mut().enumerate() {
+        let factor = if i == 2 { 2.0 } else { 1.0 };
+        let ack = train_and_upload(n, job, 0, &init, factor).await;
+        assert!(ack.accepted, "{ack:?}");
+    }
+    let view = await_phase(&d, job, "Running(1)", |p| {
+        matches!(p, JobPhase::Running { epoch: 1, .. })
+    })
+    .await;
+    let cp0 = view.checkpoints[0].clone();
+    let w0 = checkpoint(&d, &cp0).await;
+    let loss0 = train::validation_loss(&w0, &data).unwrap();
+    assert!(loss0 < loss_init, "{loss_init} → {loss0}");
+    let r0 = d
+        .sink()
+        .report(JobId(job), 0)
+        .await
+        .expect("epoch 0 report");
+    assert_eq!(r0.checkpoint, cp0);
+    assert_eq!(r0.loss_after, loss0);
+    let liar = hex::encode(nodes[2].id.node_id().0);
+    for line in &r0.deltas {
+        assert_eq!(line.rejected.is_some(), line.node == liar, "{line:?}");
+    }
+    assert_eq!(r0.slashes.len(), 1);
+    assert_eq!(r0.slashes[0].node, liar);
+    // The report reveals the secret the commitment bound before any delta arrived.
+    let secret: [u8; 32] = hex::decode(&r0.secret).unwrap().try_into().unwrap();
+    let commitment: [u8; 32] = commitment.try_into().unwrap();
+    hanzod::delta::score::verify_reveal(
+        &hanzod::delta::score::Commitment(commitment),
+        &hanzod::delta::score::EpochSecret::from_bytes(secret),
+    )
+    .expect("the reveal opens the commitment");
+    let m = scrape(&d).await;
+    assert_eq!(
+        m.get("hanzod_spot_checks_total{outcome=\"failed\"}"),
+        Some(&1.0)
+    );
+    assert_eq!(
+        m.get("hanzod_spot_checks_total{outcome=\"passed\"}"),
+        Some(&2.0)
+    );
+
+    // Epoch 1 trains from the published checkpoint (base version 1, steps 20..40).
+    for n in nodes.iter_mut() {
+        train_and_upload(n, job, 1, &w0, 1.0).await;
+    }
+    let view = await_phase(&d, job, "Published", |p| {
+        matches!(p, JobPhase::Published { .. })
+    })
+    .await;
+    let w1 = checkpoint(&d, &view.checkpoints[1]).await;
+    let loss1 = train::validation_loss(&w1, &data).unwrap();
+    assert!(loss1 < loss0, "{loss0} → {loss1}");
+    let r1 = d
+        .sink()
+        .report(JobId(job), 1)
+        .await
+        .expect("epoch 1 report");
+    assert!(r1.deltas.iter().all(|l| l.rejected.is_none()), "{r1:#?}");
+    eprintln!("validation loss: {loss_init:.4} → {loss0:.4} → {loss1:.4}");
+    d.stop().await;
+}

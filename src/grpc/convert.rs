@@ -337,6 +337,8 @@ pub fn job(v: &JobView, endpoint: impl Fn(&NodeId) -> String) -> pb::Job {
         ring: v.ring.as_ref().map(|r| ring(r, endpoint)),
         deltas_this_epoch: u32::try_from(v.deltas_this_epoch).unwrap_or(u32::MAX),
         checkpoints: v.checkpoints.clone(),
+        // Filled in by the JobService, which knows the orchestrator's commitments.
+        spot_check_commitment: Vec::new(),
     }
 }
 

@@ -16,30 +16,47 @@ use super::sessions::Sessions;
 use super::{convert, status_of};
 use crate::delta::catalog::{CatalogError, ModelCatalog};
 
+/// The spot-check commitment of a job's epoch (DESIGN §6): `SHA-256(secret)`, 32 bytes.
+pub type Commitments = Arc<dyn Fn(JobId, u32) -> [u8; 32] + Send + Sync>;
+
 /// The JobService implementation.
 #[derive(Clone)]
 pub struct JobServiceImpl {
     core: OrchestratorHandle,
     sessions: Arc<Sessions>,
     catalog: Arc<ModelCatalog>,
+    commitments: Commitments,
     shutdown: watch::Receiver<bool>,
 }
 
 impl JobServiceImpl {
-    /// A service over `core` accepting jobs whose model and dataset `catalog` knows; watch
-    /// streams end `UNAVAILABLE` when `shutdown` turns true.
+    /// A service over `core` accepting jobs whose model and dataset `catalog` knows, showing
+    /// each running epoch's spot-check commitment from `commitments`; watch streams end
+    /// `UNAVAILABLE` when `shutdown` turns true.
     pub fn new(
         core: OrchestratorHandle,
         sessions: Arc<Sessions>,
         catalog: Arc<ModelCatalog>,
+        commitments: Commitments,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         JobServiceImpl {
             core,
             sessions,
             catalog,
+            commitments,
             shutdown,
         }
+    }
+
+    /// A job on the wire, with the spot-check commitment of the epoch it is in.
+    fn wire(&self, view: &hanzod_actors::actor::job::JobView) -> pb::Job {
+        let mut job = convert::job(view, |n| self.sessions.endpoint(n));
+        use hanzod_actors::job::JobPhase;
+        if let JobPhase::Running { epoch, .. } | JobPhase::Aggregating { epoch, .. } = view.phase {
+            job.spot_check_commitment = (self.commitments)(view.id, epoch).to_vec();
+        }
+        job
     }
 
     async fn job(&self, id: u64) -> Result<pb::Job, Status> {
@@ -48,7 +65,7 @@ impl JobServiceImpl {
             .job(JobId(id))
             .await
             .map_err(|e| refused(&self.core, status_of(&e)))?;
-        Ok(convert::job(&view, |n| self.sessions.endpoint(n)))
+        Ok(self.wire(&view))
     }
 }
 
@@ -99,10 +116,7 @@ impl JobService for JobServiceImpl {
             .await
             .map_err(|e| refused(&self.core, status_of(&e)))?;
         Ok(Response::new(pb::ListJobsResponse {
-            jobs: jobs
-                .iter()
-                .map(|j| convert::job(j, |n| self.sessions.endpoint(n)))
-                .collect(),
+            jobs: jobs.iter().map(|j| self.wire(j)).collect(),
         }))
     }
 

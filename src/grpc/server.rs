@@ -172,7 +172,8 @@ pub struct GrpcServer {
 
 impl GrpcServer {
     /// Builds the server for `core`, delivering through `sessions`, storing uploaded deltas
-    /// in `blobs` and checking jobs and deltas against `catalog`; long-lived streams end
+    /// in `blobs`, checking jobs and deltas against `catalog` and showing each running
+    /// epoch's spot-check commitment from `commitments`; long-lived streams end
     /// `UNAVAILABLE` when `shutdown` turns true.
     pub async fn new(
         core: OrchestratorHandle,
@@ -180,6 +181,7 @@ impl GrpcServer {
         settings: &ServerSettings,
         blobs: Arc<dyn BlobStore>,
         catalog: Arc<ModelCatalog>,
+        commitments: super::jobs::Commitments,
         shutdown: watch::Receiver<bool>,
     ) -> Result<GrpcServer, ServeError> {
         let max = settings.max_message_bytes;
@@ -205,6 +207,7 @@ impl GrpcServer {
                 core.clone(),
                 sessions.clone(),
                 catalog,
+                commitments,
                 shutdown.clone(),
             ))
             .max_decoding_message_size(max)
