@@ -785,3 +785,80 @@ impl ValidatorPool {
         self.supervisor.stop(None);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::types::JobId;
+    use proptest::prelude::*;
+
+    fn verdict(norm: f64, ok: bool) -> Verdict {
+        let receipt = DeltaReceipt {
+            job: JobId(1),
+            node: NodeId([1; 32]),
+            epoch: 0,
+            step: 0,
+            delta_hash: [0; 32],
+            claimed_loss: 1.0,
+            signature: Vec::new(),
+        };
+        let mut v = Verdict::rejected(&receipt, 1.0, Rejection::ValidatorCrashed);
+        v.norm = Some(norm);
+        v.loss_after = Some(0.9);
+        v.score = Some(QualityScore::new(0.1, 1.0, None).unwrap());
+        if ok {
+            v.outcome = Ok(Arc::new(Vec::new()));
+        }
+        v
+    }
+
+    proptest! {
+        #[test]
+        fn relative_distance_is_zero_to_itself_and_two_to_its_negation(
+            v in proptest::collection::vec(-1e3f32..1e3, 1..64)
+        ) {
+            prop_assume!(v.iter().any(|x| *x != 0.0));
+            prop_assert_eq!(relative_distance(&v, &v), 0.0);
+            let neg: Vec<f32> = v.iter().map(|x| -x).collect();
+            prop_assert!((relative_distance(&neg, &v) - 2.0).abs() < 1e-9);
+            prop_assert_eq!(relative_distance(&v[1..], &v), f64::INFINITY);
+        }
+
+        #[test]
+        fn the_norm_seed_is_the_median_of_accepted_norms_in_any_order(
+            norms in proptest::collection::vec(1e-3f64..1e3, 1..16),
+            rejected in proptest::collection::vec(1e-3f64..1e6, 0..4),
+            rotate in 0usize..16,
+        ) {
+            let mut vs: Vec<Verdict> = norms.iter().map(|&n| verdict(n, true)).collect();
+            vs.extend(rejected.iter().map(|&n| verdict(n, false)));
+            let seed = seed_norms(&vs).unwrap().average().unwrap();
+            let k = rotate % vs.len();
+            vs.rotate_left(k);
+            prop_assert_eq!(seed_norms(&vs).unwrap().average().unwrap(), seed);
+            // At least half of the accepted norms on each side (the median).
+            let below = norms.iter().filter(|&&n| n <= seed).count();
+            let above = norms.iter().filter(|&&n| n >= seed).count();
+            prop_assert!(2 * below >= norms.len() && 2 * above >= norms.len());
+        }
+    }
+
+    #[test]
+    fn suspect_means_rejected_an_outlying_norm_or_a_clearly_worse_loss() {
+        assert!(!verdict(1.0, true).suspect());
+        assert!(verdict(1.0, false).suspect());
+        let mut worse = verdict(1.0, true);
+        worse.loss_after = Some(1.0 + SUSPECT_LOSS_RISE * 1.01);
+        assert!(worse.suspect());
+        let mut flat = verdict(1.0, true);
+        flat.loss_after = Some(1.0 + SUSPECT_LOSS_RISE * 0.99);
+        assert!(!flat.suspect(), "no help within the margin is not suspect");
+        let mut outlier = verdict(3.0, true);
+        outlier.rescore(&NormTracker::from_average(Some(1.0)).unwrap());
+        assert!(outlier.suspect(), "{:?}", outlier.score);
+        let mut near = verdict(1.5, true);
+        near.rescore(&NormTracker::from_average(Some(1.0)).unwrap());
+        assert!(!near.suspect(), "{:?}", near.score);
+        assert!(seed_norms(&[verdict(2.0, false)]).is_none());
+    }
+}
