@@ -197,6 +197,9 @@ pub struct ValidationSection {
     pub suspect_threshold: f32,
     /// Validator workers; 0 = one per CPU.
     pub workers: usize,
+    /// Keep every delta blob; `false` removes an epoch's deltas once the next epoch is
+    /// published (slashing evidence is always kept).
+    pub retain_deltas: bool,
 }
 
 impl ValidationSection {
@@ -216,6 +219,7 @@ impl ValidationSection {
             } else {
                 self.workers
             },
+            retain_deltas: self.retain_deltas,
         }
     }
 }
@@ -593,6 +597,15 @@ mod tests {
             ("[deltas]\nupload_idle_ms = 0\n", "deltas.upload_idle_ms"),
             ("[deltas]\nchunk_bytes = 4194304\n", "deltas.chunk_bytes"),
             ("[deltas]\nstore = \"/tmp\"\n", "store"),
+            (
+                "[validation]\nspot_check_rate = 1.5\n",
+                "validation.spot_check_rate",
+            ),
+            (
+                "[validation]\nsuspect_threshold = -0.1\n",
+                "validation.suspect_threshold",
+            ),
+            ("[validation]\nreplay = 1\n", "replay"),
         ] {
             std::fs::write(&f, text).unwrap();
             let err = Config::load(Some(&f), |_| None).unwrap_err().to_string();

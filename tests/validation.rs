@@ -181,11 +181,21 @@ async fn honest_epochs_lower_the_validation_loss_and_cheaters_are_caught() {
     let w0 = f.weights(&cp0).await;
     let loss0 = train::validation_loss(&w0, &f.data).unwrap();
     assert_eq!(loss0, r0.loss_after);
+    let epoch0 = deltas;
     let mut deltas = Vec::new();
     for i in 1..=4 {
         deltas.push(f.submit(i, 1, &w0, Behaviour::Honest).await);
     }
     let cp1 = f.publish(1, Some(&cp0), &deltas).await;
+    // Epoch 0's delta blobs went when epoch 1 was published, but for the slashing evidence;
+    // epoch 1's stay until epoch 2.
+    for (i, r) in epoch0.iter().enumerate() {
+        let kept = f.blobs.contains(&r.delta_hash).await.unwrap();
+        assert_eq!(kept, i >= 4, "delta of node {i}");
+    }
+    for r in &deltas {
+        assert!(f.blobs.contains(&r.delta_hash).await.unwrap());
+    }
     let r1 = f.sink.report(JOB, 1).await.unwrap();
     eprintln!("epoch 1: {} → {}", r1.loss_before, r1.loss_after);
     assert_eq!(r1.loss_before, r0.loss_after);

@@ -46,6 +46,9 @@ pub struct SinkConfig {
     pub suspect_threshold: f32,
     /// Validator workers.
     pub workers: usize,
+    /// Keep every delta blob (`false`: an epoch's deltas are removed once the next epoch
+    /// is published, except those that are slashing evidence).
+    pub retain_deltas: bool,
 }
 
 impl Default for SinkConfig {
@@ -54,6 +57,7 @@ impl Default for SinkConfig {
             validation: ValidationConfig::default(),
             suspect_threshold: 0.30,
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            retain_deltas: false,
         }
     }
 }
@@ -124,6 +128,8 @@ struct JobModel {
     current_ref: Option<String>,
     norms: NormTracker,
     last_merged: Option<Arc<Vec<f32>>>,
+    /// Blobs of the previous epoch's deltas, removed once the next epoch is published.
+    collectable: Vec<[u8; 32]>,
 }
 
 enum KeeperMsg {
@@ -250,6 +256,7 @@ impl KeeperState {
                     // again (module docs).
                     norms: kept.as_ref().map(|m| m.norms).unwrap_or_default(),
                     last_merged: None,
+                    collectable: kept.map(|m| m.collectable).unwrap_or_default(),
                 },
             );
         }
@@ -395,6 +402,29 @@ impl KeeperState {
         model.current_ref = Some(checkpoint.clone());
         if kept != Some(KeepReason::NoDeltas) {
             model.last_merged = merged;
+        }
+        // Delta blobs are kept one epoch: the core records epoch e's checkpoint before
+        // epoch e + 1 can end, so once e + 1 is published nothing asks for e's deltas again
+        // (a publication retried after a crash is for the epoch in flight). Deltas that are
+        // slashing evidence stay.
+        let evidence: std::collections::HashSet<[u8; 32]> = deltas
+            .iter()
+            .zip(&judged)
+            .filter(|(r, v)| v.evidence(r).is_some())
+            .map(|(r, _)| r.delta_hash)
+            .collect();
+        let this_epoch: Vec<[u8; 32]> = deltas
+            .iter()
+            .map(|r| r.delta_hash)
+            .filter(|h| !evidence.contains(h))
+            .collect();
+        let previous = std::mem::replace(&mut model.collectable, this_epoch);
+        if !config.retain_deltas {
+            for hash in previous {
+                if let Err(e) = blobs.remove(&hash).await {
+                    tracing::warn!(job = %job, delta = %hex::encode(hash), error = %e, "could not remove a delta blob");
+                }
+            }
         }
 
         let report = self.report(&ctx, &deltas, &judged, base, &checkpoint, loss_after);
