@@ -173,6 +173,11 @@ pub struct DeltasConfig {
     /// An upload whose next chunk does not arrive within this many ms ends
     /// `DEADLINE_EXCEEDED`.
     pub upload_idle_ms: u64,
+    /// The slowest upload rate accepted, bytes/s (> 0): an upload must deliver its data
+    /// within `upload_idle_ms + total_bytes / min_upload_bytes_per_s` of its header being
+    /// accepted, or it ends `DEADLINE_EXCEEDED` (a node trickling one byte per idle period
+    /// cannot hold an upload slot for long).
+    pub min_upload_bytes_per_s: u64,
     /// The data chunk size nodes are asked to use, bytes (announced in
     /// `RegisterResponse.delta_chunk_bytes`; any size up to `server.max_message_bytes` is
     /// accepted).
@@ -438,6 +443,10 @@ impl Config {
                 self.deltas.max_concurrent_uploads as u64,
             ),
             ("deltas.upload_idle_ms", self.deltas.upload_idle_ms),
+            (
+                "deltas.min_upload_bytes_per_s",
+                self.deltas.min_upload_bytes_per_s,
+            ),
             ("deltas.chunk_bytes", self.deltas.chunk_bytes as u64),
         ] {
             if v == 0 {
@@ -540,6 +549,7 @@ mod tests {
         assert_eq!(c.deltas.store_dir, "");
         assert_eq!(c.deltas.max_concurrent_uploads, 4);
         assert_eq!(c.deltas.upload_idle_ms, 30_000);
+        assert_eq!(c.deltas.min_upload_bytes_per_s, 1 << 20);
         assert_eq!(c.deltas.chunk_bytes, 1 << 20);
     }
 
@@ -595,6 +605,10 @@ mod tests {
                 "deltas.max_concurrent_uploads",
             ),
             ("[deltas]\nupload_idle_ms = 0\n", "deltas.upload_idle_ms"),
+            (
+                "[deltas]\nmin_upload_bytes_per_s = 0\n",
+                "deltas.min_upload_bytes_per_s",
+            ),
             ("[deltas]\nchunk_bytes = 4194304\n", "deltas.chunk_bytes"),
             ("[deltas]\nstore = \"/tmp\"\n", "store"),
             (

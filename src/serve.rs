@@ -209,6 +209,7 @@ pub fn server_settings(
         uploads: UploadSettings {
             max_concurrent: cfg.deltas.max_concurrent_uploads,
             idle_ms: cfg.deltas.upload_idle_ms,
+            min_bytes_per_s: cfg.deltas.min_upload_bytes_per_s,
             chunk_bytes: cfg.deltas.chunk_bytes,
         },
     }
@@ -363,6 +364,7 @@ impl Daemon {
             Sha256::digest(identity.sign(b"hanzod-spot-check-seed-v1", &[])).into();
         let sink = TrainingSink::start(
             blobs.clone(),
+            catalog.clone(),
             seed,
             cfg.validation.sink_config(),
             metrics.clone(),

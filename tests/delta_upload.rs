@@ -1,13 +1,15 @@
 //! `NodeService.UploadDelta` against a real daemon on loopback (DESIGN §6): the happy path
 //! (ack, blob stored, receipt recorded with the claimed loss and signature), every refusal
-//! with its exact code, refusals of the header arriving before any data is sent, nothing
-//! stored or recorded for an incomplete upload, idempotent re-uploads, the catalog check at
-//! Submit, and heartbeats served while a large delta is uploaded and parsed.
+//! with its exact code, refusals of the header arriving before any data is sent (a wrong
+//! step, a node that already delivered its delta this epoch), nothing stored or recorded
+//! for an incomplete upload, no blob left behind by a delta refused after it was stored,
+//! the catalog check at Submit, and heartbeats served while a large delta is uploaded and
+//! parsed.
 //!
 //! Each test starts its own daemon on `127.0.0.1:0`; every wait on the server is bounded.
 //! Nothing here sleeps: waits follow the core's notices, the session stream and the
 //! responses; the one timeout under test (`deltas.upload_idle_ms`) is also unit-tested in
-//! paused time (`grpc::upload`).
+//! paused time (`grpc::upload`), as is the overall allowance (`min_upload_bytes_per_s`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,7 +18,7 @@ use std::time::Duration;
 use hanzod::agent::protocol::{delta_upload_parts, upload_delta};
 use hanzod::config::Config;
 use hanzod::core::events::Event;
-use hanzod::core::job::JobPhase;
+use hanzod::core::job::{JobPhase, TrainingSpec};
 use hanzod::core::ports::DeltaReceipt;
 use hanzod::core::types::JobId;
 use hanzod::delta::catalog::ModelCatalog;
@@ -33,6 +35,7 @@ use hanzod_proto::v1::node_service_client::NodeServiceClient;
 use hanzod_proto::v1::orchestrator_message::Body as Out;
 use prost::Message;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
@@ -44,6 +47,12 @@ async fn within<F: Future>(what: &str, f: F) -> F::Output {
     tokio::time::timeout(WAIT, f)
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// The step every delta of `epoch` is taken at: the global step the epoch's local run
+/// starts at, `epoch × local_steps` (the jobs here use the default recipe).
+fn step_of(epoch: u32) -> u64 {
+    u64::from(epoch) * u64::from(TrainingSpec::default().local_steps)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -221,6 +230,11 @@ impl Node {
         }
     }
 
+    /// The statement of `job`'s `epoch` at the epoch's step (see [`step_of`]).
+    fn at_epoch(job: u64, epoch: u32, claimed_loss: f64) -> Statement {
+        Node::statement(job, epoch, step_of(epoch), claimed_loss)
+    }
+
     fn statement(job: u64, epoch: u32, step: u64, claimed_loss: f64) -> Statement {
         Statement {
             job,
@@ -230,7 +244,8 @@ impl Node {
         }
     }
 
-    /// Uploads `payload` for (`job`, `epoch`), signed by this node, at step 100, loss 0.5.
+    /// Uploads `payload` for (`job`, `epoch`), signed by this node, at the epoch's step,
+    /// loss 0.5.
     async fn upload(
         &mut self,
         job: u64,
@@ -246,7 +261,7 @@ impl Node {
                 &self.id,
                 job,
                 epoch,
-                100,
+                step_of(epoch),
                 0.5,
                 payload,
                 chunk,
@@ -488,18 +503,13 @@ async fn accepted_delta_is_stored_then_recorded_with_its_claimed_loss_and_signat
     let r = &r[0];
     assert_eq!(
         (r.job, r.node, r.epoch, r.step),
-        (JobId(job), a.id.node_id(), 0, 100)
+        (JobId(job), a.id.node_id(), 0, step_of(0))
     );
     assert_eq!(r.delta_hash, hash);
     assert_eq!(r.claimed_loss, 0.5);
     let key = verifying_key(&a.id.node_id()).unwrap();
-    verify_statement(
-        &key,
-        &Node::statement(job, 0, 100, 0.5),
-        &hash,
-        &r.signature,
-    )
-    .expect("the recorded signature is the node's statement");
+    verify_statement(&key, &Node::at_epoch(job, 0, 0.5), &hash, &r.signature)
+        .expect("the recorded signature is the node's statement");
 
     assert_eq!(counter(&d, &deltas("accepted")).await, 1.0);
     assert_eq!(
@@ -510,31 +520,193 @@ async fn accepted_delta_is_stored_then_recorded_with_its_claimed_loss_and_signat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_delta_again_is_acked_again_and_a_different_one_already_exists() {
+async fn a_node_that_delivered_is_refused_at_the_header_naming_its_delta() {
     let d = start().await;
     let mut a = Node::join(&d, 3).await;
     let _b = Node::join(&d, 4).await;
     let job = running_job(&d, 2, 1, None).await;
 
     let first = delta(&wine(), 0, 1.0);
-    let ack1 = a.upload(job, 0, &first).await.expect("first upload");
-    let ack2 = a
-        .upload(job, 0, &first)
-        .await
-        .expect("the same delta again");
-    assert_eq!(ack1, ack2);
+    let hash = payload_hash(&first);
+    a.upload(job, 0, &first).await.expect("first upload");
+    let view = d.core.job(JobId(job)).await.unwrap();
+    assert_eq!(
+        view.delivered.into_iter().collect::<Vec<_>>(),
+        vec![(a.id.node_id(), hash)]
+    );
 
+    // The same delta again (a retry after a lost ack), then a different one: both refused
+    // at the header, naming what was delivered, so the node can tell it arrived.
+    let delivered = format!(
+        "already delivered its delta for epoch 0 (hash {})",
+        hex::encode(hash)
+    );
+    assert_refused(
+        "the same delta again",
+        a.upload(job, 0, &first).await,
+        Code::AlreadyExists,
+        &delivered,
+    );
     let other = delta(&wine(), 0, 2.0);
     assert_refused(
         "a different delta in the same epoch",
         a.upload(job, 0, &other).await,
         Code::AlreadyExists,
-        "different delta",
+        &delivered,
     );
+    // Neither was read, so nothing of the different one was stored.
+    assert_eq!(counter(&d, &deltas("already_delivered")).await, 2.0);
+    assert_eq!(counter(&d, &delta_bytes("already_delivered")).await, 0.0);
+    assert!(!d.blobs().contains(&payload_hash(&other)).await.unwrap());
+    assert!(d.blobs().contains(&hash).await.unwrap());
     assert_eq!(receipts(&d).await.len(), 1);
     assert_eq!(d.core.job(JobId(job)).await.unwrap().deltas_this_epoch, 1);
-    assert_eq!(counter(&d, &deltas("accepted")).await, 2.0);
-    assert_eq!(counter(&d, &deltas("conflicting")).await, 1.0);
+    assert_eq!(counter(&d, &deltas("accepted")).await, 1.0);
+    assert_eq!(
+        counter(&d, &delta_bytes("accepted")).await,
+        first.len() as f64
+    );
+    d.stop().await;
+}
+
+/// An upload that sent its header and first 10 bytes and holds its stream open.
+struct Held {
+    header: pb::DeltaHeader,
+    trailer: pb::DeltaTrailer,
+    tx: mpsc::Sender<pb::DeltaChunk>,
+    answer: JoinHandle<Result<tonic::Response<pb::DeltaAck>, Status>>,
+}
+
+/// Starts an upload of `payload` by `n` under `statement` and returns once the daemon is
+/// receiving it: a probe (by `prober`, or by `n` itself) is refused for the upload in
+/// progress. A probe that gets a slot itself ends at once (it sends one byte more than it
+/// declares); should the upload's header have arrived while a probe held the slot it
+/// needs, the upload was refused busy and is started again.
+async fn hold_upload(
+    n: &mut Node,
+    mut prober: Option<&mut Node>,
+    statement: &Statement,
+    payload: &[u8],
+) -> Held {
+    let (header, trailer) = delta_upload_parts(&n.token, &n.id, statement, payload);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    'start: loop {
+        let (tx, rx) = mpsc::channel::<pb::DeltaChunk>(64);
+        let mut client = n.client.clone();
+        let answer =
+            tokio::spawn(async move { client.upload_delta(ReceiverStream::new(rx)).await });
+        tx.send(header_chunk(header.clone())).await.unwrap();
+        tx.send(data_chunk(&payload[..10])).await.unwrap();
+        loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the upload was never received"
+            );
+            let who: &mut Node = match prober.as_deref_mut() {
+                Some(p) => p,
+                None => &mut *n,
+            };
+            let mut probe = header.clone();
+            probe.session = who.token.clone();
+            probe.total_bytes = 24;
+            let s = who
+                .send_and_close(vec![header_chunk(probe), data_chunk(&[0; 25])])
+                .await
+                .expect_err("a probe is never accepted");
+            match s.code() {
+                Code::ResourceExhausted if s.message().contains("in progress") => {
+                    return Held {
+                        header,
+                        trailer,
+                        tx,
+                        answer,
+                    }
+                }
+                Code::InvalidArgument if s.message().contains("more data") => {
+                    if answer.is_finished() {
+                        let r = answer.await.expect("upload task");
+                        let s = r.expect_err("an upload without its data is never accepted");
+                        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+                        continue 'start;
+                    }
+                }
+                _ => panic!("{s:?}"),
+            }
+        }
+    }
+}
+
+/// Sends the rest of `payload` (after the first 10 bytes) and the trailer; the answer.
+async fn finish_upload(held: Held, payload: &[u8]) -> Result<pb::DeltaAck, Status> {
+    for c in payload[10..].chunks(4096) {
+        held.tx.send(data_chunk(c)).await.unwrap();
+    }
+    held.tx.send(trailer_chunk(held.trailer)).await.unwrap();
+    within("the held upload's answer", held.answer)
+        .await
+        .expect("upload task")
+        .map(|r| r.into_inner())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_refused_after_it_was_stored_is_removed_unless_it_was_stored_before() {
+    let d = start().await;
+    let mut a = Node::join(&d, 24).await;
+    let _b = Node::join(&d, 25).await;
+    let first = running_job(&d, 2, 1, None).await;
+    let mut c = Node::join(&d, 26).await;
+    let _e = Node::join(&d, 27).await;
+    let second = running_job(&d, 2, 1, None).await;
+    let ring = d.core.job(JobId(second)).await.unwrap().ring.unwrap();
+    assert!(ring.members.contains(&c.id.node_id()), "{ring:?}");
+
+    // A's upload passes the header while the job runs; the job is cancelled before the
+    // trailer: the core refuses the receipt after the blob was stored, and the blob goes.
+    let payload = delta(&wine(), 0, 1.0);
+    let hash = payload_hash(&payload);
+    let held = hold_upload(&mut a, None, &Node::at_epoch(first, 0, 0.5), &payload).await;
+    within("CancelJob", d.core.cancel_job(JobId(first)))
+        .await
+        .expect("cancelled");
+    assert_refused(
+        "a delta for a job cancelled during its upload",
+        finish_upload(held, &payload).await,
+        Code::FailedPrecondition,
+        "ended",
+    );
+    assert_eq!(counter(&d, &deltas("not_running")).await, 1.0);
+    assert!(
+        !d.blobs().contains(&hash).await.unwrap(),
+        "blob left behind"
+    );
+    assert!(receipts(&d).await.is_empty());
+
+    // C delivers the same bytes in the second job. A third job (on A and B, free again)
+    // gets them too, and is cancelled during that upload: the blob was stored before it,
+    // for the second job, and stays.
+    c.upload(second, 0, &payload)
+        .await
+        .expect("C's delta for the second job");
+    assert!(d.blobs().contains(&hash).await.unwrap());
+    let third = running_job(&d, 2, 1, None).await;
+    let ring = d.core.job(JobId(third)).await.unwrap().ring.unwrap();
+    assert!(ring.members.contains(&a.id.node_id()), "{ring:?}");
+    let held = hold_upload(&mut a, None, &Node::at_epoch(third, 0, 0.5), &payload).await;
+    within("CancelJob", d.core.cancel_job(JobId(third)))
+        .await
+        .expect("cancelled");
+    assert_refused(
+        "bytes another job holds, refused after storing",
+        finish_upload(held, &payload).await,
+        Code::FailedPrecondition,
+        "ended",
+    );
+    assert_eq!(counter(&d, &deltas("not_running")).await, 2.0);
+    assert!(
+        d.blobs().contains(&hash).await.unwrap(),
+        "the second job's delta was removed"
+    );
+    assert_eq!(receipts(&d).await.len(), 1);
     d.stop().await;
 }
 
@@ -554,7 +726,7 @@ async fn header_refusals_come_before_any_data_is_sent() {
         session: n.token.clone(),
         job_id: job,
         epoch,
-        step: 1,
+        step: step_of(epoch),
         claimed_loss: 0.25,
         total_bytes: total,
     };
@@ -603,6 +775,14 @@ async fn header_refusals_come_before_any_data_is_sent() {
         Code::Unauthenticated,
         "session",
     );
+    let mut h = header(&a, job, 0, 100);
+    h.step = step_of(0) + 100;
+    assert_refused(
+        "a step other than the epoch's",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::InvalidArgument,
+        &format!("header.step: expected {}", step_of(0)),
+    );
     let h = header(&a, 999, 0, 100);
     assert_refused(
         "an unknown job",
@@ -639,6 +819,7 @@ async fn header_refusals_come_before_any_data_is_sent() {
         ("unknown_session", 1.0),
         ("unknown_job", 1.0),
         ("wrong_epoch", 1.0),
+        ("wrong_step", 1.0),
         ("not_running", 1.0),
         ("not_member", 1.0),
     ] {
@@ -663,7 +844,7 @@ async fn corrupted_replayed_or_misattributed_deltas_are_refused() {
     let mut b = Node::join(&d, 9).await;
     let job = running_job(&d, 2, 1, None).await;
     let payload = delta(&wine(), 0, 1.0);
-    let statement = Node::statement(job, 0, 100, 0.5);
+    let statement = Node::at_epoch(job, 0, 0.5);
 
     // The trailer's hash is not the payload's.
     let (h, mut t) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
@@ -708,10 +889,10 @@ async fn corrupted_replayed_or_misattributed_deltas_are_refused() {
     );
     // A genuine statement for another step, epoch or job, replayed with this header.
     for (what, signed) in [
-        ("step", Node::statement(job, 0, 99, 0.5)),
-        ("epoch", Node::statement(job, 1, 100, 0.5)),
-        ("job", Node::statement(job + 1, 0, 100, 0.5)),
-        ("claimed loss", Node::statement(job, 0, 100, 0.25)),
+        ("step", Node::statement(job, 0, step_of(0) + 1, 0.5)),
+        ("epoch", Node::at_epoch(job, 1, 0.5)),
+        ("job", Node::at_epoch(job + 1, 0, 0.5)),
+        ("claimed loss", Node::at_epoch(job, 0, 0.25)),
     ] {
         let (h, _) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
         let (_, t) = delta_upload_parts(&a.token, &a.id, &signed, &payload);
@@ -874,12 +1055,7 @@ async fn an_upload_that_ends_without_a_trailer_stores_and_records_nothing() {
     let _b = Node::join(&d, 15).await;
     let job = running_job(&d, 2, 1, None).await;
     let payload = delta(&wine(), 0, 1.0);
-    let (h, _) = delta_upload_parts(
-        &a.token,
-        &a.id,
-        &Node::statement(job, 0, 100, 0.5),
-        &payload,
-    );
+    let (h, _) = delta_upload_parts(&a.token, &a.id, &Node::at_epoch(job, 0, 0.5), &payload);
 
     // Every byte, then the stream ends.
     let mut all = vec![header_chunk(h.clone())];
@@ -913,12 +1089,15 @@ async fn an_upload_that_ends_without_a_trailer_stores_and_records_nothing() {
 async fn more_data_than_declared_or_a_stall_ends_the_upload() {
     let mut cfg = config();
     cfg.deltas.upload_idle_ms = 300;
+    // Only the idle timer here: the overall allowance (300 ms + the payload at 1 byte/s)
+    // is far off.
+    cfg.deltas.min_upload_bytes_per_s = 1;
     let d = start_with(&cfg, DaemonParts::default()).await;
     let mut a = Node::join(&d, 16).await;
     let _b = Node::join(&d, 17).await;
     let job = running_job(&d, 2, 1, None).await;
     let payload = delta(&wine(), 0, 1.0);
-    let statement = Node::statement(job, 0, 100, 0.5);
+    let statement = Node::at_epoch(job, 0, 0.5);
 
     // Declares one byte less than it sends.
     let (mut h, t) = delta_upload_parts(&a.token, &a.id, &statement, &payload);
@@ -1003,12 +1182,7 @@ async fn heartbeats_are_accepted_while_a_large_delta_uploads_and_parses() {
 
     let payload = delta(&big, 0, 1.0);
     assert!(payload.len() > 16_000_000, "{}", payload.len());
-    let (h, t) = delta_upload_parts(
-        &a.token,
-        &a.id,
-        &Node::statement(job, 0, 100, 0.5),
-        &payload,
-    );
+    let (h, t) = delta_upload_parts(&a.token, &a.id, &Node::at_epoch(job, 0, 0.5), &payload);
     let (tx, rx) = mpsc::channel::<pb::DeltaChunk>(4);
     let mut client = a.client.clone();
     let upload = tokio::spawn(async move { client.upload_delta(ReceiverStream::new(rx)).await });
@@ -1058,57 +1232,28 @@ async fn uploads_are_bounded_per_node_and_in_all() {
     let job = running_job(&d, 2, 1, None).await;
     let payload = delta(&wine(), 0, 1.0);
 
-    // A's upload sends its header and holds: it owns the only slot.
-    let (h, t) = delta_upload_parts(
-        &a.token,
-        &a.id,
-        &Node::statement(job, 0, 100, 0.5),
-        &payload,
+    // A's upload sends its header and holds: it owns the only slot, so B's probe is busy.
+    let held = hold_upload(&mut a, Some(&mut b), &Node::at_epoch(job, 0, 0.5), &payload).await;
+    // Any upload by B is busy now, for the bound on all uploads.
+    let mut bh = held.header.clone();
+    bh.session = b.token.clone();
+    assert_refused(
+        "an upload by another node while the only slot is taken",
+        b.send_and_hold(vec![header_chunk(bh)]).await,
+        Code::ResourceExhausted,
+        "1 delta uploads are in progress",
     );
-    let (tx, rx) = mpsc::channel::<pb::DeltaChunk>(64);
-    let mut client = a.client.clone();
-    let held = tokio::spawn(async move { client.upload_delta(ReceiverStream::new(rx)).await });
-    tx.send(header_chunk(h.clone())).await.unwrap();
-    tx.send(data_chunk(&payload[..10])).await.unwrap();
-    // B probes until A holds the slot: a probe that gets the slot itself ends at once (it
-    // sends one byte more than it declares); one that does not is refused busy.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let mut bh = h.clone();
-        bh.session = b.token.clone();
-        bh.total_bytes = 24;
-        let s = b
-            .send_and_close(vec![header_chunk(bh), data_chunk(&[0; 25])])
-            .await
-            .expect_err("a probe is never accepted");
-        match s.code() {
-            Code::ResourceExhausted => {
-                assert!(s.message().contains("in progress"), "{s:?}");
-                break;
-            }
-            Code::InvalidArgument => assert!(s.message().contains("more data"), "{s:?}"),
-            _ => panic!("{s:?}"),
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "A never held its slot"
-        );
-    }
     // A second upload by A itself is refused too, for A's own upload in flight.
     assert_refused(
         "a second upload by the same node",
-        a.send_and_hold(vec![header_chunk(h)]).await,
+        a.send_and_hold(vec![header_chunk(held.header.clone())])
+            .await,
         Code::ResourceExhausted,
         "already has an upload",
     );
     // A finishes; its slot is free again and B's upload goes through.
-    for c in payload[10..].chunks(4096) {
-        tx.send(data_chunk(c)).await.unwrap();
-    }
-    tx.send(trailer_chunk(t)).await.unwrap();
-    within("A's ack", held)
+    finish_upload(held, &payload)
         .await
-        .unwrap()
         .expect("A's upload accepted");
     b.upload(job, 0, &delta(&wine(), 0, 2.0))
         .await
@@ -1159,7 +1304,7 @@ async fn train_and_upload(
     loss_factor: f64,
 ) -> pb::DeltaAck {
     use hanzod::train;
-    let recipe = hanzod::delta::sink::recipe_of(&Default::default()).expect("recipe");
+    let recipe = hanzod::delta::sink::recipe_of(&Default::default(), JobId(job)).expect("recipe");
     let data = train::Dataset::wine_quality().expect("data");
     let step = u64::from(epoch) * u64::from(recipe.local_steps);
     let run = train::train_local(base, &data, &recipe, &n.id.node_id().0, step).expect("train");
@@ -1220,7 +1365,8 @@ async fn trained_deltas_are_validated_merged_and_the_next_epoch_trains_from_the_
     let commitment = wire.spot_check_commitment;
     assert_eq!(commitment.len(), 32);
     let data = train::Dataset::wine_quality().unwrap();
-    let init = train::init(&hanzod::delta::sink::recipe_of(&Default::default()).unwrap());
+    let init =
+        train::init(&hanzod::delta::sink::recipe_of(&Default::default(), JobId(job)).unwrap());
     let loss_init = train::validation_loss(&init, &data).unwrap();
 
     // Epoch 0: two honest nodes, one claiming twice its loss.

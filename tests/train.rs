@@ -377,6 +377,8 @@ proptest! {
             prop_assert_ne!(&a, &batch_indices(&r, data(), &key, step.wrapping_add(1)));
             let reseeded = Recipe { seed: seed ^ 1, ..r };
             prop_assert_ne!(&a, &batch_indices(&reseeded, data(), &key, step));
+            let other_job = Recipe { job: r.job ^ 1, ..r };
+            prop_assert_ne!(&a, &batch_indices(&other_job, data(), &key, step));
         }
     }
 }

@@ -95,9 +95,12 @@ pub fn heartbeat() -> pb::node_message::Body {
 }
 
 /// The header and the signed trailer of an upload of `payload` (an HZDL delta) for `job`'s
-/// epoch `epoch`, taken at local step `step` with training loss `claimed_loss`, on the
-/// session `session`: the trailer carries SHA-256(`payload`) and `identity`'s Ed25519
-/// signature over the DESIGN §6 statement (job, epoch, step, claimed loss, that hash).
+/// epoch `epoch` on the session `session`, stating `step` (the global step the node's
+/// local run of this epoch started at, `epoch × local_steps`) and `claimed_loss` (the loss
+/// of the pre-delta weights, the epoch's checkpoint, on that step's batch; see
+/// `DeltaHeader` in `node.proto`): the trailer carries SHA-256(`payload`) and `identity`'s
+/// Ed25519 signature over the DESIGN §6 statement (job, epoch, step, claimed loss, that
+/// hash).
 pub fn delta_upload_parts(
     session: &[u8],
     identity: &Identity,
@@ -151,11 +154,19 @@ pub fn delta_chunks(
 /// in chunks of `chunk_bytes` (`RegisterResponse.delta_chunk_bytes`), and the trailer, on
 /// the session `session` (`RegisterResponse.session`).
 ///
-/// Returns the daemon's ack once the delta is validated, stored and recorded. Errors: the
+/// `step` is the global step the node's local run of this epoch started at (`epoch ×` the
+/// job's `local_steps`; any other is refused `INVALID_ARGUMENT`), and `claimed_loss` the
+/// loss of the pre-delta weights (the epoch's checkpoint) on that step's batch, as in
+/// `DeltaHeader` in `node.proto`.
+///
+/// Returns the daemon's ack once the delta passed the format check and is stored and
+/// recorded: accepted for the epoch's merge (it is validated at aggregation). Errors: the
 /// daemon's status (see `UploadDelta` in `node.proto`: `UNAUTHENTICATED`,
 /// `INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, `FAILED_PRECONDITION`, `PERMISSION_DENIED`,
 /// `ALREADY_EXISTS`, `DATA_LOSS`, `DEADLINE_EXCEEDED`, `UNAVAILABLE`, …) or a transport
-/// failure.
+/// failure. `ALREADY_EXISTS` at the header means this node's delta for the epoch was
+/// already recorded (a retry after a lost ack): its message names the delivered hash,
+/// which the caller compares with SHA-256(`payload`) to treat the delta as delivered.
 #[allow(clippy::too_many_arguments)]
 pub async fn upload_delta(
     client: &mut NodeServiceClient<Channel>,

@@ -19,17 +19,24 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use async_trait::async_trait;
+use backon::{ExponentialBuilder, Retryable};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::merge::{KeepReason, MergeOutcome, RobustPolicy};
+use super::catalog::ModelCatalog;
+use super::merge::{
+    Aggregator, CoordinateMedian, KeepReason, MergeOutcome, RobustPolicy, WeightedMean,
+};
+use super::model::ModelSpec;
 use super::score::{Commitment, EpochSecret, NormTracker};
 use super::store::BlobStore;
 use super::validate::{
     seed_norms, EpochContext, Rejection, SlashEvidence, SpotCheck, Submission, ValidationConfig,
-    ValidatorPool, Verdict,
+    ValidatorPool, Verdict, SUSPECT_LOSS_RISE,
 };
 use crate::core::job::TrainingSpec;
 use crate::core::ports::{CheckpointError, CheckpointSink, DeltaReceipt, EpochInput, Metrics};
@@ -77,7 +84,8 @@ pub struct DeltaReport {
     pub norm: Option<f64>,
     /// Loss improvement, stability, convergence, composite.
     pub score: Option<super::score::QualityScore>,
-    /// Merge weight (the composite; 0 when rejected).
+    /// The weight the merge gave it: the composite under the weighted mean (0 when
+    /// suspect), 1 under the median, 0 when rejected or when the epoch kept its base.
     pub weight: f32,
     /// Suspect (counts towards the robust-merge threshold).
     pub suspect: bool,
@@ -158,6 +166,7 @@ struct KeeperState {
 
 struct KeeperArgs {
     blobs: Arc<dyn BlobStore>,
+    catalog: Arc<ModelCatalog>,
     pool: ValidatorPool,
     data: Arc<Dataset>,
     seed: [u8; 32],
@@ -187,32 +196,67 @@ fn ref_hash(reference: &str) -> Result<[u8; 32], CheckpointError> {
     Ok(out)
 }
 
-/// The trainer recipe of a job's training spec; only the built-in model and data set are
-/// known to the sink.
-pub fn recipe_of(t: &TrainingSpec) -> Result<Recipe, CheckpointError> {
-    if t.model != train::MODEL_NAME {
-        return Err(failed(format!(
-            "model {:?} is not one the validator can run (known: {})",
-            t.model,
-            train::MODEL_NAME
-        )));
+/// The trainer recipe of `job`'s training spec, whose model the catalog resolved to
+/// `model`: the model must be a `wine-mlp` of some hidden width (the trainer hanzod ships,
+/// [`train::model_spec`]) and the dataset `wine-quality-red`; the recipe must pass
+/// [`Recipe::validate`] (bounded steps and batch, learning rates finite in f32).
+///
+/// Errors: a readable reason, for `INVALID_ARGUMENT` at SubmitJob and for a failed
+/// publication should a job get past that.
+pub fn recipe_for(
+    training: &TrainingSpec,
+    model: &ModelSpec,
+    job: JobId,
+) -> Result<Recipe, String> {
+    let hidden = model
+        .params
+        .get("fc1.bias")
+        .and_then(|s| s.first().copied())
+        .and_then(|h| u32::try_from(h).ok())
+        .filter(|&h| {
+            (1..=train::MAX_HIDDEN).contains(&h) && train::model_spec(h).params == model.params
+        })
+        .ok_or_else(|| {
+            format!(
+                "model {:?} has no trainer here (hanzod trains {}-style MLPs)",
+                training.model,
+                train::MODEL_NAME
+            )
+        })?;
+    if training.dataset != WINE_QUALITY {
+        return Err(format!(
+            "dataset {:?} has no trainer here (known: {WINE_QUALITY})",
+            training.dataset
+        ));
     }
-    if t.dataset != "wine-quality-red" {
-        return Err(failed(format!(
-            "dataset {:?} is not one the validator can run (known: wine-quality-red)",
-            t.dataset
-        )));
+    let outer = training.outer_lr as f32;
+    if !(outer.is_finite() && outer > 0.0) {
+        return Err(format!(
+            "outer_lr {} is not a positive f32",
+            training.outer_lr
+        ));
     }
     let recipe = Recipe {
-        seed: t.seed,
-        local_steps: t.local_steps,
-        batch_size: t.batch_size,
-        local_lr: t.local_lr,
-        ..Recipe::default()
+        seed: training.seed,
+        job: job.0,
+        local_steps: training.local_steps,
+        batch_size: training.batch_size,
+        local_lr: training.local_lr,
+        hidden,
     };
-    recipe.validate().map_err(failed)?;
+    recipe.validate().map_err(|e| e.to_string())?;
     Ok(recipe)
 }
+
+/// [`recipe_for`] with the built-in model named by `training.model`.
+pub fn recipe_of(training: &TrainingSpec, job: JobId) -> Result<Recipe, String> {
+    let model = ModelSpec::builtin(&training.model)
+        .ok_or_else(|| format!("model {:?} is not built in", training.model))?;
+    recipe_for(training, &model, job)
+}
+
+/// The dataset the trainer reads.
+const WINE_QUALITY: &str = "wine-quality-red";
 
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
@@ -220,6 +264,112 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| failed(format!("aggregation task: {e}")))
+}
+
+/// One accepted delta, as the merge sees it.
+struct MergeInput {
+    delta: Arc<Vec<f32>>,
+    /// Its composite score.
+    weight: f32,
+    suspect: bool,
+}
+
+/// What [`merge_epoch`] produced.
+struct Merged {
+    next: Arc<Weights>,
+    loss_after: f64,
+    aggregator: Option<&'static str>,
+    kept: Option<String>,
+    delta: Option<Arc<Vec<f32>>>,
+    /// `next` as safetensors.
+    bytes: Vec<u8>,
+}
+
+/// Merges an epoch (paper §6, DESIGN §6) and applies it with the outer learning rate.
+///
+/// The weighted mean weighs each accepted delta by its composite score and gives suspect
+/// ones weight 0 (a scaled delta in the right direction would otherwise still steer the
+/// mean: its small weight times its large norm); the coordinate-wise median (`robust`, when
+/// more than the threshold of the epoch is suspect) takes every accepted delta. A merge
+/// whose checkpoint is not finite or raises the validation loss by more than
+/// [`SUSPECT_LOSS_RISE`] is not published: the weighted mean falls back to the median, and
+/// when that fails too the epoch keeps the base checkpoint and says why. Nothing here fails
+/// the job.
+fn merge_epoch(
+    base: &Arc<Weights>,
+    data: &Dataset,
+    loss_before: f64,
+    inputs: &[MergeInput],
+    robust: bool,
+    outer_lr: f32,
+    rejected_all: bool,
+) -> Merged {
+    let refs: Vec<&[f32]> = inputs.iter().map(|i| i.delta.as_slice()).collect();
+    let scored: Vec<f32> = inputs
+        .iter()
+        .map(|i| if i.suspect { 0.0 } else { i.weight })
+        .collect();
+    let every = vec![1.0f32; inputs.len()];
+    let plans: Vec<(&dyn Aggregator, &[f32])> = if robust {
+        vec![(&CoordinateMedian, &every)]
+    } else {
+        vec![(&WeightedMean, &scored), (&CoordinateMedian, &every)]
+    };
+    let keep = |reason: String| Merged {
+        next: base.clone(),
+        loss_after: loss_before,
+        aggregator: None,
+        kept: Some(reason),
+        delta: None,
+        bytes: base.to_safetensors(),
+    };
+    let mut why = if rejected_all {
+        "every delta was rejected".to_string()
+    } else {
+        KeepReason::NoDeltas.to_string()
+    };
+    for (aggregator, weights) in plans {
+        let mut out = vec![0.0f32; base.data.len()];
+        match aggregator.merge(&refs, weights, &mut out) {
+            Ok(MergeOutcome::Merged { .. }) => {}
+            Ok(MergeOutcome::KeepPrevious { reason }) => {
+                if !(rejected_all && reason == KeepReason::NoDeltas) {
+                    why = reason.to_string();
+                }
+                continue;
+            }
+            Err(e) => {
+                why = format!("{} merge failed: {e}", aggregator.name());
+                continue;
+            }
+        }
+        let mut next = (**base).clone();
+        let loss = next
+            .add_scaled(&out, outer_lr)
+            .and_then(|()| train::validation_loss(&next, data));
+        let limit = loss_before * (1.0 + SUSPECT_LOSS_RISE);
+        match loss {
+            Ok(l) if l <= limit => {
+                return Merged {
+                    bytes: next.to_safetensors(),
+                    next: Arc::new(next),
+                    loss_after: l,
+                    aggregator: Some(aggregator.name()),
+                    kept: None,
+                    delta: Some(Arc::new(out)),
+                };
+            }
+            Ok(l) => {
+                why = format!(
+                    "the {} merge would raise the validation loss from {loss_before:.6} to {l:.6}",
+                    aggregator.name()
+                );
+            }
+            Err(e) => why = format!("the {} merge is not a usable model: {e}", aggregator.name()),
+        }
+        tracing::warn!(reason = %why, "merge refused");
+    }
+    keep(why)
 }
 
 impl KeeperState {
@@ -231,7 +381,8 @@ impl KeeperState {
         training: &TrainingSpec,
         base: Option<&str>,
     ) -> Result<&mut JobModel, CheckpointError> {
-        let recipe = recipe_of(training)?;
+        let model = self.deps.catalog.get(&training.model).map_err(failed)?;
+        let recipe = recipe_for(training, model, job).map_err(failed)?;
         let fresh = match self.jobs.get(&job) {
             Some(m) => m.current_ref.as_deref() != base || m.recipe != recipe,
             None => true,
@@ -330,67 +481,75 @@ impl KeeperState {
             }
         }
 
-        // Merge the accepted ones, weighted by their composite scores.
+        // Merge the accepted ones (module docs: weighted by score, or by median).
         let suspect = judged.iter().filter(|v| v.suspect()).count();
-        let accepted: Vec<(Arc<Vec<f32>>, f32, f64)> = judged
+        let inputs: Vec<MergeInput> = judged
             .iter()
             .filter_map(|v| {
-                let d = v.outcome.as_ref().ok()?;
-                let w = v.score.map_or(0.0, |s| s.composite as f32);
-                Some((d.clone(), w, v.norm.unwrap_or(0.0)))
+                Some(MergeInput {
+                    delta: v.outcome.as_ref().ok()?.clone(),
+                    weight: v.score.map_or(0.0, |s| s.composite as f32),
+                    suspect: v.suspect(),
+                })
             })
             .collect();
-        let threshold = config.suspect_threshold;
-        let total = judged.len();
-        let len = base_weights.data.len();
-        let merge_inputs = accepted.clone();
-        let (outcome, merged) = blocking(move || {
-            let policy = RobustPolicy {
-                suspect_threshold: threshold,
-                ..RobustPolicy::default()
-            };
-            let aggregator = policy.choose(suspect, total);
-            let refs: Vec<&[f32]> = merge_inputs.iter().map(|(d, ..)| d.as_slice()).collect();
-            let weights: Vec<f32> = merge_inputs.iter().map(|(_, w, _)| *w).collect();
-            let mut out = vec![0.0f32; len];
-            aggregator
-                .merge(&refs, &weights, &mut out)
-                .map(|outcome| (outcome, out))
-        })
-        .await?
-        .map_err(failed)?;
-
-        let (next, aggregator, kept, merged) = match outcome {
-            MergeOutcome::Merged { aggregator, .. } => {
-                let mut next = (*base_weights).clone();
-                next.add_scaled(&merged, outer_lr).map_err(failed)?;
-                (
-                    Arc::new(next),
-                    Some(aggregator),
-                    None,
-                    Some(Arc::new(merged)),
+        let robust = RobustPolicy {
+            suspect_threshold: config.suspect_threshold,
+            ..RobustPolicy::default()
+        }
+        .choose(suspect, judged.len())
+        .name()
+            != WeightedMean.name();
+        let rejected_all = !judged.is_empty() && inputs.is_empty();
+        let accepted = inputs.len();
+        let merged = {
+            let (base, data) = (base_weights.clone(), ctx.data.clone());
+            blocking(move || {
+                merge_epoch(
+                    &base,
+                    &data,
+                    loss_before,
+                    &inputs,
+                    robust,
+                    outer_lr,
+                    rejected_all,
                 )
-            }
-            MergeOutcome::KeepPrevious { reason } => {
-                tracing::warn!(job = %job, epoch, %reason, "epoch keeps the previous checkpoint");
-                (base_weights.clone(), None, Some(reason), None)
-            }
+            })
+            .await?
         };
-        let (bytes, loss_after) = {
-            let (w, d) = (next.clone(), ctx.data.clone());
-            blocking(move || (w.to_safetensors(), train::validation_loss(&w, &d))).await?
-        };
-        let loss_after = loss_after.map_err(failed)?;
+        if let Some(reason) = &merged.kept {
+            tracing::warn!(job = %job, epoch, %reason, "epoch keeps the previous checkpoint");
+        }
+        let Merged {
+            next,
+            loss_after,
+            aggregator,
+            kept,
+            delta: merged,
+            bytes,
+        } = merged;
         let hash: [u8; 32] = Sha256::digest(&bytes).into();
         let checkpoint = checkpoint_ref(&bytes);
-        blobs.put(hash, bytes.into()).await.map_err(failed)?;
+        let bytes: Arc<[u8]> = bytes.into();
+        // A checkpoint that cannot be stored fails the publication; retry transient errors
+        // first (the job actor would otherwise fail the job).
+        (|| blobs.put(hash, bytes.clone()))
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(100))
+                    .with_max_times(4),
+            )
+            .notify(|e, d| tracing::warn!(job = %job, epoch, error = %e, retry_in = ?d, "storing the checkpoint"))
+            .await
+            .map_err(failed)?;
 
         // Fold the accepted norms into the running average, in delta-hash order so the
         // result does not depend on arrival order.
         let model = self.jobs.get_mut(&job).expect("model loaded above");
+        // Suspect deltas stay out of it, so an outsized delta cannot drag the average.
         let mut norms: Vec<(&[u8; 32], f64)> = judged
             .iter()
-            .filter(|v| v.outcome.is_ok())
+            .filter(|v| v.outcome.is_ok() && !v.suspect())
             .filter_map(|v| v.norm.map(|n| (&v.delta_hash, n)))
             .collect();
         norms.sort_by(|a, b| a.0.cmp(b.0));
@@ -400,7 +559,8 @@ impl KeeperState {
         }
         model.current = next;
         model.current_ref = Some(checkpoint.clone());
-        if kept != Some(KeepReason::NoDeltas) {
+        // Convergence compares with the last delta actually merged.
+        if merged.is_some() {
             model.last_merged = merged;
         }
         // Delta blobs are kept one epoch: the core records epoch e's checkpoint before
@@ -427,10 +587,15 @@ impl KeeperState {
             }
         }
 
-        let report = self.report(&ctx, &deltas, &judged, base, &checkpoint, loss_after);
+        let report = self.report(
+            &ctx,
+            &deltas,
+            &judged,
+            base,
+            (&checkpoint, loss_after, aggregator),
+        );
         let report = EpochReport {
-            aggregator,
-            kept: kept.map(|k| k.to_string()),
+            kept,
             suspect,
             ..report
         };
@@ -441,8 +606,8 @@ impl KeeperState {
             checkpoint = %checkpoint,
             loss_before = report.loss_before,
             loss_after = report.loss_after,
-            accepted = accepted.len(),
-            rejected = total - accepted.len(),
+            accepted,
+            rejected = judged.len() - accepted,
             aggregator = report.aggregator.unwrap_or("none (kept)"),
             "epoch aggregated"
         );
@@ -456,8 +621,7 @@ impl KeeperState {
         deltas: &[DeltaReceipt],
         judged: &[Verdict],
         base: Option<String>,
-        checkpoint: &str,
-        loss_after: f64,
+        (checkpoint, loss_after, aggregator): (&str, f64, Option<&'static str>),
     ) -> EpochReport {
         let lines = deltas
             .iter()
@@ -469,9 +633,11 @@ impl KeeperState {
                 loss_after: v.loss_after,
                 norm: v.norm,
                 score: v.score,
-                weight: match (&v.outcome, v.score) {
-                    (Ok(_), Some(s)) => s.composite as f32,
-                    _ => 0.0,
+                weight: match (&v.outcome, v.score, aggregator) {
+                    (Err(_), ..) | (_, None, _) | (_, _, None) => 0.0,
+                    (Ok(_), Some(_), Some("median")) => 1.0,
+                    (Ok(_), Some(_), Some(_)) if v.suspect() => 0.0,
+                    (Ok(_), Some(s), Some(_)) => s.composite as f32,
                 },
                 suspect: v.suspect(),
                 spot_check: v.spot_check.clone(),
@@ -488,7 +654,7 @@ impl KeeperState {
             commitment: hex::encode(ctx.secret.commitment().0),
             secret: ctx.secret.to_hex(),
             spot_check_rate: ctx.config.spot_check_rate,
-            aggregator: None,
+            aggregator,
             kept: None,
             suspect: 0,
             deltas: lines,
@@ -578,11 +744,13 @@ impl std::fmt::Debug for KeeperMsg {
 }
 
 impl TrainingSink {
-    /// Starts the validator pool and the model keeper. `seed` is the orchestrator's private
+    /// Starts the validator pool and the model keeper, which resolves jobs' models in
+    /// `catalog` and keeps deltas and checkpoints in `blobs`. `seed` is the orchestrator's private
     /// spot-check seed ([`EpochSecret::derive`]): keep it secret and stable across restarts
     /// (the daemon derives it from the orchestrator key).
     pub async fn start(
         blobs: Arc<dyn BlobStore>,
+        catalog: Arc<ModelCatalog>,
         seed: [u8; 32],
         config: SinkConfig,
         metrics: Arc<dyn Metrics>,
@@ -594,6 +762,7 @@ impl TrainingSink {
             Keeper,
             KeeperArgs {
                 blobs,
+                catalog,
                 pool: pool.clone(),
                 data,
                 seed,

@@ -79,7 +79,7 @@ impl JobService for JobServiceImpl {
             .map_err(|e| refused(&self.core, e.into()))?;
         // A job whose deltas nothing could check (or whose data nobody has) is refused now,
         // not when its first delta arrives.
-        self.catalog.check_training(&spec.training).map_err(|e| {
+        let model = self.catalog.check_training(&spec.training).map_err(|e| {
             let field = match e {
                 CatalogError::UnknownModel { .. } => "spec.training.model",
                 CatalogError::UnknownDataset { .. } => "spec.training.dataset",
@@ -87,6 +87,14 @@ impl JobService for JobServiceImpl {
             refused(
                 &self.core,
                 Status::invalid_argument(format!("invalid {field}: {e}")),
+            )
+        })?;
+        // And one the validator could not replay (no trainer for the model, steps or batch
+        // beyond the bounds that keep a spot-check cheap, rates that are not f32).
+        crate::delta::sink::recipe_for(&spec.training, model, JobId(0)).map_err(|e| {
+            refused(
+                &self.core,
+                Status::invalid_argument(format!("invalid spec.training: {e}")),
             )
         })?;
         let name = spec.name.clone();

@@ -11,11 +11,14 @@
 //! | session | token not a live session | `UNAUTHENTICATED` | `unknown_session` |
 //! | job | unknown job | `NOT_FOUND` | `unknown_job` |
 //! | job | not Running, or Running another epoch | `FAILED_PRECONDITION` | `not_running`, `wrong_epoch` |
+//! | job | `step` ≠ `epoch × spec.training.local_steps` (the validator would reject the delta) | `INVALID_ARGUMENT` | `wrong_step` |
 //! | job | its model is not in the catalog | `FAILED_PRECONDITION` | `unknown_model` |
 //! | job | the node is not in its ring | `PERMISSION_DENIED` | `not_member` |
+//! | job | the node already delivered its delta this epoch (the message names its hash) | `ALREADY_EXISTS` | `already_delivered` |
 //! | size | `total_bytes` > the model's `max_delta_bytes(F32)` | `RESOURCE_EXHAUSTED` | `too_large` |
 //! | capacity | this node already uploads, or `max_concurrent_uploads` are in flight | `RESOURCE_EXHAUSTED` | `busy` |
 //! | data | no chunk within `upload_idle_ms` | `DEADLINE_EXCEEDED` | `timeout` |
+//! | data | the data not complete within `upload_idle_ms + total_bytes / min_upload_bytes_per_s` of its start | `DEADLINE_EXCEEDED` | `too_slow` |
 //! | data | more bytes than declared, fewer at the trailer, a second header, an empty or unset chunk | `INVALID_ARGUMENT` | `overflow`, `short`, `out_of_order` |
 //! | data | the stream ends without a trailer | `INVALID_ARGUMENT` | `no_trailer` |
 //! | data | a message over the size limit; the transport failed | `RESOURCE_EXHAUSTED`; as received | `too_large_message`, `transport` |
@@ -26,16 +29,33 @@
 //! | store | [`BlobStore::put`] failed | `UNAVAILABLE` (I/O), `INTERNAL` (other) | `store_failed` |
 //! | record | `submit_delta`: epoch moved on / job ended | `FAILED_PRECONDITION` | `wrong_epoch`, `not_running` |
 //! | record | left the ring meanwhile | `PERMISSION_DENIED` | `not_member` |
-//! | record | a different delta of this node this epoch | `ALREADY_EXISTS` | `conflicting` |
+//! | record | another receipt of this node this epoch | `ALREADY_EXISTS` | `conflicting` |
 //! | record | event log or job actor unavailable | `UNAVAILABLE` | `unavailable` |
+//! | any | the daemon failed (a check or the store task did not finish, an unexpected core error) | `INTERNAL` | `internal` |
 //!
 //! Everything up to "capacity" happens before a single data byte is accepted, and nothing
 //! is allocated from the declared size: the buffer grows with the data that arrives (at
-//! most doubling, never past `total_bytes`). The blob is stored durably *before* the
-//! receipt is recorded in the event log, and the ack is sent only after both. The same
-//! delta uploaded again is acked again (both steps are idempotent).
+//! most doubling, never past `total_bytes`; its last growth allocates the shared buffer
+//! the blob store keeps, so the payload is not copied once more at the end). The blob is
+//! stored durably *before* the receipt is recorded in the event log, and the ack is sent
+//! only after both; that last step runs as a task of its own, so a client that goes away
+//! meanwhile cannot leave it half done.
+//!
+//! A node delivers one delta per epoch: once its receipt is recorded, any further upload of
+//! it in that epoch is refused at the header (`already_delivered`, naming the delivered
+//! hash), so a node whose ack was lost learns that its delta arrived without sending it
+//! again. Behind that, recording stays idempotent: the identical receipt is acked again,
+//! any other one is `conflicting`.
+//!
+//! A delta refused after its blob was stored (the `record` rows: the job moved on, ended,
+//! or changed its ring meanwhile) does not stay behind: its blob is removed again unless
+//! it was in the store before this upload or the job's current receipts name it. Uploads
+//! of the same payload store and record one at a time, so a removal never takes a blob
+//! that another upload just stored. When the outcome is unknown (`unavailable`: the event
+//! log write failed or the job did not answer in time, and the receipt may be recorded
+//! all the same) the blob is kept.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,6 +68,7 @@ use hanzod_actors::{OrchestratorError, OrchestratorHandle};
 use hanzod_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tonic::Status;
 
 use super::sessions::Sessions;
@@ -66,16 +87,22 @@ pub struct UploadSettings {
     /// An upload whose next chunk does not arrive within this many ms ends
     /// `DEADLINE_EXCEEDED`.
     pub idle_ms: u64,
+    /// The slowest upload accepted, bytes/s: the data of an upload of `total_bytes` must be
+    /// complete within `idle_ms + total_bytes / min_bytes_per_s` of its start, or it ends
+    /// `DEADLINE_EXCEEDED` (0 is taken as 1).
+    pub min_bytes_per_s: u64,
     /// The data chunk size nodes are asked to use, bytes (`RegisterResponse`).
     pub chunk_bytes: usize,
 }
 
 impl Default for UploadSettings {
-    /// 4 concurrent uploads, 30 s idle timeout, 1 MiB chunks (as `config/default.toml`).
+    /// 4 concurrent uploads, 30 s idle timeout, at least 1 MiB/s, 1 MiB chunks (as
+    /// `config/default.toml`).
     fn default() -> Self {
         UploadSettings {
             max_concurrent: 4,
             idle_ms: 30_000,
+            min_bytes_per_s: 1 << 20,
             chunk_bytes: 1 << 20,
         }
     }
@@ -95,7 +122,7 @@ fn refusal(reason: &'static str, status: Status) -> Refusal {
 /// What the data phase produced: the payload, its SHA-256, and the trailer.
 #[derive(Debug)]
 struct Received {
-    bytes: Vec<u8>,
+    bytes: Arc<[u8]>,
     sha256: [u8; 32],
     trailer: pb::DeltaTrailer,
 }
@@ -123,6 +150,50 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// One lock per payload hash being stored and recorded, so that uploads of the same bytes
+/// (by different nodes, or jobs) take that step one at a time: a refused upload that
+/// removes the blob it stored cannot take one another upload has just stored.
+#[derive(Debug, Default)]
+struct HashLocks(Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>);
+
+/// Holds the lock of one hash; the last holder removes the entry.
+struct HashGuard {
+    locks: Arc<HashLocks>,
+    hash: [u8; 32],
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl HashLocks {
+    async fn lock(self: &Arc<Self>, hash: [u8; 32]) -> HashGuard {
+        let lock = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(hash)
+            .or_default()
+            .clone();
+        HashGuard {
+            locks: self.clone(),
+            hash,
+            held: Some(lock.lock_owned().await),
+        }
+    }
+}
+
+impl Drop for HashGuard {
+    fn drop(&mut self) {
+        // Release first: then the entry's only other owners are the uploads waiting for it.
+        self.held = None;
+        let mut map = self.locks.0.lock().unwrap_or_else(|p| p.into_inner());
+        if map
+            .get(&self.hash)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
+            map.remove(&self.hash);
+        }
+    }
+}
+
 /// The delta upload service: session and job checks, bounded receiving, verification,
 /// durable storage and the receipt (see the module docs for every refusal).
 pub struct DeltaUploads {
@@ -133,6 +204,7 @@ pub struct DeltaUploads {
     settings: UploadSettings,
     permits: Arc<Semaphore>,
     in_flight: Mutex<HashSet<NodeId>>,
+    storing: Arc<HashLocks>,
     metrics: Arc<dyn Metrics>,
 }
 
@@ -164,6 +236,7 @@ impl DeltaUploads {
             permits: Arc::new(Semaphore::new(settings.max_concurrent.max(1))),
             settings,
             in_flight: Mutex::new(HashSet::new()),
+            storing: Arc::default(),
         }
     }
 
@@ -225,7 +298,7 @@ impl DeltaUploads {
         S: Stream<Item = Result<pb::DeltaChunk, Status>> + Unpin,
     {
         let idle = Duration::from_millis(self.settings.idle_ms);
-        let header = match next_chunk(chunks, idle).await? {
+        let header = match next_chunk(chunks, idle, None).await? {
             Some(pb::DeltaChunk {
                 part: Some(pb::delta_chunk::Part::Header(h)),
             }) => h,
@@ -312,11 +385,17 @@ impl DeltaUploads {
             )
         })?;
 
+        let budget = Budget::new(
+            Instant::now(),
+            idle,
+            header.total_bytes,
+            self.settings.min_bytes_per_s,
+        );
         let Received {
             bytes,
             sha256,
             trailer,
-        } = receive(chunks, total, idle, received).await?;
+        } = receive(chunks, total, idle, &budget, received).await?;
 
         if trailer.sha256.as_slice() != sha256.as_slice() {
             return Err(refusal(
@@ -349,7 +428,6 @@ impl DeltaUploads {
             )
         })?;
 
-        let bytes: Arc<[u8]> = Arc::from(bytes);
         let base_version = check_off_runtime(bytes.clone(), model).await?;
         let current = view.checkpoints.len() as u64;
         if base_version != current {
@@ -361,13 +439,6 @@ impl DeltaUploads {
             ));
         }
 
-        self.blobs.put(sha256, bytes).await.map_err(|e| {
-            let status = match &e {
-                BlobError::Io(_) => Status::unavailable(format!("delta not stored: {e}")),
-                _ => Status::internal(format!("delta not stored: {e}")),
-            };
-            refusal("store_failed", status)
-        })?;
         let receipt = DeltaReceipt {
             job: JobId(header.job_id),
             node,
@@ -377,10 +448,21 @@ impl DeltaUploads {
             claimed_loss: header.claimed_loss,
             signature: trailer.signature,
         };
-        self.core
-            .submit_delta(receipt)
-            .await
-            .map_err(|e| core_refusal(&e))?;
+        // Its own task: a client that goes away now does not cancel it half done (a blob
+        // stored, the refusal's removal not yet made).
+        let task = store_and_record(
+            self.blobs.clone(),
+            self.core.clone(),
+            self.storing.clone(),
+            bytes,
+            receipt,
+        );
+        tokio::spawn(task).await.map_err(|e| {
+            refusal(
+                "internal",
+                Status::internal(format!("storing the delta did not finish: {e}")),
+            )
+        })??;
         Ok(pb::DeltaAck {
             delta_hash: sha256.to_vec(),
             accepted: true,
@@ -388,8 +470,9 @@ impl DeltaUploads {
         })
     }
 
-    /// The job-side checks of a header: Running in its epoch, a model we know, the node in
-    /// the ring, the declared size within the model's bound. Returns the model.
+    /// The job-side checks of a header: Running in its epoch, at the epoch's step, a model
+    /// we know, the node in the ring and not delivered yet this epoch, the declared size
+    /// within the model's bound. Returns the model.
     fn admit(
         &self,
         header: &pb::DeltaHeader,
@@ -418,6 +501,17 @@ impl DeltaUploads {
                 ))
             }
         }
+        let local_steps = view.spec.training.local_steps;
+        let step = u64::from(header.epoch) * u64::from(local_steps);
+        if header.step != step {
+            return Err(refusal(
+                "wrong_step",
+                Status::invalid_argument(format!(
+                    "invalid header.step: expected {step} (epoch {} × local_steps {local_steps}, the global step this epoch's local run starts at), got {}",
+                    header.epoch, header.step
+                )),
+            ));
+        }
         let model = self.catalog.get(&view.spec.training.model).map_err(|e| {
             refusal(
                 "unknown_model",
@@ -441,6 +535,17 @@ impl DeltaUploads {
                 )),
             ));
         }
+        if let Some(hash) = view.delivered.get(&node) {
+            return Err(refusal(
+                "already_delivered",
+                Status::already_exists(format!(
+                    "node {} already delivered its delta for epoch {} (hash {})",
+                    node.short(),
+                    header.epoch,
+                    hex::encode(hash)
+                )),
+            ));
+        }
         let max = model.max_delta_bytes(DeltaDtype::F32);
         if header.total_bytes > max {
             return Err(refusal(
@@ -455,19 +560,142 @@ impl DeltaUploads {
     }
 }
 
-/// The next chunk, waiting at most `idle`; `None` when the client ended the stream.
-async fn next_chunk<S>(chunks: &mut S, idle: Duration) -> Result<Option<pb::DeltaChunk>, Refusal>
+/// Stores `bytes` (SHA-256 `receipt.delta_hash`) and records `receipt`, holding the hash's
+/// lock. When the core refuses the receipt for certain, the blob is removed again, unless
+/// it was stored before (by an earlier upload, for any job) or the job's current receipts
+/// name it; when the outcome is unknown it is kept (module docs).
+async fn store_and_record(
+    blobs: Arc<dyn BlobStore>,
+    core: OrchestratorHandle,
+    locks: Arc<HashLocks>,
+    bytes: Arc<[u8]>,
+    receipt: DeltaReceipt,
+) -> Result<(), Refusal> {
+    let hash = receipt.delta_hash;
+    let _lock = locks.lock(hash).await;
+    // Unknown counts as stored: never remove what may be someone else's.
+    let stored_before = blobs.contains(&hash).await.unwrap_or(true);
+    blobs.put(hash, bytes).await.map_err(|e| {
+        let status = match &e {
+            BlobError::Io(_) => Status::unavailable(format!("delta not stored: {e}")),
+            _ => Status::internal(format!("delta not stored: {e}")),
+        };
+        refusal("store_failed", status)
+    })?;
+    let (job, node, epoch) = (receipt.job, receipt.node, receipt.epoch);
+    let Err(e) = core.submit_delta(receipt).await else {
+        return Ok(());
+    };
+    let refused = core_refusal(&e);
+    if stored_before || !certainly_not_recorded(&e) {
+        if !stored_before {
+            tracing::warn!(node = %node.short(), %job, epoch, delta = %hex::encode(&hash[..8]), error = %e, "receipt outcome unknown; its delta blob is kept");
+        }
+        return Err(refused);
+    }
+    let referenced = match core.job(job).await {
+        Ok(view) => Ok(view.delivered.values().any(|h| *h == hash)),
+        Err(OrchestratorError::Job(JobRequestError::NotFound(_) | JobRequestError::Ended(_))) => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    };
+    match referenced {
+        Ok(true) => {}
+        Ok(false) => match blobs.remove(&hash).await {
+            Ok(()) => {
+                tracing::info!(node = %node.short(), %job, epoch, delta = %hex::encode(&hash[..8]), reason = refused.reason, "refused delta removed from the blob store")
+            }
+            Err(re) => {
+                tracing::warn!(node = %node.short(), %job, epoch, delta = %hex::encode(&hash[..8]), reason = refused.reason, error = %re, "refused delta could not be removed from the blob store")
+            }
+        },
+        Err(ve) => {
+            tracing::warn!(node = %node.short(), %job, epoch, delta = %hex::encode(&hash[..8]), reason = refused.reason, error = %ve, "refused delta kept: the job's receipts could not be read")
+        }
+    }
+    Err(refused)
+}
+
+/// Whether `e`, an answer of `submit_delta`, says for certain that the receipt was not
+/// recorded: a refusal by the job. Not so when the event log write failed (it may be
+/// durable all the same and replayed) or the job did not answer in time (it may still
+/// record it).
+fn certainly_not_recorded(e: &OrchestratorError) -> bool {
+    match e {
+        OrchestratorError::Job(JobRequestError::Store(_)) => false,
+        OrchestratorError::Job(_) => true,
+        _ => false,
+    }
+}
+
+/// How long the data phase of one upload may take in all: `idle + total_bytes /
+/// min_bytes_per_s` from its start.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    deadline: Instant,
+    allowance: Duration,
+    total_bytes: u64,
+    min_bytes_per_s: u64,
+}
+
+impl Budget {
+    fn new(start: Instant, idle: Duration, total_bytes: u64, min_bytes_per_s: u64) -> Budget {
+        let rate = min_bytes_per_s.max(1);
+        let transfer_ms = (u128::from(total_bytes) * 1000).div_ceil(u128::from(rate));
+        let allowance = idle.saturating_add(Duration::from_millis(
+            u64::try_from(transfer_ms).unwrap_or(u64::MAX),
+        ));
+        let deadline = start
+            .checked_add(allowance)
+            .unwrap_or_else(|| start + Duration::from_secs(365 * 86_400));
+        Budget {
+            deadline,
+            allowance,
+            total_bytes,
+            min_bytes_per_s: rate,
+        }
+    }
+
+    fn exceeded(&self) -> Refusal {
+        refusal(
+            "too_slow",
+            Status::deadline_exceeded(format!(
+                "the upload's {} bytes did not arrive within {} ms (upload_idle_ms plus total_bytes at the minimum rate of {} bytes/s); nothing was stored",
+                self.total_bytes,
+                self.allowance.as_millis(),
+                self.min_bytes_per_s
+            )),
+        )
+    }
+}
+
+/// The next chunk, waiting at most `idle` and, with a `budget`, not past its deadline;
+/// `None` when the client ended the stream.
+async fn next_chunk<S>(
+    chunks: &mut S,
+    idle: Duration,
+    budget: Option<&Budget>,
+) -> Result<Option<pb::DeltaChunk>, Refusal>
 where
     S: Stream<Item = Result<pb::DeltaChunk, Status>> + Unpin,
 {
-    match tokio::time::timeout(idle, chunks.next()).await {
-        Err(_) => Err(refusal(
-            "timeout",
-            Status::deadline_exceeded(format!(
-                "no upload chunk within {} ms; nothing was stored",
-                idle.as_millis()
-            )),
-        )),
+    let idle_at = Instant::now() + idle;
+    let (until, overall) = match budget {
+        Some(b) if b.deadline < idle_at => (b.deadline, Some(b)),
+        _ => (idle_at, None),
+    };
+    match tokio::time::timeout_at(until, chunks.next()).await {
+        Err(_) => Err(match overall {
+            Some(b) => b.exceeded(),
+            None => refusal(
+                "timeout",
+                Status::deadline_exceeded(format!(
+                    "no upload chunk within {} ms; nothing was stored",
+                    idle.as_millis()
+                )),
+            ),
+        }),
         Ok(None) => Ok(None),
         Ok(Some(Ok(c))) => Ok(Some(c)),
         Ok(Some(Err(status))) if super::server::is_too_large(&status) => Err(refusal(
@@ -479,22 +707,23 @@ where
 }
 
 /// Receives data chunks up to the trailer: exactly `total` bytes, hashed as they arrive,
-/// in a buffer that grows with the data (at most doubling, never past `total`). Counts
-/// every data byte in `received`.
+/// in a [`Buffer`] that grows with the data, each chunk within `idle` of the last and all
+/// of them within `budget`. Counts every data byte in `received`.
 async fn receive<S>(
     chunks: &mut S,
     total: usize,
     idle: Duration,
+    budget: &Budget,
     received: &mut u64,
 ) -> Result<Received, Refusal>
 where
     S: Stream<Item = Result<pb::DeltaChunk, Status>> + Unpin,
 {
     use pb::delta_chunk::Part;
-    let mut buf: Vec<u8> = Vec::new();
+    let mut buf = Buffer::new(total);
     let mut hasher = Sha256::new();
     loop {
-        let part = match next_chunk(chunks, idle).await? {
+        let part = match next_chunk(chunks, idle, Some(budget)).await? {
             None => {
                 return Err(refusal(
                     "no_trailer",
@@ -536,7 +765,7 @@ where
                     ));
                 }
                 hasher.update(&data);
-                append(&mut buf, data, total);
+                buf.append(data);
             }
             Part::Trailer(trailer) => {
                 if buf.len() != total {
@@ -549,7 +778,7 @@ where
                     ));
                 }
                 return Ok(Received {
-                    bytes: buf,
+                    bytes: buf.finish(),
                     sha256: hasher.finalize().into(),
                     trailer,
                 });
@@ -558,19 +787,56 @@ where
     }
 }
 
-/// Appends `data` to `buf`, growing its capacity at most to twice what it holds and never
-/// past `total` (the caller checked that `buf.len() + data.len() <= total`).
-fn append(buf: &mut Vec<u8>, data: Vec<u8>, total: usize) {
-    if buf.is_empty() {
-        *buf = data;
-        return;
+/// The payload of one upload as it arrives: a `Vec` that grows with the data (at most to
+/// twice what it holds, never past `total`, never from the declared size alone). The
+/// complete payload is copied once into the shared buffer the blob store keeps: safe code
+/// cannot hand a `Vec`'s allocation to an `Arc<[u8]>`, and one copy of bytes that just
+/// crossed the network is cheap next to hashing them.
+#[derive(Debug)]
+struct Buffer {
+    bytes: Vec<u8>,
+    total: usize,
+}
+
+impl Buffer {
+    fn new(total: usize) -> Buffer {
+        Buffer {
+            bytes: Vec::new(),
+            total,
+        }
     }
-    let need = buf.len() + data.len();
-    if need > buf.capacity() {
-        let target = need.max(buf.capacity().saturating_mul(2)).min(total);
-        buf.reserve_exact(target - buf.len());
+
+    /// Bytes held.
+    fn len(&self) -> usize {
+        self.bytes.len()
     }
-    buf.extend_from_slice(&data);
+
+    /// Bytes allocated.
+    #[cfg(test)]
+    fn allocated(&self) -> usize {
+        self.bytes.capacity()
+    }
+
+    /// Appends `data` (the caller checked that it fits within `total`).
+    fn append(&mut self, data: Vec<u8>) {
+        if self.bytes.is_empty() {
+            self.bytes = data;
+            return;
+        }
+        let need = self.bytes.len() + data.len();
+        if need > self.bytes.capacity() {
+            let target = need
+                .max(self.bytes.capacity().saturating_mul(2))
+                .min(self.total.max(need));
+            self.bytes.reserve_exact(target - self.bytes.len());
+        }
+        self.bytes.extend_from_slice(&data);
+    }
+
+    /// The payload, in the blob store's shared form.
+    fn finish(self) -> Arc<[u8]> {
+        Arc::from(self.bytes)
+    }
 }
 
 /// [`DeltaView::parse`] and [`check_against`] `model` on a blocking thread; returns the
@@ -669,10 +935,16 @@ mod tests {
 
     const IDLE: Duration = Duration::from_millis(30_000);
 
+    /// The budget of `total` bytes at 1 MiB/s from now.
+    fn budget(idle: Duration, total: usize) -> Budget {
+        Budget::new(Instant::now(), idle, total as u64, 1 << 20)
+    }
+
     async fn run(chunks: Vec<Item>, total: usize) -> (Result<Received, Refusal>, u64) {
         let mut s = futures_util::stream::iter(chunks);
         let mut received = 0;
-        let r = receive(&mut s, total, IDLE, &mut received).await;
+        let b = budget(IDLE, total);
+        let r = receive(&mut s, total, IDLE, &b, &mut received).await;
         (r, received)
     }
 
@@ -690,7 +962,7 @@ mod tests {
         )
         .await;
         let r = r.unwrap();
-        assert_eq!(r.bytes, payload);
+        assert_eq!(&*r.bytes, payload.as_slice());
         assert_eq!(r.sha256, <[u8; 32]>::from(Sha256::digest(&payload)));
         assert_eq!(r.trailer.signature, vec![7; 64]);
         assert_eq!(n, 100);
@@ -752,7 +1024,8 @@ mod tests {
         let mut s = std::pin::pin!(s);
         let start = tokio::time::Instant::now();
         let mut received = 0;
-        let r = receive(&mut s, 100, Duration::from_millis(250), &mut received).await;
+        let idle = Duration::from_millis(250);
+        let r = receive(&mut s, 100, idle, &budget(idle, 100), &mut received).await;
         let f = r.expect_err("stalled");
         assert_eq!(f.reason, "timeout");
         assert_eq!(f.status.code(), tonic::Code::DeadlineExceeded);
@@ -762,7 +1035,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_idle_timer_restarts_with_every_chunk() {
-        // A chunk every 200 ms with a 250 ms idle timeout: never idle long enough.
+        // A chunk every 200 ms with a 250 ms idle timeout: never idle long enough (and the
+        // overall allowance, at 1 byte/s, is 100 s).
         let slow = futures_util::stream::iter(0..5).then(|i| async move {
             tokio::time::sleep(Duration::from_millis(200)).await;
             if i < 4 {
@@ -773,23 +1047,114 @@ mod tests {
         });
         let mut s = std::pin::pin!(slow);
         let mut received = 0;
-        let r = receive(&mut s, 100, Duration::from_millis(250), &mut received).await;
+        let idle = Duration::from_millis(250);
+        let r = receive(
+            &mut s,
+            100,
+            idle,
+            &Budget::new(Instant::now(), idle, 100, 1),
+            &mut received,
+        )
+        .await;
         assert_eq!(r.unwrap().bytes.len(), 100);
+    }
+
+    /// 10 bytes every 200 ms, never idle for 250 ms: 100 bytes would take 2 s.
+    fn trickle() -> impl Stream<Item = Item> {
+        futures_util::stream::iter(0..11).then(|i| async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if i < 10 {
+                data(&[i as u8; 10])
+            } else {
+                trailer(&[0; 32])
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trickling_upload_ends_deadline_exceeded_after_its_overall_allowance() {
+        // At least 100 bytes/s: 250 ms + 100 bytes / 100 bytes/s = 1.25 s for the data.
+        let idle = Duration::from_millis(250);
+        let start = Instant::now();
+        let b = Budget::new(start, idle, 100, 100);
+        let mut s = std::pin::pin!(trickle());
+        let mut received = 0;
+        let f = receive(&mut s, 100, idle, &b, &mut received)
+            .await
+            .expect_err("too slow");
+        assert_eq!(f.reason, "too_slow");
+        assert_eq!(f.status.code(), tonic::Code::DeadlineExceeded);
+        assert!(f.status.message().contains("within 1250 ms"), "{f:?}");
+        assert!(f.status.message().contains("100 bytes/s"), "{f:?}");
+        assert_eq!(start.elapsed(), Duration::from_millis(1250));
+        // The chunks at 200, 400, …, 1200 ms arrived.
+        assert_eq!(received, 60);
+
+        // At least 50 bytes/s: 250 ms + 2 s is enough for the same trickle.
+        let b = Budget::new(Instant::now(), idle, 100, 50);
+        let mut s = std::pin::pin!(trickle());
+        let mut received = 0;
+        let r = receive(&mut s, 100, idle, &b, &mut received).await;
+        assert_eq!(r.expect("in time").bytes.len(), 100);
+    }
+
+    #[test]
+    fn the_allowance_is_the_idle_time_plus_the_transfer_at_the_minimum_rate() {
+        let now = Instant::now();
+        let idle = Duration::from_millis(30_000);
+        let b = Budget::new(now, idle, 17 << 20, 1 << 20);
+        assert_eq!(b.allowance, Duration::from_millis(30_000 + 17_000));
+        assert_eq!(b.deadline, now + b.allowance);
+        // Rounded up to the ms; a rate of 0 is taken as 1 byte/s; huge sizes saturate.
+        let b = Budget::new(now, idle, 1, 3);
+        assert_eq!(b.allowance, Duration::from_millis(30_334));
+        assert_eq!(
+            Budget::new(now, idle, 5, 0).allowance,
+            Duration::from_millis(35_000)
+        );
+        assert!(Budget::new(now, idle, u64::MAX, 1).deadline > now);
     }
 
     #[test]
     fn the_buffer_never_grows_past_the_declared_total_nor_twice_the_data() {
         let total = 1000;
-        let mut buf = Vec::new();
-        let mut held = 0;
-        for _ in 0..100 {
-            append(&mut buf, vec![0u8; 10], total);
-            held += 10;
-            assert_eq!(buf.len(), held);
-            assert!(buf.capacity() <= total, "{} > {total}", buf.capacity());
-            assert!(buf.capacity() <= 2 * held.max(10), "{}", buf.capacity());
+        let mut buf = Buffer::new(total);
+        let mut payload = Vec::new();
+        for i in 0..100u8 {
+            buf.append(vec![i; 10]);
+            payload.extend_from_slice(&[i; 10]);
+            assert_eq!(buf.len(), payload.len());
+            assert!(buf.allocated() <= total, "{} > {total}", buf.allocated());
+            assert!(
+                buf.allocated() <= 2 * payload.len().max(10),
+                "{}",
+                buf.allocated()
+            );
         }
-        assert_eq!(buf.len(), total);
+        assert_eq!(&*buf.finish(), payload.as_slice());
+    }
+
+    #[test]
+    fn the_buffer_holds_exactly_the_data_however_it_is_chunked() {
+        let payload: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        for sizes in [
+            vec![1000],
+            vec![1, 999],
+            vec![999, 1],
+            vec![500, 500],
+            vec![100, 150, 250, 499, 1],
+            vec![3; 334],
+        ] {
+            let mut buf = Buffer::new(payload.len());
+            let mut at = 0;
+            for n in sizes.iter().copied() {
+                let n = n.min(payload.len() - at);
+                buf.append(payload[at..at + n].to_vec());
+                at += n;
+            }
+            assert_eq!(at, payload.len());
+            assert_eq!(&*buf.finish(), payload.as_slice(), "{sizes:?}");
+        }
     }
 
     #[test]

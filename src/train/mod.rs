@@ -48,6 +48,10 @@ use mlp::{BurnLinear, LayerTensors};
 /// The built-in model's name ([`ModelSpec::name`], `hanzod delta inspect --model`).
 pub const MODEL_NAME: &str = "wine-mlp";
 
+/// Most local steps per epoch [`Recipe::validate`] accepts: a spot-check re-runs them all,
+/// so this bounds the validator's work per delta.
+pub const MAX_LOCAL_STEPS: u32 = 10_000;
+
 /// Largest hidden width [`Recipe::validate`] accepts.
 pub const MAX_HIDDEN: u32 = 4096;
 
@@ -88,6 +92,10 @@ pub enum TrainError {
 pub struct Recipe {
     /// Seeds the initial weights and every node's data stream.
     pub seed: u64,
+    /// The job id: salts every node's data stream ([`batch_indices`]), so the same node
+    /// never produces byte-identical deltas in two jobs of the same seed (deltas are stored
+    /// content-addressed).
+    pub job: u64,
     /// SGD steps per [`train_local`] call (the inner steps between merges).
     pub local_steps: u32,
     /// Samples per step.
@@ -99,10 +107,11 @@ pub struct Recipe {
 }
 
 impl Default for Recipe {
-    /// `seed 0, local_steps 20, batch_size 32, local_lr 0.05, hidden 32`.
+    /// `seed 0, job 0, local_steps 20, batch_size 32, local_lr 0.05, hidden 32`.
     fn default() -> Self {
         Recipe {
             seed: 0,
+            job: 0,
             local_steps: 20,
             batch_size: 32,
             local_lr: 0.05,
@@ -117,8 +126,11 @@ impl Recipe {
     /// finite and positive in f32.
     pub fn validate(&self) -> Result<(), TrainError> {
         let bad = |m: String| Err(TrainError::InvalidRecipe(m));
-        if self.local_steps == 0 {
-            return bad("local_steps is 0".into());
+        if self.local_steps == 0 || self.local_steps > MAX_LOCAL_STEPS {
+            return bad(format!(
+                "local_steps {} (1 to {MAX_LOCAL_STEPS})",
+                self.local_steps
+            ));
         }
         if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
             return bad(format!(
@@ -207,13 +219,14 @@ pub fn init(recipe: &Recipe) -> Weights {
 
 /// The sample indices (into the training shard, `0..data.train_len()`) of `node`'s batch at
 /// global step `step`: `recipe.batch_size` independent uniform draws (with replacement)
-/// from ChaCha20 seeded with SHA-256(`recipe.seed` as u64 LE ‖ the node's 32 key bytes ‖
-/// `step` as u64 LE); each draw takes 32-bit outputs `r`, rejects `r ≥ 2³² − (2³² mod n)`
+/// from ChaCha20 seeded with SHA-256(`recipe.seed` as u64 LE ‖ `recipe.job` as u64 LE ‖
+/// the node's 32 key bytes ‖ `step` as u64 LE); each draw takes 32-bit outputs `r`, rejects `r ≥ 2³² − (2³² mod n)`
 /// and returns `r mod n` (`n = train_len`). A deterministic per-node data stream any
 /// auditor can replay. (Allocates `batch_size` entries; [`Recipe::validate`] bounds it.)
 pub fn batch_indices(recipe: &Recipe, data: &Dataset, node: &[u8; 32], step: u64) -> Vec<usize> {
     let mut h = Sha256::new();
     h.update(recipe.seed.to_le_bytes());
+    h.update(recipe.job.to_le_bytes());
     h.update(node);
     h.update(step.to_le_bytes());
     let mut rng = ChaCha20Rng::from_seed(h.finalize().into());

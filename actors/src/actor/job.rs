@@ -139,6 +139,12 @@ pub struct JobView {
     pub ring: Option<RingView>,
     /// Deltas accepted in the current epoch.
     pub deltas_this_epoch: usize,
+    /// The current epoch's receipts: each node that delivered its delta this epoch, with
+    /// that delta's hash (empty outside Running, and in the views of ended jobs). An upload
+    /// checks it at the header, so a node that already delivered is refused before sending
+    /// its data again.
+    #[serde(default)]
+    pub delivered: BTreeMap<NodeId, [u8; 32]>,
     /// Published checkpoint references, one per finished epoch.
     pub checkpoints: Vec<String>,
     /// The spec as submitted (its training recipe names the model every delta is checked
@@ -147,7 +153,8 @@ pub struct JobView {
 }
 
 impl JobView {
-    /// The view of `job` with `ring` and `deltas` receipts this epoch.
+    /// The view of `job` with `ring` and `deltas` receipts this epoch, without the receipts
+    /// themselves (`delivered` is empty): for ended jobs, whose epoch is over.
     pub fn of(job: &Job, ring: Option<RingView>, deltas: usize) -> Self {
         JobView {
             id: job.id,
@@ -156,8 +163,24 @@ impl JobView {
             epochs: job.spec.epochs,
             ring,
             deltas_this_epoch: deltas,
+            delivered: BTreeMap::new(),
             checkpoints: job.checkpoints.clone(),
             spec: job.spec.clone(),
+        }
+    }
+
+    /// The view of `job` with `ring` and the current epoch's `receipts`.
+    pub fn with_receipts(
+        job: &Job,
+        ring: Option<RingView>,
+        receipts: &BTreeMap<NodeId, DeltaReceipt>,
+    ) -> Self {
+        JobView {
+            delivered: receipts
+                .iter()
+                .map(|(node, r)| (*node, r.delta_hash))
+                .collect(),
+            ..JobView::of(job, ring, receipts.len())
         }
     }
 }
@@ -194,7 +217,7 @@ pub struct JobActor;
 
 impl JobState {
     fn view(&self) -> JobView {
-        JobView::of(&self.job, self.ring.clone(), self.receipts.len())
+        JobView::with_receipts(&self.job, self.ring.clone(), &self.receipts)
     }
 
     /// Validates `event` against the state machine, makes it durable, then applies it.
@@ -635,10 +658,29 @@ impl Actor for JobActor {
     }
 }
 
-async fn accept_delta(state: &mut JobState, receipt: DeltaReceipt) -> Result<(), JobRequestError> {
-    let JobPhase::Running { epoch, .. } = state.job.phase else {
+/// What [`accept_delta`] does with a receipt that passed [`check_receipt`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReceiptCheck {
+    /// A new receipt: record it.
+    New,
+    /// Exactly this receipt is recorded already (a retried upload): acknowledge it again.
+    AlreadyRecorded,
+}
+
+/// The checks of a receipt against the job's `phase`, `ring` and the current epoch's
+/// `receipts`: Running in the receipt's epoch, the node in the ring, and no other receipt
+/// of the node this epoch. A second receipt is idempotent only when it is equal in every
+/// field (delta hash, step, claimed loss, signature); one that differs in any is
+/// [`JobRequestError::Conflicting`].
+fn check_receipt(
+    phase: &JobPhase,
+    ring: Option<&RingView>,
+    receipts: &BTreeMap<NodeId, DeltaReceipt>,
+    receipt: &DeltaReceipt,
+) -> Result<ReceiptCheck, JobRequestError> {
+    let JobPhase::Running { epoch, .. } = *phase else {
         return Err(JobRequestError::NotRunning {
-            phase: state.job.phase.name().to_string(),
+            phase: phase.name().to_string(),
         });
     };
     if receipt.epoch != epoch {
@@ -647,20 +689,25 @@ async fn accept_delta(state: &mut JobState, receipt: DeltaReceipt) -> Result<(),
             got: receipt.epoch,
         });
     }
-    let member = state
-        .ring
-        .as_ref()
-        .is_some_and(|r| r.members.contains(&receipt.node));
-    if !member {
+    if !ring.is_some_and(|r| r.members.contains(&receipt.node)) {
         return Err(JobRequestError::NotMember(receipt.node));
     }
-    if let Some(prev) = state.receipts.get(&receipt.node) {
-        // Idempotent for the same delta (a retried upload), refused for a different one.
-        return if prev.delta_hash == receipt.delta_hash {
-            Ok(())
-        } else {
-            Err(JobRequestError::Conflicting(receipt.node))
-        };
+    match receipts.get(&receipt.node) {
+        None => Ok(ReceiptCheck::New),
+        Some(prev) if prev == receipt => Ok(ReceiptCheck::AlreadyRecorded),
+        Some(_) => Err(JobRequestError::Conflicting(receipt.node)),
+    }
+}
+
+async fn accept_delta(state: &mut JobState, receipt: DeltaReceipt) -> Result<(), JobRequestError> {
+    let check = check_receipt(
+        &state.job.phase,
+        state.ring.as_ref(),
+        &state.receipts,
+        &receipt,
+    )?;
+    if check == ReceiptCheck::AlreadyRecorded {
+        return Ok(());
     }
     state
         .deps
@@ -669,4 +716,137 @@ async fn accept_delta(state: &mut JobState, receipt: DeltaReceipt) -> Result<(),
         .map_err(|e| JobRequestError::Store(e.to_string()))?;
     state.receipts.insert(receipt.node, receipt);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::JobSpec;
+    use crate::types::GymWei;
+
+    fn node(b: u8) -> NodeId {
+        NodeId([b; 32])
+    }
+
+    fn ring(members: &[u8]) -> RingView {
+        RingView {
+            job: JobId(7),
+            version: 1,
+            members: members.iter().map(|b| node(*b)).collect(),
+            bottleneck_mbps: 100.0,
+            estimated_links: 0,
+        }
+    }
+
+    fn receipt(n: u8, epoch: u32, hash: u8) -> DeltaReceipt {
+        DeltaReceipt {
+            job: JobId(7),
+            node: node(n),
+            epoch,
+            step: u64::from(epoch) * 20,
+            delta_hash: [hash; 32],
+            claimed_loss: 0.5,
+            signature: vec![n; 64],
+        }
+    }
+
+    fn running(epoch: u32) -> JobPhase {
+        JobPhase::Running {
+            epoch,
+            ring_version: 1,
+        }
+    }
+
+    #[test]
+    fn a_receipt_is_checked_against_the_phase_the_epoch_and_the_ring() {
+        let none = BTreeMap::new();
+        let ring = ring(&[1, 2]);
+        let r = receipt(1, 0, 9);
+        assert_eq!(
+            check_receipt(&running(0), Some(&ring), &none, &r),
+            Ok(ReceiptCheck::New)
+        );
+        assert_eq!(
+            check_receipt(&running(1), Some(&ring), &none, &r),
+            Err(JobRequestError::WrongEpoch {
+                expected: 1,
+                got: 0
+            })
+        );
+        assert_eq!(
+            check_receipt(&running(0), None, &none, &r),
+            Err(JobRequestError::NotMember(node(1)))
+        );
+        assert_eq!(
+            check_receipt(&running(0), Some(&ring), &none, &receipt(3, 0, 9)),
+            Err(JobRequestError::NotMember(node(3)))
+        );
+        let aggregating = JobPhase::Aggregating {
+            epoch: 0,
+            ring_version: 1,
+        };
+        assert!(matches!(
+            check_receipt(&aggregating, Some(&ring), &none, &r),
+            Err(JobRequestError::NotRunning { .. })
+        ));
+    }
+
+    #[test]
+    fn only_the_identical_receipt_is_idempotent() {
+        let ring = ring(&[1, 2]);
+        let first = receipt(1, 0, 9);
+        let receipts = BTreeMap::from([(node(1), first.clone())]);
+        let check = |r: &DeltaReceipt| check_receipt(&running(0), Some(&ring), &receipts, r);
+        assert_eq!(check(&first), Ok(ReceiptCheck::AlreadyRecorded));
+        // The same delta hash with anything else changed is another receipt.
+        type Edit = fn(&mut DeltaReceipt);
+        let edits: [(&str, Edit); 4] = [
+            ("delta hash", |r| r.delta_hash[0] ^= 1),
+            ("claimed loss", |r| r.claimed_loss = 0.25),
+            ("signature", |r| r.signature[0] ^= 1),
+            ("step", |r| r.step += 1),
+        ];
+        for (what, edit) in edits {
+            let mut other = first.clone();
+            edit(&mut other);
+            assert_eq!(
+                check(&other),
+                Err(JobRequestError::Conflicting(node(1))),
+                "{what}"
+            );
+        }
+        // Another node's first receipt, even of the same delta, is new.
+        let mut same_bytes = receipt(2, 0, 9);
+        same_bytes.delta_hash = first.delta_hash;
+        assert_eq!(check(&same_bytes), Ok(ReceiptCheck::New));
+    }
+
+    #[test]
+    fn the_view_lists_the_hash_each_node_delivered_this_epoch() {
+        let spec = JobSpec {
+            name: "deltas".into(),
+            epochs: 2,
+            min_nodes: 2,
+            max_nodes: 2,
+            min_vram_bytes: 1 << 30,
+            pending_deadline_ms: 60_000,
+            epoch_deadline_ms: 60_000,
+            utility: 1.0,
+            submitter_stake: GymWei::gym(1_000),
+            training: Default::default(),
+        };
+        let job = Job::new(JobId(7), spec, Timestamp(0));
+        let receipts = BTreeMap::from([(node(1), receipt(1, 0, 9)), (node(2), receipt(2, 0, 8))]);
+        let view = JobView::with_receipts(&job, Some(ring(&[1, 2])), &receipts);
+        assert_eq!(view.deltas_this_epoch, 2);
+        assert_eq!(
+            view.delivered,
+            BTreeMap::from([(node(1), [9; 32]), (node(2), [8; 32])])
+        );
+        let ended = JobView::of(&job, None, 0);
+        assert!(ended.delivered.is_empty());
+        // Views serialize with the node ids as keys and read back.
+        let json = serde_json::to_string(&view).unwrap();
+        assert_eq!(serde_json::from_str::<JobView>(&json).unwrap(), view);
+    }
 }
