@@ -361,7 +361,7 @@ impl Daemon {
         // key: Ed25519 signatures are deterministic, and nobody without the key can make
         // this one.
         let seed: [u8; 32] =
-            Sha256::digest(identity.sign(b"hanzod-spot-check-seed-v1", &[])).into();
+            Sha256::digest(identity.sign(hanzod_proto::domain::SPOT_CHECK_SEED, &[])).into();
         let sink = TrainingSink::start(
             blobs.clone(),
             catalog.clone(),

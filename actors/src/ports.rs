@@ -197,14 +197,17 @@ pub struct DeltaReceipt {
     pub node: NodeId,
     /// The epoch the delta belongs to.
     pub epoch: u32,
-    /// The local step count the node reached.
+    /// The global step the node's local run of this epoch started at (`epoch × local_steps`).
     pub step: u64,
     /// SHA-256 of the delta payload (DESIGN §6).
     pub delta_hash: [u8; 32],
-    /// The training loss the node claims at `step` (checked by spot-checks, DESIGN §6).
+    /// The loss the node claims for the pre-delta weights on its batch of `step` (checked
+    /// by spot-checks, DESIGN §6). Absent in logs written before it existed: 0.
+    #[serde(default)]
     pub claimed_loss: f64,
     /// The node's Ed25519 signature (64 bytes) over the delta statement of DESIGN §6
     /// (job, epoch, step, claimed loss, delta hash), kept so anyone can audit the epoch.
+    #[serde(default)]
     pub signature: Vec<u8>,
 }
 

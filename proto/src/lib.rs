@@ -43,10 +43,13 @@ pub mod domain {
     /// Delta statements (DESIGN §6): the node signs SHA-256(`DELTA || job id || epoch ||
     /// step || claimed loss || SHA-256(payload)`), little endian.
     pub const DELTA: &[u8] = b"hanzod-delta-v1";
+    /// The orchestrator's spot-check seed (DESIGN §6): SHA-256 of its Ed25519 signature over
+    /// `SPOT_CHECK_SEED` alone (deterministic, and nobody without the key can compute it).
+    pub const SPOT_CHECK_SEED: &[u8] = b"hanzod.v1.spot-check-seed";
 
     /// Every domain, for the check that none is a prefix of another (so a signed byte
     /// string for one purpose can never parse as one for another).
-    pub const ALL: [&[u8]; 4] = [REGISTER, SESSION, GPU, DELTA];
+    pub const ALL: [&[u8]; 5] = [REGISTER, SESSION, GPU, DELTA, SPOT_CHECK_SEED];
 }
 
 #[cfg(test)]

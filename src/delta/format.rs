@@ -596,9 +596,10 @@ pub struct Statement {
     pub job: u64,
     /// Epoch within the job.
     pub epoch: u32,
-    /// The node's local step the delta was taken at.
+    /// The global step the node's local run of the epoch started at (`epoch × local_steps`).
     pub step: u64,
-    /// The training loss the node claims at that step (nats per token).
+    /// The loss the node claims for the pre-delta weights on its batch of `step`, in the
+    /// job's loss unit (spot-checked, DESIGN §6).
     pub claimed_loss: f64,
 }
 
