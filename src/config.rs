@@ -199,7 +199,7 @@ pub struct ValidationSection {
     pub replay_rel_tol: f64,
     /// Fraction of suspect deltas above which the coordinate-wise median replaces the
     /// weighted mean, `[0, 1]` (paper §6: 0.30).
-    pub suspect_threshold: f32,
+    pub suspect_threshold: f64,
     /// Validator workers; 0 = one per CPU.
     pub workers: usize,
     /// Keep every delta blob; `false` removes an epoch's deltas once the next epoch is
@@ -218,7 +218,7 @@ impl ValidationSection {
                 replay_rel_tol: self.replay_rel_tol,
                 replay: self.replay,
             },
-            suspect_threshold: self.suspect_threshold,
+            suspect_threshold: self.suspect_threshold as f32,
             workers: if self.workers == 0 {
                 default.workers
             } else {
@@ -466,10 +466,7 @@ impl Config {
             ("validation.spot_check_rate", v.spot_check_rate),
             ("validation.loss_rel_tol", v.loss_rel_tol),
             ("validation.replay_rel_tol", v.replay_rel_tol),
-            (
-                "validation.suspect_threshold",
-                f64::from(v.suspect_threshold),
-            ),
+            ("validation.suspect_threshold", v.suspect_threshold),
         ] {
             if !(0.0..=1.0).contains(&value) {
                 return Err(format!("{key} must be within [0, 1], got {value}"));

@@ -208,13 +208,20 @@ pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
         timeline.push(TimelineEntry { at_ms, what });
     }
     let reconfigurations = ring_changes.len().saturating_sub(1);
-    // Only the first crash, hang or disconnect of a node is measured; a later one hits a
-    // node that is already gone.
+    // Every fault aimed at a node that led to the node being declared failed, the first per
+    // node (a later one hits a node that is already gone): crashes, hangs, disconnects,
+    // flapping, slow heartbeats, actor panics.
     let mut hit = std::collections::HashSet::new();
     let detections = injected
         .iter()
         .filter_map(|(at, f)| {
-            let (Fault::Crash(i) | Fault::Hang(i) | Fault::Disconnect(i)) = f else {
+            let (Fault::Crash(i)
+            | Fault::Hang(i)
+            | Fault::Disconnect(i)
+            | Fault::PanicNodeActor(i)
+            | Fault::Flap { node: i, .. }
+            | Fault::SlowHeartbeats { node: i, .. }) = f
+            else {
                 return None;
             };
             if !hit.insert(*i) {

@@ -232,7 +232,7 @@ pub enum DeltaError {
     #[error("invalid safetensors header: {0}")]
     SafetensorsHeader(String),
     /// Tensor data offsets overlap, leave gaps, disagree with the shape, or run past the body.
-    #[error("tensor {tensor:?}: overlapping or out-of-range data offsets ({detail})")]
+    #[error("{}overlapping or out-of-range data offsets ({detail})", tensor_prefix(.tensor))]
     OverlappingOrOutOfRange {
         /// The tensor, where known (empty otherwise).
         tensor: String,
@@ -299,6 +299,15 @@ pub enum DeltaError {
         /// The expected value.
         expected: String,
     },
+}
+
+/// `tensor "name": ` for a known tensor, nothing when the safetensors check did not say which.
+fn tensor_prefix(tensor: &str) -> String {
+    if tensor.is_empty() {
+        String::new()
+    } else {
+        format!("tensor {tensor:?}: ")
+    }
 }
 
 impl DeltaError {

@@ -117,7 +117,13 @@ impl std::fmt::Display for InspectReport {
             )?;
         }
         if !self.tensors.is_empty() {
-            let width = self.tensors.iter().map(|t| t.name.len()).max().unwrap_or(4);
+            let width = self
+                .tensors
+                .iter()
+                .map(|t| t.name.len())
+                .max()
+                .unwrap_or(0)
+                .max("TENSOR".len());
             writeln!(
                 f,
                 "{:<width$}  {:<5} {:<20} {:>14}",
@@ -130,12 +136,15 @@ impl std::fmt::Display for InspectReport {
                     t.name,
                     t.dtype,
                     format!("{:?}", t.shape),
-                    t.l2_norm
+                    t.l2_norm + 0.0
                 )?;
             }
         }
         if let Some(n) = self.total_l2_norm {
-            writeln!(f, "{} tensors, total L2 norm {n:.6}", self.tensors.len())?;
+            let count = self.tensors.len();
+            let noun = if count == 1 { "tensor" } else { "tensors" };
+            // `+ 0.0` prints a negative zero (an empty sum) as 0.
+            writeln!(f, "{count} {noun}, total L2 norm {:.6}", n + 0.0)?;
         }
         let against = self
             .model
