@@ -378,9 +378,11 @@ impl Clients {
             .await
             .map_err(status)?
             .into_inner();
+        let mut last: Option<JobOut> = None;
         while let Some(ev) = stream.message().await.map_err(status)? {
             let Some(j) = ev.job else { continue };
             let out = job_out(&j);
+            last = Some(out.clone());
             if json {
                 println!(
                     "{}",
@@ -390,7 +392,14 @@ impl Clients {
                 println!("[{}] {}", ev.change, job_line(&out));
             }
         }
-        Ok(())
+        // Scripts can tell a failed (or cancelled) job from a published one.
+        match last {
+            Some(j) if j.phase == "Failed" => anyhow::bail!(
+                "job {job} failed: {}",
+                j.reason.as_deref().unwrap_or("no reason given")
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// `hanzod job cancel`.

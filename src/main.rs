@@ -160,7 +160,7 @@ enum JobCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Print each change of a job until it ends.
+    /// Print each change of a job until it ends; exit 1 when it ends Failed (or cancelled).
     #[command(after_help = CLIENT_EXAMPLES)]
     Watch {
         /// The job id.

@@ -165,7 +165,8 @@ fn orchestrator_identity(key: &str) -> Result<Identity, StartError> {
         return Identity::from_hex(key, "ORCHESTRATOR_KEY")
             .map_err(|e| StartError::Material(e.to_string()));
     }
-    Identity::load(Path::new(key)).map_err(|e| StartError::Material(e.to_string()))
+    Identity::load(Path::new(key))
+        .map_err(|e| StartError::Material(format!("orchestrator.key (ORCHESTRATOR_KEY): {e}")))
 }
 
 /// The server settings a configuration asks for, for an orchestrator with key

@@ -1421,3 +1421,34 @@ fn random_bytes_get_a_status_and_the_daemon_keeps_serving() {
         d.stop().await;
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// The CLI's `job watch` exit status
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn job_watch_fails_when_the_job_fails_and_names_the_reason() {
+    let d = start(&config()).await;
+    let opts = ClientOptions {
+        endpoint: format!("http://{}", d.grpc_addr),
+        ..ClientOptions::default()
+    };
+    // No node ever joins: the job fails when its pending deadline passes.
+    let mut spec = job_spec();
+    spec.pending_deadline_ms = 200;
+    let mut jobs = JobServiceClient::new(channel(&d).await);
+    let id = within(
+        "SubmitJob",
+        jobs.submit_job(pb::SubmitJobRequest { spec: Some(spec) }),
+    )
+    .await
+    .expect("job accepted")
+    .into_inner()
+    .job_id;
+    let mut cli = hanzod::cli::Clients::connect(opts).await.expect("connect");
+    let e = within("job watch to end", cli.watch(id, true))
+        .await
+        .expect_err("a failed job is an error for scripts");
+    assert!(e.to_string().contains("deadline"), "{e}");
+    d.stop().await;
+}
