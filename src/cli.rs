@@ -506,7 +506,12 @@ fn print_ring(r: &RingOut) {
 
 /// A gRPC status as a one-line error: `NOT_FOUND: job 9 not found`.
 pub fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!("{}: {}", code_name(s.code()), s.message())
+    anyhow::anyhow!(status_line(&s))
+}
+
+/// A gRPC status as one line: `NOT_FOUND: job 9 not found`.
+pub fn status_line(s: &tonic::Status) -> String {
+    format!("{}: {}", code_name(s.code()), s.message())
 }
 
 /// The canonical upper-case name of a gRPC code.

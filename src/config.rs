@@ -138,6 +138,13 @@ pub struct ChainConfig {
     pub rpc_url: String,
     /// With the embedded ledger: the stake every node's operator holds, in whole GYM.
     pub dev_stake_gym: u64,
+    /// The reward pool of one epoch, whole GYM: split among the epoch's accepted deltas in
+    /// proportion to their composite scores (paper §8, `MiningPool.distributeEpochRewards`).
+    pub epoch_reward_gym: u64,
+    /// Percent of a node's stake slashed for a failed spot-check (1..=100; paper §8).
+    pub slash_pct: u8,
+    /// How long a slashed node stays penalised (no new admissions), ms.
+    pub penalty_window_ms: u64,
 }
 
 /// State store settings.
@@ -156,6 +163,14 @@ pub struct PublishConfig {
     pub ipfs_url: String,
     /// Hugging Face Hub token (`HF_TOKEN`); a secret, never printed.
     pub hf_token: String,
+    /// The embedded object store's directory (one file per IPFS block, named by its CID);
+    /// empty keeps checkpoints in memory for the life of the process.
+    pub object_dir: String,
+    /// Where the embedded model registry writes Hugging Face repo folders
+    /// (`<dir>/<org>/<model>-epoch-<e>/`); empty publishes no folders.
+    pub registry_dir: String,
+    /// The organisation of published repos (`{org}/{model}-epoch-{epoch}`).
+    pub org: String,
 }
 
 /// Delta uploads (`NodeService.UploadDelta`, DESIGN §6) and the content-addressed blob
@@ -400,7 +415,9 @@ impl Config {
         Ok(())
     }
 
-    fn check(&self) -> Result<(), String> {
+    /// Checks the values (every load does): ranges, addresses, TLS material pairs,
+    /// attester keys. Errors name the key at fault.
+    pub fn check(&self) -> Result<(), String> {
         let s = &self.server;
         s.grpc_addr
             .parse::<std::net::SocketAddr>()
@@ -448,10 +465,17 @@ impl Config {
                 self.deltas.min_upload_bytes_per_s,
             ),
             ("deltas.chunk_bytes", self.deltas.chunk_bytes as u64),
+            ("chain.penalty_window_ms", self.chain.penalty_window_ms),
         ] {
             if v == 0 {
                 return Err(format!("{key} must be greater than 0"));
             }
+        }
+        if !(1..=100).contains(&self.chain.slash_pct) {
+            return Err(format!(
+                "chain.slash_pct must be within 1..=100, got {}",
+                self.chain.slash_pct
+            ));
         }
         // A data chunk travels in a DeltaChunk message: tag and length take at most 16 bytes.
         if self.deltas.chunk_bytes.saturating_add(CHUNK_FRAMING) > s.max_message_bytes {
@@ -617,6 +641,12 @@ mod tests {
                 "validation.suspect_threshold",
             ),
             ("[validation]\nreplay = 1\n", "replay"),
+            ("[chain]\nslash_pct = 0\n", "chain.slash_pct"),
+            ("[chain]\nslash_pct = 101\n", "chain.slash_pct"),
+            (
+                "[chain]\npenalty_window_ms = 0\n",
+                "chain.penalty_window_ms",
+            ),
         ] {
             std::fs::write(&f, text).unwrap();
             let err = Config::load(Some(&f), |_| None).unwrap_err().to_string();

@@ -20,9 +20,11 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod delta;
+pub mod demo;
 pub mod grpc;
 pub mod identity;
 pub mod metrics;
+pub mod publish;
 pub mod serve;
 #[cfg(feature = "testkit")]
 pub mod sim;

@@ -75,6 +75,25 @@ impl ClientArgs {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The main job: start the orchestrator and N node processes on loopback, train the
+    /// built-in wine-mlp on Wine Quality (red) to Published, with optional faults, and print
+    /// the summary. Exit 0 only when the job reaches Published.
+    #[command(after_help = "\
+Examples:
+  hanzod demo
+  hanzod demo --nodes 4 --epochs 3
+  hanzod demo --kill 1 --byzantine 2 --attack mixed
+  hanzod demo --scenario config/demo.example.toml --json")]
+    Demo {
+        #[command(flatten)]
+        args: hanzod::demo::DemoArgs,
+        /// Print the summary as JSON (stdout) instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// No live view: log lines on stderr instead.
+        #[arg(long)]
+        no_progress: bool,
+    },
     /// Run the daemon until SIGTERM or Ctrl-C.
     #[command(after_help = "\
 Examples:
@@ -364,6 +383,11 @@ struct NodeArgs {
     /// Longest reconnect delay, ms.
     #[arg(long, default_value_t = 30_000)]
     backoff_max_ms: u64,
+    /// Fault injection: train as a Byzantine node. `poison[:scale]` uploads −scale × the
+    /// honest delta (scale 10); `lie-loss[:factor]` claims factor × the measured loss
+    /// (0.5). The validator must reject or down-weight it, and a spot-check slash it.
+    #[arg(long, default_value = "honest", value_name = "BEHAVIOUR")]
+    byzantine: hanzod::agent::trainer::Behaviour,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -406,8 +430,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Command::Demo {
+        args,
+        json,
+        no_progress,
+    } = cli.command
+    {
+        return run_demo(&cfg, args, json, no_progress);
+    }
     init_logging(&cfg);
     match cli.command {
+        Command::Demo { .. } => ExitCode::SUCCESS,
         Command::Config => match toml::to_string_pretty(&cfg.redacted()) {
             Ok(s) => {
                 print!("{s}");
@@ -731,6 +764,7 @@ async fn run_node(args: NodeArgs) -> ExitCode {
         advertise,
         backoff_min_ms: args.backoff_min_ms,
         backoff_max_ms: args.backoff_max_ms,
+        behaviour: args.byzantine,
     };
     let agent = hanzod::agent::Agent::new(settings, identity);
     let me = agent.node_id();
@@ -771,6 +805,59 @@ async fn run_node(args: NodeArgs) -> ExitCode {
     match result {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => fail(e),
+        Err(e) => fail(e),
+    }
+}
+
+fn run_demo(cfg: &Config, args: hanzod::demo::DemoArgs, json: bool, no_progress: bool) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return fail(format!("cannot find the hanzod executable: {e}")),
+    };
+    let mut plan = match args.plan(exe) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    plan.progress = !no_progress;
+    // The orchestrator's log goes to a file: the terminal shows the live view.
+    let logs = plan.out.join("logs");
+    let log = std::fs::create_dir_all(&logs)
+        .and_then(|_| std::fs::File::create(logs.join("orchestrator.log")));
+    match log {
+        Ok(file) => {
+            let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log.filter)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .init();
+        }
+        Err(e) => return fail(format!("{}: {e}", logs.display())),
+    }
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(e) => return fail(e),
+    };
+    match rt.block_on(hanzod::demo::run(plan)) {
+        Ok(summary) => {
+            if json {
+                match serde_json::to_string_pretty(&summary) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => return fail(e),
+                }
+            } else {
+                print!("{}", hanzod::demo::render(&summary));
+            }
+            if summary.succeeded() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Err(e) => fail(e),
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use hanzod_actors::ports::memory::MemoryChain;
-use hanzod_actors::ports::Clock;
+use hanzod_actors::ports::{Clock, Ledger};
 use hanzod_actors::types::GymWei;
 use hanzod_actors::{Orchestrator, OrchestratorHandle};
 use tokio::net::TcpListener;
@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use crate::client::Io;
 use crate::config::Config;
 use crate::delta::catalog::ModelCatalog;
-use crate::delta::sink::TrainingSink;
+use crate::delta::sink::{Economics, TrainingSink};
 use crate::delta::store::{BlobError, BlobStore, FsBlobStore, MemoryBlobStore};
 use crate::grpc::node::NodeServiceSettings;
 use crate::grpc::server::{tls_acceptor, GrpcServer, ServeError, ServerSettings};
@@ -138,6 +138,7 @@ pub struct Daemon {
     blobs: Arc<dyn BlobStore>,
     catalog: Arc<ModelCatalog>,
     sink: TrainingSink,
+    ledger: Arc<dyn Ledger>,
     shutdown: watch::Sender<bool>,
     grpc: tokio::task::JoinHandle<Result<(), ServeError>>,
     exporter: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -363,19 +364,31 @@ impl Daemon {
         // this one.
         let seed: [u8; 32] =
             Sha256::digest(identity.sign(hanzod_proto::domain::SPOT_CHECK_SEED, &[])).into();
+        let mut chain = MemoryChain::with_default_stake(stake)
+            .with_penalty_window_ms(cfg.chain.penalty_window_ms);
+        if let Some(clock) = &clock {
+            chain = chain.with_clock(clock.clone());
+        }
+        let chain = Arc::new(chain);
+        let ledger: Arc<dyn Ledger> = chain.clone();
         let sink = TrainingSink::start(
             blobs.clone(),
             catalog.clone(),
             seed,
             cfg.validation.sink_config(),
             metrics.clone(),
+            Some(Economics {
+                ledger: ledger.clone(),
+                epoch_pool: GymWei::gym(cfg.chain.epoch_reward_gym),
+                slash_pct: cfg.chain.slash_pct,
+            }),
         )
         .await
         .map_err(|e| StartError::Validator(e.to_string()))?;
         let mut builder = Orchestrator::builder()
             .config(cfg.core.clone())
             .checkpoint_sink(Arc::new(sink.clone()))
-            .chain(Arc::new(MemoryChain::with_default_stake(stake)))
+            .chain(chain)
             .node_link(Arc::new(GrpcNodeLink(sessions.clone())))
             .metrics(metrics.clone());
         if let Some(clock) = clock {
@@ -458,12 +471,19 @@ impl Daemon {
             identity,
             blobs,
             catalog,
+            ledger,
             sink,
             shutdown,
             grpc,
             exporter,
             grace: Duration::from_millis(cfg.server.shutdown_grace_ms),
         })
+    }
+
+    /// The ledger rewards are paid and stakes slashed on (the embedded one: its
+    /// balances, reward batches and slashes).
+    pub fn ledger(&self) -> Arc<dyn Ledger> {
+        self.ledger.clone()
     }
 
     /// The validating, merging checkpoint sink (its epoch reports and spot-check

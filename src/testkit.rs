@@ -939,7 +939,7 @@ impl Sim {
                             self.status.send_modify(|s| if s.ring.as_ref().is_some_and(|r| r.job == job) { s.ring = None; });
                             delta_at = None;
                         }
-                        NodeCommand::ProbeRequest { .. } => {}
+                        NodeCommand::ProbeRequest { .. } | NodeCommand::EpochStart(_) => {}
                     }
                 }
                 ctl = self.control.recv() => {

@@ -75,6 +75,7 @@ async fn fixture(rate: f64) -> Fixture {
         seed,
         config,
         metrics.clone(),
+        None,
     )
     .await
     .unwrap();

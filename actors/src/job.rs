@@ -94,6 +94,26 @@ impl Default for TrainingSpec {
     }
 }
 
+/// One epoch's work for a ring member ([`crate::ports::NodeCommand::EpochStart`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpochAssignment {
+    /// The job.
+    pub job: JobId,
+    /// The epoch to train, 0-based.
+    pub epoch: u32,
+    /// The global step the node's local run starts at: `epoch × local_steps` (DESIGN §6;
+    /// the upload must state it).
+    pub step: u64,
+    /// The checkpoint to start from: the reference published for epoch − 1, `None` in
+    /// epoch 0 (the recipe's initial weights, derived from `training.seed`).
+    pub base: Option<String>,
+    /// The recipe (model, dataset, local steps, batch size, learning rates, seed).
+    pub training: TrainingSpec,
+    /// When the epoch's deadline passes (ms since the Unix epoch); a delta arriving later
+    /// is refused.
+    pub deadline: Timestamp,
+}
+
 /// Why a [`JobSpec`] was refused: one variant per bad field.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum JobSpecError {

@@ -16,6 +16,7 @@ pub mod node;
 pub mod orchestrator;
 pub mod ports;
 pub mod replay;
+pub mod rewards;
 pub mod ring;
 pub mod sched;
 pub mod supervision;

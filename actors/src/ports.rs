@@ -9,6 +9,7 @@
 //! | [`Clock`] | [`TokioClock`] (follows paused tokio time), [`SystemClock`] | — |
 //! | [`StateStore`] | [`memory::MemoryStateStore`] | Valkey stream + snapshots |
 //! | [`ChainReader`] | [`memory::MemoryChain`] | EVM JSON-RPC (`GYMToken`) |
+//! | [`Ledger`] (chain writes: rewards, slashing) | [`memory::MemoryChain`] | EVM transactions (`MiningPool`, `GYMToken`) |
 //! | [`NodeLink`] | [`memory::ChannelNodeLink`] | gRPC session streams |
 //! | [`CheckpointSink`] | [`memory::MemoryCheckpointSink`] | validator + merge + IPFS/HF publisher |
 //! | [`Metrics`] | [`memory::MemoryMetrics`] | Prometheus registry on :9551 |
@@ -126,6 +127,118 @@ pub trait ChainReader: Send + Sync + std::fmt::Debug + 'static {
     async fn penalty_until(&self, node: &NodeId) -> Result<Option<Timestamp>, ChainError>;
 }
 
+/// Errors of a [`Ledger`]: the chain's own errors, plus requests the ledger refuses.
+///
+/// Kept apart from [`ChainError`] so that readers matching every [`ChainError`] variant
+/// stay exhaustive; `?` converts a [`ChainError`] into [`LedgerError::Chain`].
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum LedgerError {
+    /// The chain failed or refused ([`ChainError::Unavailable`], [`ChainError::Unbound`]).
+    #[error(transparent)]
+    Chain(#[from] ChainError),
+    /// The request is malformed (a slashing percentage outside 1..=100, an amount that
+    /// would overflow); nothing was written. Retrying the same request fails the same way.
+    #[error("invalid ledger request: {0}")]
+    Invalid(String),
+}
+
+/// The outcome of one [`Ledger::distribute_epoch_rewards`] batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RewardReceipt {
+    /// The job whose epoch was paid.
+    pub job: JobId,
+    /// The epoch paid, 0-based.
+    pub epoch: u32,
+    /// The sum of `paid`, in GYM wei.
+    pub total: GymWei,
+    /// Each node paid and its amount in GYM wei, in the order the batch listed them.
+    pub paid: Vec<(NodeId, GymWei)>,
+    /// `true` when this (job, epoch) had already been paid: nothing was paid by this call
+    /// and the other fields are the first batch's.
+    pub duplicate: bool,
+}
+
+/// The outcome of one [`Ledger::slash`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlashReceipt {
+    /// The node slashed (its operator's stake was hit).
+    pub node: NodeId,
+    /// The percentage of the stake removed, 1..=100.
+    pub pct: u8,
+    /// The amount removed, in GYM wei: `stake × pct / 100`, rounded down.
+    pub slashed: GymWei,
+    /// The stake left, in GYM wei.
+    pub stake_after: GymWei,
+    /// SHA-256 of the evidence bytes: the slash's idempotency key.
+    pub evidence_hash: [u8; 32],
+    /// The end of the node's active penalty after this slash.
+    pub penalty_until: Timestamp,
+    /// `true` when this evidence had already slashed: nothing was slashed by this call and
+    /// the other fields are the first slash's.
+    pub duplicate: bool,
+}
+
+/// Write access to the chain: epoch rewards and slashing (DESIGN §8, paper §8 "Reward
+/// Distribution" and "Slashing").
+///
+/// Amounts are in GYM wei (10^-18 GYM). Rewards go to, and slashing hits, the node's
+/// operator (`nodeOperator(key)`); the embedded ledger keeps both per node key.
+///
+/// Both writes are idempotent, so a job actor rebuilt while a write was in flight can
+/// repeat it safely:
+/// - rewards at most once per (job, epoch), mirroring `MiningPool.distributeEpochRewards`
+///   paying an epoch once;
+/// - a slash at most once per SHA-256 of its evidence, mirroring `GYMToken.slash` refusing
+///   reused evidence.
+///
+/// A repeated call pays or slashes nothing and returns the first call's receipt with
+/// `duplicate: true`, whatever its other arguments.
+#[async_trait]
+pub trait Ledger: ChainReader {
+    /// Pays each node's operator its amount (paper §8 `distribute_rewards`, contract
+    /// `MiningPool.distributeEpochRewards(epoch, workers[], amounts[])`), in GYM wei.
+    ///
+    /// All or nothing: if any node is unbound ([`ChainError::Unbound`]) or an amount
+    /// would overflow ([`LedgerError::Invalid`]), nothing is paid and the epoch stays
+    /// unpaid. A node listed twice is paid both amounts. An empty batch records the epoch
+    /// as paid with a total of 0.
+    ///
+    /// Idempotent per (`job`, `epoch`): a second call pays nothing and returns the first
+    /// receipt with `duplicate: true`.
+    async fn distribute_epoch_rewards(
+        &self,
+        job: JobId,
+        epoch: u32,
+        rewards: &[(NodeId, GymWei)],
+    ) -> Result<RewardReceipt, LedgerError>;
+
+    /// Slashes `node`'s operator (paper §8 `slash_node`, contract
+    /// `GYMToken.slash(node, pct, reporter, evidence)`): removes `pct` % of its current
+    /// stake (rounded down, in GYM wei), records the evidence and sets an active penalty
+    /// until now + the ledger's penalty window (an already later penalty is kept).
+    ///
+    /// `pct` outside 1..=100 is refused with [`LedgerError::Invalid`]; an unbound node
+    /// with [`ChainError::Unbound`]. Idempotent per SHA-256(`evidence`): the same evidence
+    /// never slashes twice; a repeat returns the first receipt with `duplicate: true`
+    /// (evidence should therefore name the node and the offence).
+    async fn slash(
+        &self,
+        node: &NodeId,
+        pct: u8,
+        evidence: &[u8],
+    ) -> Result<SlashReceipt, LedgerError>;
+
+    /// The rewards `node`'s operator has received, in GYM wei (0 when none yet);
+    /// [`ChainError::Unbound`] for an unbound node that was never paid.
+    async fn balance_of(&self, node: &NodeId) -> Result<GymWei, LedgerError>;
+
+    /// Every slash applied, oldest first (none of them `duplicate`).
+    async fn slashes(&self) -> Result<Vec<SlashReceipt>, LedgerError>;
+
+    /// Every reward batch paid, oldest first (none of them `duplicate`).
+    async fn reward_batches(&self) -> Result<Vec<RewardReceipt>, LedgerError>;
+}
+
 /// The ordered members of a job's ring at one version (DESIGN §4).
 ///
 /// Member `k` sends to member `k+1` (and the last to the first) in the ring all-reduce.
@@ -161,6 +274,12 @@ pub enum NodeCommand {
         /// The peer to probe.
         peer: NodeId,
     },
+    /// Train this epoch of a job (DESIGN §5, paper §3.1 Provisioning/Running): fetch the
+    /// base checkpoint, run the recipe's local steps, upload the delta before the deadline.
+    /// Sent to every ring member when the epoch starts, to members joining mid-epoch, and
+    /// again periodically to members that have not delivered (a node that reconnected
+    /// learns its work); a node ignores an epoch it already trained.
+    EpochStart(crate::job::EpochAssignment),
 }
 
 /// Errors of a [`NodeLink`].

@@ -8,8 +8,9 @@
 
 pub mod probe;
 pub mod protocol;
+pub mod trainer;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +54,8 @@ pub struct AgentSettings {
     pub backoff_min_ms: u64,
     /// See `backoff_min_ms`.
     pub backoff_max_ms: u64,
+    /// How it trains: honestly, or Byzantine for fault injection.
+    pub behaviour: trainer::Behaviour,
 }
 
 impl AgentSettings {
@@ -77,6 +80,7 @@ impl AgentSettings {
             advertise: advertise.into(),
             backoff_min_ms: 500,
             backoff_max_ms: 30_000,
+            behaviour: trainer::Behaviour::Honest,
         }
     }
 }
@@ -117,6 +121,45 @@ pub enum AgentEvent {
     Released {
         /// The job.
         job: u64,
+    },
+    /// Was assigned an epoch and started on it.
+    EpochAssigned {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// The checkpoint it trains from (`None`: the recipe's initial weights).
+        base: Option<String>,
+    },
+    /// Trained an epoch and the daemon accepted the delta.
+    DeltaUploaded {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// The claimed loss sent.
+        claimed_loss: f64,
+        /// The last local step's batch loss.
+        last_loss: f64,
+        /// SHA-256 of the delta (hex).
+        delta_hash: String,
+        /// Size of the delta, bytes.
+        bytes: usize,
+        /// Checkpoint download, ms.
+        fetch_ms: u64,
+        /// Local steps, ms.
+        train_ms: u64,
+        /// Upload, ms.
+        upload_ms: u64,
+    },
+    /// An epoch's work failed; the node waits for the assignment to be resent.
+    EpochFailed {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// Why.
+        reason: String,
     },
     /// Measured a link.
     Probed {
@@ -170,7 +213,14 @@ pub struct Agent {
     log_id: Vec<u8>,
     /// The current attempt registered.
     registered: bool,
+    /// Epochs trained or in progress (across sessions): an assignment resent is ignored.
+    epochs: HashSet<(JobId, u32)>,
+    /// The training data, loaded at the first assignment.
+    data: Option<Arc<crate::train::Dataset>>,
 }
+
+/// The outcome of one epoch's work, reported back to the session loop.
+type WorkDone = (JobId, u32, Result<trainer::EpochWork, trainer::TrainError>);
 
 /// Why the agent stopped on its own.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -228,6 +278,8 @@ impl Agent {
             rings: HashMap::new(),
             log_id: Vec::new(),
             registered: false,
+            epochs: HashSet::new(),
+            data: None,
         }
     }
 
@@ -254,10 +306,12 @@ impl Agent {
     /// forever).
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
         let mut attempt: u32 = 0;
+        // Work outlives a session: its outcome is reported on whichever session is live.
+        let (work_tx, mut work_rx) = mpsc::channel::<WorkDone>(16);
         loop {
             self.registered = false;
             let end = tokio::select! {
-                r = self.session() => r,
+                r = self.session(&work_tx, &mut work_rx) => r,
                 _ = crate::grpc::stopped(&mut stop) => Err(SessionEnd::Stopped),
             };
             if *stop.borrow() {
@@ -308,7 +362,11 @@ impl Agent {
         }
     }
 
-    async fn session(&mut self) -> Result<(), SessionEnd> {
+    async fn session(
+        &mut self,
+        work_tx: &mpsc::Sender<WorkDone>,
+        work_rx: &mut mpsc::Receiver<WorkDone>,
+    ) -> Result<(), SessionEnd> {
         let opts = &self.settings.orchestrator;
         let channel = opts.connect_with(self.dial.clone()).await?;
         let max = 16 << 20;
@@ -374,6 +432,26 @@ impl Agent {
                 Some(result) = probe_rx.recv() => {
                     let _ = out.send(sign(pb::node_message::Body::ProbeResult(result))).await;
                 }
+                Some((job, epoch, result)) = work_rx.recv() => {
+                    match result {
+                        Ok(w) => self.emit(AgentEvent::DeltaUploaded {
+                            job: job.0,
+                            epoch,
+                            claimed_loss: w.claimed_loss,
+                            last_loss: w.last_loss,
+                            delta_hash: hex::encode(w.delta_hash),
+                            bytes: w.delta_bytes,
+                            fetch_ms: w.fetch_ms,
+                            train_ms: w.train_ms,
+                            upload_ms: w.upload_ms,
+                        }),
+                        Err(e) => {
+                            // Tried again when the daemon resends the assignment.
+                            self.epochs.remove(&(job, epoch));
+                            self.emit(AgentEvent::EpochFailed { job: job.0, epoch, reason: e.to_string() });
+                        }
+                    }
+                }
                 m = inbound.message() => {
                     let Some(m) = m? else { return Ok(()) };
                     use pb::orchestrator_message::Body;
@@ -437,6 +515,41 @@ impl Agent {
                                 });
                                 queued.fetch_sub(1, Relaxed);
                                 let _ = tx.send(result).await;
+                            });
+                        }
+                        Some(Body::EpochStart(e)) => {
+                            let a = match crate::grpc::convert::epoch_start(&e) {
+                                Ok(a) => a,
+                                Err(err) => {
+                                    self.emit(AgentEvent::EpochFailed { job: e.job_id, epoch: e.epoch, reason: format!("unusable assignment: {err}") });
+                                    continue;
+                                }
+                            };
+                            if !self.epochs.insert((a.job, a.epoch)) {
+                                continue; // already trained or training
+                            }
+                            let data = match &self.data {
+                                Some(d) => d.clone(),
+                                None => match crate::train::Dataset::wine_quality() {
+                                    Ok(d) => self.data.insert(Arc::new(d)).clone(),
+                                    Err(err) => {
+                                        self.epochs.remove(&(a.job, a.epoch));
+                                        self.emit(AgentEvent::EpochFailed { job: a.job.0, epoch: a.epoch, reason: format!("dataset: {err}") });
+                                        continue;
+                                    }
+                                },
+                            };
+                            self.emit(AgentEvent::EpochAssigned { job: a.job.0, epoch: a.epoch, base: a.base.clone() });
+                            let worker = trainer::WorkerSession {
+                                client: client.clone(),
+                                session: reg.session.clone(),
+                                chunk_bytes: reg.delta_chunk_bytes.max(1) as usize,
+                                identity: self.identity.clone(),
+                            };
+                            let (tx, behaviour) = (work_tx.clone(), self.settings.behaviour);
+                            tokio::spawn(async move {
+                                let result = trainer::work_epoch(worker, &a, behaviour, data).await;
+                                let _ = tx.send((a.job, a.epoch, result)).await;
                             });
                         }
                         Some(Body::Reject(r)) => {
@@ -516,6 +629,27 @@ pub fn describe(e: &AgentEvent) -> String {
             format!("job {job}: ignored stale ring v{version} (have v{have})")
         }
         AgentEvent::Released { job } => format!("released from job {job}"),
+        AgentEvent::EpochAssigned { job, epoch, base } => format!(
+            "job {job}: training epoch {epoch} from {}",
+            base.as_deref().unwrap_or("the initial weights")
+        ),
+        AgentEvent::DeltaUploaded {
+            job,
+            epoch,
+            claimed_loss,
+            last_loss,
+            delta_hash,
+            bytes,
+            train_ms,
+            upload_ms,
+            ..
+        } => format!(
+            "job {job}: epoch {epoch} delta {} ({bytes} bytes) accepted; loss {claimed_loss:.4} → {last_loss:.4}; trained in {train_ms} ms, uploaded in {upload_ms} ms",
+            short(delta_hash)
+        ),
+        AgentEvent::EpochFailed { job, epoch, reason } => {
+            format!("job {job}: epoch {epoch} failed: {reason}")
+        }
         AgentEvent::Probed { peer, mbps, error } => match error {
             None => format!("probe to {}: {mbps:.1} Mbit/s", short(peer)),
             Some(e) => format!("probe to {} failed: {e}", short(peer)),

@@ -39,8 +39,11 @@ use super::validate::{
     ValidatorPool, Verdict, SUSPECT_LOSS_RISE,
 };
 use crate::core::job::TrainingSpec;
-use crate::core::ports::{CheckpointError, CheckpointSink, DeltaReceipt, EpochInput, Metrics};
-use crate::core::types::JobId;
+use crate::core::ports::{
+    CheckpointError, CheckpointSink, DeltaReceipt, EpochInput, Ledger, Metrics,
+};
+use crate::core::rewards::split_rewards;
+use crate::core::types::{GymWei, JobId, NodeId};
 use crate::train::{self, Dataset, Recipe, Weights};
 
 /// Tunables of the sink.
@@ -67,6 +70,42 @@ impl Default for SinkConfig {
             retain_deltas: false,
         }
     }
+}
+
+/// The epoch's economics (paper §8): where rewards are paid and stakes slashed, and how
+/// much.
+#[derive(Debug, Clone)]
+pub struct Economics {
+    /// The ledger (the embedded one, or the chain adapter).
+    pub ledger: Arc<dyn Ledger>,
+    /// The reward pool of one epoch, GYM wei.
+    pub epoch_pool: GymWei,
+    /// Percent of stake slashed per failed spot-check (1..=100).
+    pub slash_pct: u8,
+}
+
+/// A reward paid for an epoch.
+#[derive(Debug, Clone, Serialize)]
+pub struct RewardLine {
+    /// The node (hex key).
+    pub node: String,
+    /// The composite score the share was computed from.
+    pub score: f64,
+    /// GYM wei, as a decimal string (u128 does not fit JSON numbers).
+    pub amount_wei: String,
+}
+
+/// A slash applied for an epoch.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlashLine {
+    /// The node (hex key).
+    pub node: String,
+    /// Percent of its stake.
+    pub pct: u8,
+    /// GYM wei removed, as a decimal string.
+    pub slashed_wei: String,
+    /// The stake left, GYM wei, as a decimal string.
+    pub stake_after_wei: String,
 }
 
 /// One delta's line in an [`EpochReport`].
@@ -127,6 +166,14 @@ pub struct EpochReport {
     pub deltas: Vec<DeltaReport>,
     /// Evidence for slashing, one per failed spot-check.
     pub slashes: Vec<SlashEvidence>,
+    /// Rewards paid for the epoch (empty without [`Economics`], or when nothing was
+    /// merged: an epoch that kept its base pays nobody).
+    pub rewards: Vec<RewardLine>,
+    /// Slashes applied for the epoch's evidence.
+    pub slashed: Vec<SlashLine>,
+    /// Why paying or slashing failed, when it did (the checkpoint is published anyway;
+    /// the ledger is idempotent per epoch and per evidence, so a retry pays nothing twice).
+    pub settlement_error: Option<String>,
 }
 
 /// The model state of one job.
@@ -172,6 +219,7 @@ struct KeeperArgs {
     seed: [u8; 32],
     config: SinkConfig,
     metrics: Arc<dyn Metrics>,
+    economics: Option<Economics>,
 }
 
 fn failed(what: impl std::fmt::Display) -> CheckpointError {
@@ -183,8 +231,10 @@ pub fn checkpoint_ref(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
-/// The blob hash a `sha256:<hex>` reference names.
-fn ref_hash(reference: &str) -> Result<[u8; 32], CheckpointError> {
+/// The blob hash a `sha256:<hex>` checkpoint reference names.
+///
+/// Errors: the reference is not `sha256:` followed by 64 hex digits.
+pub fn ref_hash(reference: &str) -> Result<[u8; 32], CheckpointError> {
     let hex_part = reference.strip_prefix("sha256:").ok_or_else(|| {
         failed(format!(
             "checkpoint reference {reference:?} is not sha256:<hex>"
@@ -594,11 +644,12 @@ impl KeeperState {
             base,
             (&checkpoint, loss_after, aggregator),
         );
-        let report = EpochReport {
+        let mut report = EpochReport {
             kept,
             suspect,
             ..report
         };
+        self.settle(&mut report).await;
         self.count(&report);
         tracing::info!(
             job = %job,
@@ -663,6 +714,90 @@ impl KeeperState {
                 .zip(judged)
                 .filter_map(|(r, v)| v.evidence(r))
                 .collect(),
+            rewards: Vec::new(),
+            slashed: Vec::new(),
+            settlement_error: None,
+        }
+    }
+
+    /// Pays the epoch's rewards and slashes its evidence on the ledger (paper §8): the
+    /// pool is split by composite score over the deltas that were accepted and not
+    /// suspect, and only when the epoch merged something; each failed spot-check slashes
+    /// `slash_pct` % of the node's stake with the evidence (canonical JSON) attached.
+    async fn settle(&self, report: &mut EpochReport) {
+        let Some(econ) = &self.deps.economics else {
+            return;
+        };
+        let job = JobId(report.job);
+        let node_of = |hex_key: &str| -> Option<NodeId> {
+            let mut b = [0u8; 32];
+            hex::decode_to_slice(hex_key, &mut b)
+                .ok()
+                .map(|_| NodeId(b))
+        };
+        let shares: Vec<(NodeId, f64)> = if report.aggregator.is_some() {
+            report
+                .deltas
+                .iter()
+                .filter(|d| d.rejected.is_none() && !d.suspect)
+                .filter_map(|d| Some((node_of(&d.node)?, d.score?.composite)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut errors = Vec::new();
+        let paid = split_rewards(econ.epoch_pool, &shares);
+        match econ
+            .ledger
+            .distribute_epoch_rewards(job, report.epoch, &paid)
+            .await
+        {
+            Ok(receipt) => {
+                report.rewards = receipt
+                    .paid
+                    .iter()
+                    .map(|(n, w)| RewardLine {
+                        node: hex::encode(n.0),
+                        score: shares.iter().filter(|(m, _)| m == n).map(|(_, s)| *s).sum(),
+                        amount_wei: w.0.to_string(),
+                    })
+                    .collect();
+                self.deps.metrics.incr(
+                    "rewards_wei",
+                    "paid",
+                    u64::try_from(receipt.total.0).unwrap_or(u64::MAX),
+                );
+            }
+            Err(e) => errors.push(format!("rewards: {e}")),
+        }
+        for evidence in &report.slashes {
+            let Some(node) = node_of(&evidence.node) else {
+                continue;
+            };
+            let bytes = match serde_json::to_vec(evidence) {
+                Ok(b) => b,
+                Err(e) => {
+                    errors.push(format!("evidence of {}: {e}", evidence.node));
+                    continue;
+                }
+            };
+            match econ.ledger.slash(&node, econ.slash_pct, &bytes).await {
+                Ok(r) => {
+                    self.deps.metrics.incr("slashes", "applied", 1);
+                    report.slashed.push(SlashLine {
+                        node: evidence.node.clone(),
+                        pct: r.pct,
+                        slashed_wei: r.slashed.0.to_string(),
+                        stake_after_wei: r.stake_after.0.to_string(),
+                    });
+                }
+                Err(e) => errors.push(format!("slashing {}: {e}", evidence.node)),
+            }
+        }
+        if !errors.is_empty() {
+            let why = errors.join("; ");
+            tracing::warn!(job = %job, epoch = report.epoch, error = %why, "epoch settlement incomplete");
+            report.settlement_error = Some(why);
         }
     }
 
@@ -754,6 +889,7 @@ impl TrainingSink {
         seed: [u8; 32],
         config: SinkConfig,
         metrics: Arc<dyn Metrics>,
+        economics: Option<Economics>,
     ) -> anyhow::Result<TrainingSink> {
         let data = Arc::new(Dataset::wine_quality()?);
         let pool = ValidatorPool::start(config.workers, metrics.clone()).await?;
@@ -768,6 +904,7 @@ impl TrainingSink {
                 seed,
                 config,
                 metrics,
+                economics,
             },
         )
         .await?;

@@ -3,7 +3,7 @@
 //! turn into `INVALID_ARGUMENT`.
 
 use hanzod_actors::actor::job::JobView;
-use hanzod_actors::job::{JobPhase, JobSpec, TrainingSpec};
+use hanzod_actors::job::{EpochAssignment, JobPhase, JobSpec, TrainingSpec};
 use hanzod_actors::node::Heartbeat;
 use hanzod_actors::ports::RingView;
 use hanzod_actors::sched::NodeView;
@@ -250,6 +250,49 @@ pub fn training_spec_to_wire(t: &TrainingSpec) -> pb::TrainingSpec {
         outer_lr: Some(t.outer_lr),
         seed: Some(t.seed),
     }
+}
+
+/// An epoch assignment on the wire (`EpochStart`).
+pub fn epoch_start_to_wire(a: &EpochAssignment) -> pb::EpochStart {
+    pb::EpochStart {
+        job_id: a.job.0,
+        epoch: a.epoch,
+        step: a.step,
+        base_checkpoint: a.base.clone().unwrap_or_default(),
+        training: Some(training_spec_to_wire(&a.training)),
+        deadline_ms: a.deadline.as_millis(),
+    }
+}
+
+/// An epoch assignment from the wire, as a node reads it: the recipe must be present (an
+/// unset recipe field takes its default) and valid, and `step` must be
+/// `epoch × local_steps`.
+///
+/// Errors: the field at fault (`training`, `training.*`, `step`).
+pub fn epoch_start(e: &pb::EpochStart) -> Result<EpochAssignment, FieldError> {
+    let training = e
+        .training
+        .as_ref()
+        .ok_or_else(|| bad("training", "missing"))?;
+    let training = training_spec(Some(training))?;
+    if training.local_steps == 0 {
+        return Err(bad("training.local_steps", "must be at least 1"));
+    }
+    let expected = u64::from(e.epoch) * u64::from(training.local_steps);
+    if e.step != expected {
+        return Err(bad(
+            "step",
+            format!("{} is not epoch × local_steps = {expected}", e.step),
+        ));
+    }
+    Ok(EpochAssignment {
+        job: JobId(e.job_id),
+        epoch: e.epoch,
+        step: e.step,
+        base: (!e.base_checkpoint.is_empty()).then(|| e.base_checkpoint.clone()),
+        training,
+        deadline: Timestamp(e.deadline_ms),
+    })
 }
 
 /// A ring on the wire; `endpoint` gives each member's peer endpoint (empty when unknown).

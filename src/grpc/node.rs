@@ -491,6 +491,18 @@ impl NodeService for NodeServiceImpl {
             .await
             .map(Response::new)
     }
+
+    type FetchCheckpointStream = super::upload::CheckpointStream;
+
+    async fn fetch_checkpoint(
+        &self,
+        request: Request<pb::FetchCheckpointRequest>,
+    ) -> Result<Response<Self::FetchCheckpointStream>, Status> {
+        self.uploads
+            .fetch_checkpoint(request.into_inner())
+            .await
+            .map(Response::new)
+    }
 }
 
 /// tonic refuses an oversized message `OUT_OF_RANGE`; the gRPC specification's code for a

@@ -291,6 +291,9 @@ impl Sessions {
             NodeCommand::Release { job } => {
                 pb::orchestrator_message::Body::Release(pb::Release { job_id: job.0 })
             }
+            NodeCommand::EpochStart(a) => {
+                pb::orchestrator_message::Body::EpochStart(convert::epoch_start_to_wire(&a))
+            }
             NodeCommand::ProbeRequest { peer } => {
                 let peer_endpoint = g
                     .by_node
@@ -357,6 +360,7 @@ impl NodeLink for GrpcNodeLink {
             NodeCommand::RingUpdate(_) => "ring_update",
             NodeCommand::Release { .. } => "release",
             NodeCommand::ProbeRequest { .. } => "probe_request",
+            NodeCommand::EpochStart(_) => "epoch_start",
         };
         let r = self.0.deliver(node, command);
         let outcome = if r.is_ok() { kind } else { "undeliverable" };

@@ -217,7 +217,59 @@ impl std::fmt::Debug for DeltaUploads {
     }
 }
 
+/// The stream of a checkpoint download (`FetchCheckpoint`).
+pub type CheckpointStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::CheckpointChunk, Status>> + Send>>;
+
 impl DeltaUploads {
+    /// `FetchCheckpoint` (see `node.proto`): a live session may download any checkpoint
+    /// the daemon stored, as a header and chunks of `chunk_bytes`.
+    ///
+    /// Errors: `UNAUTHENTICATED` (no live session), `INVALID_ARGUMENT` (malformed
+    /// reference), `NOT_FOUND` (not stored here), `UNAVAILABLE` (the store failed).
+    pub async fn fetch_checkpoint(
+        &self,
+        request: pb::FetchCheckpointRequest,
+    ) -> Result<CheckpointStream, Status> {
+        <[u8; 16]>::try_from(request.session.as_slice())
+            .ok()
+            .and_then(|t| self.sessions.lookup(&t))
+            .ok_or_else(|| Status::unauthenticated("unknown or expired session; register again"))?;
+        let hash = crate::delta::sink::ref_hash(&request.checkpoint)
+            .map_err(|e| Status::invalid_argument(format!("invalid checkpoint: {e}")))?;
+        let bytes = match self.blobs.get(&hash).await {
+            Ok(b) => b,
+            Err(crate::delta::store::BlobError::NotFound(_)) => {
+                return Err(Status::not_found(format!(
+                    "checkpoint {} is not stored here",
+                    request.checkpoint
+                )))
+            }
+            Err(e) => return Err(Status::unavailable(format!("checkpoint store: {e}"))),
+        };
+        let header = pb::CheckpointChunk {
+            part: Some(pb::checkpoint_chunk::Part::Header(pb::CheckpointHeader {
+                checkpoint: request.checkpoint,
+                total_bytes: bytes.len() as u64,
+                sha256: hash.to_vec(),
+            })),
+        };
+        let step = self.settings.chunk_bytes.max(1);
+        let n = bytes.len().div_ceil(step);
+        let data = futures_util::StreamExt::map(tokio_stream::iter(0..n), move |i| {
+            let end = ((i + 1) * step).min(bytes.len());
+            Ok(pb::CheckpointChunk {
+                part: Some(pb::checkpoint_chunk::Part::Data(
+                    bytes[i * step..end].to_vec(),
+                )),
+            })
+        });
+        Ok(Box::pin(futures_util::StreamExt::chain(
+            tokio_stream::once(Ok(header)),
+            data,
+        )))
+    }
+
     /// Uploads for `core`'s jobs by the nodes of `sessions`, checked against `catalog`,
     /// stored in `blobs`.
     pub fn new(

@@ -17,7 +17,7 @@ use super::ring::{RingActor, RingActorArgs, RingMsg};
 use super::scheduler::SchedulerMsg;
 use super::{answer, Deps, Notice};
 use crate::events::Event;
-use crate::job::{FailReason, Job, JobError, JobEvent, JobPhase, JobSpec};
+use crate::job::{EpochAssignment, FailReason, Job, JobError, JobEvent, JobPhase, JobSpec};
 use crate::ports::{DeltaReceipt, EpochInput, NodeCommand, RingView};
 use crate::supervision::{RestartBudget, RestartDecision};
 use crate::types::{JobId, NodeId, Timestamp};
@@ -75,6 +75,10 @@ pub enum JobMsg {
     /// provisioning, complete an epoch that is complete or past its deadline, publish an
     /// aggregated epoch.
     Reconcile,
+    /// Resend the running epoch's assignment to the ring members that have not delivered
+    /// (every `ring.resync_ms`: a node that reconnected, or missed the first one, learns
+    /// its work).
+    Reassign,
     /// Fault injection: panic in this actor.
     InjectPanic,
     /// Fault injection: make the ring actor panic; replies whether it exists.
@@ -260,11 +264,44 @@ impl JobState {
         if entered_epoch {
             self.receipts.clear();
             self.arm_timers(myself);
+            self.assign().await;
         }
         if self.job.phase.is_terminal() {
             self.finish(myself).await;
         }
         Ok(())
+    }
+
+    /// Sends the running epoch's [`EpochAssignment`] to every ring member that has not
+    /// delivered its delta (members ignore an epoch they already trained). Undeliverable
+    /// assignments are left to the next [`JobMsg::Reassign`].
+    async fn assign(&self) {
+        let JobPhase::Running { epoch, .. } = self.job.phase else {
+            return;
+        };
+        let Some(ring) = &self.ring else { return };
+        let spec = &self.job.spec;
+        let assignment = EpochAssignment {
+            job: self.job.id,
+            epoch,
+            step: u64::from(epoch) * u64::from(spec.training.local_steps),
+            base: epoch
+                .checked_sub(1)
+                .and_then(|e| self.job.checkpoints.get(e as usize))
+                .cloned(),
+            training: spec.training.clone(),
+            deadline: self.phase_since.plus_ms(spec.epoch_deadline_ms),
+        };
+        for m in ring
+            .members
+            .iter()
+            .filter(|m| !self.receipts.contains_key(*m))
+        {
+            let command = NodeCommand::EpochStart(assignment.clone());
+            if let Err(e) = self.deps.link.send(m, command).await {
+                tracing::debug!(job = %self.job.id, epoch, node = %m, error = %e, "assignment not delivered; will resend");
+            }
+        }
     }
 
     /// Arms the timer of the current phase: the epoch deadline counts from the epoch's
@@ -304,6 +341,7 @@ impl JobState {
                 if now >= due {
                     self.complete_epoch(myself, epoch).await;
                 } else {
+                    self.assign().await;
                     self.maybe_complete(myself).await;
                 }
             }
@@ -477,13 +515,17 @@ impl JobState {
             }
             _ if self.job.phase.is_terminal() => Ok(()),
             _ => {
-                self.transition(
-                    myself,
-                    JobEvent::RingChanged {
-                        ring_version: version,
-                    },
-                )
-                .await
+                let changed = self
+                    .transition(
+                        myself,
+                        JobEvent::RingChanged {
+                            ring_version: version,
+                        },
+                    )
+                    .await;
+                // Members that joined mid-epoch learn the epoch's work.
+                self.assign().await;
+                changed
             }
         };
         if let Err(e) = result {
@@ -530,6 +572,10 @@ impl Actor for JobActor {
         state: &mut JobState,
     ) -> Result<(), ActorProcessingErr> {
         state.arm_timers(&myself);
+        let every = state.deps.cfg.ring.resync_ms;
+        if every > 0 {
+            myself.send_interval(Duration::from_millis(every), || JobMsg::Reassign);
+        }
         if state.placed.is_some() && !state.job.phase.is_terminal() {
             state.spawn_ring(&myself).await;
         }
@@ -613,6 +659,7 @@ impl Actor for JobActor {
                 }
             }
             JobMsg::Reconcile => state.reconcile(&myself).await,
+            JobMsg::Reassign => state.assign().await,
             JobMsg::InjectPanic => panic!("injected fault: job actor panic"),
             JobMsg::InjectRingPanic { reply } => {
                 let found = state.ring_actor.is_some();

@@ -12,7 +12,8 @@ use tokio::sync::mpsc;
 
 use super::{
     ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput,
-    LinkError, Metrics, NodeCommand, NodeLink, Snapshot, StateStore, StoreError,
+    Ledger, LedgerError, LinkError, Metrics, NodeCommand, NodeLink, RewardReceipt, SlashReceipt,
+    Snapshot, StateStore, StoreError,
 };
 use crate::events::{Event, Record};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
@@ -132,14 +133,54 @@ impl StateStore for MemoryStateStore {
     }
 }
 
-/// The in-process ledger's read side: stakes and penalties set by config (genesis) or tests.
+/// The default penalty window of [`MemoryChain`]: 24 h, in milliseconds.
+pub const DEFAULT_PENALTY_WINDOW_MS: u64 = 86_400_000;
+
+/// The in-process ledger: stakes and penalties set by config (genesis) or tests (the
+/// [`ChainReader`] side), and epoch rewards and slashing (the [`Ledger`] side), with the
+/// contracts' semantics (DESIGN §8).
 ///
 /// A node without an entry is unbound ([`ChainError::Unbound`]) unless a default stake is set.
-#[derive(Debug, Default)]
+/// Slashing sets a penalty until the ledger clock's now + the penalty window (defaults:
+/// [`super::SystemClock`], [`DEFAULT_PENALTY_WINDOW_MS`]; see [`MemoryChain::with_clock`]
+/// and [`MemoryChain::with_penalty_window_ms`]).
+#[derive(Debug)]
 pub struct MemoryChain {
     stakes: RwLock<HashMap<NodeId, GymWei>>,
     penalties: RwLock<HashMap<NodeId, Timestamp>>,
     default_stake: Option<GymWei>,
+    ledger: RwLock<LedgerBook>,
+    clock: Arc<dyn Clock>,
+    penalty_window_ms: u64,
+}
+
+/// The write side's records. Lock order when several are held: `ledger`, then `stakes`,
+/// then `penalties`.
+#[derive(Debug, Default)]
+struct LedgerBook {
+    /// Rewards received per node, in GYM wei.
+    balances: HashMap<NodeId, GymWei>,
+    /// Index into `batches` per paid (job, epoch).
+    paid_epochs: HashMap<(JobId, u32), usize>,
+    /// Reward batches in payment order.
+    batches: Vec<RewardReceipt>,
+    /// Index into `slashes` per evidence hash.
+    evidence: HashMap<[u8; 32], usize>,
+    /// Slashes in application order.
+    slashes: Vec<SlashReceipt>,
+}
+
+impl Default for MemoryChain {
+    fn default() -> Self {
+        MemoryChain {
+            stakes: RwLock::default(),
+            penalties: RwLock::default(),
+            default_stake: None,
+            ledger: RwLock::default(),
+            clock: Arc::new(super::SystemClock),
+            penalty_window_ms: DEFAULT_PENALTY_WINDOW_MS,
+        }
+    }
 }
 
 impl MemoryChain {
@@ -154,6 +195,24 @@ impl MemoryChain {
             default_stake: Some(stake),
             ..Self::default()
         }
+    }
+
+    /// Uses `clock` to time slashing penalties (default: [`super::SystemClock`]).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Sets how long a slash's penalty lasts, in milliseconds (default
+    /// [`DEFAULT_PENALTY_WINDOW_MS`], 24 h).
+    pub fn with_penalty_window_ms(mut self, window_ms: u64) -> Self {
+        self.penalty_window_ms = window_ms;
+        self
+    }
+
+    /// The penalty window, in milliseconds.
+    pub fn penalty_window_ms(&self) -> u64 {
+        self.penalty_window_ms
     }
 
     /// Sets `node`'s stake.
@@ -172,6 +231,17 @@ impl MemoryChain {
             None => p.remove(&node),
         };
     }
+
+    fn is_bound(&self, stakes: &HashMap<NodeId, GymWei>, node: &NodeId) -> bool {
+        self.default_stake.is_some() || stakes.contains_key(node)
+    }
+}
+
+/// `stake × pct / 100` rounded down, without overflow (`pct` ≤ 100).
+fn pct_of(stake: u128, pct: u8) -> u128 {
+    let pct = u128::from(pct);
+    // stake = 100q + r  ⇒  stake·pct/100 = q·pct + r·pct/100, and q·pct ≤ stake.
+    (stake / 100) * pct + (stake % 100) * pct / 100
 }
 
 #[async_trait]
@@ -192,6 +262,150 @@ impl ChainReader for MemoryChain {
             .unwrap_or_else(|p| p.into_inner())
             .get(node)
             .copied())
+    }
+}
+
+#[async_trait]
+impl Ledger for MemoryChain {
+    async fn distribute_epoch_rewards(
+        &self,
+        job: JobId,
+        epoch: u32,
+        rewards: &[(NodeId, GymWei)],
+    ) -> Result<RewardReceipt, LedgerError> {
+        let mut book = self.ledger.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(&i) = book.paid_epochs.get(&(job, epoch)) {
+            if let Some(first) = book.batches.get(i) {
+                return Ok(RewardReceipt {
+                    duplicate: true,
+                    ..first.clone()
+                });
+            }
+        }
+        // Check everything before writing anything: the batch is all or nothing.
+        {
+            let stakes = self.stakes.read().unwrap_or_else(|p| p.into_inner());
+            if let Some((node, _)) = rewards.iter().find(|(n, _)| !self.is_bound(&stakes, n)) {
+                return Err(ChainError::Unbound(*node).into());
+            }
+        }
+        let mut total: u128 = 0;
+        let mut after: HashMap<NodeId, u128> = HashMap::new();
+        for (node, amount) in rewards {
+            let overflow = || LedgerError::Invalid(format!("reward batch overflows at {node}"));
+            total = total.checked_add(amount.0).ok_or_else(overflow)?;
+            let held = match after.get(node) {
+                Some(&b) => b,
+                None => book.balances.get(node).map_or(0, |b| b.0),
+            };
+            after.insert(*node, held.checked_add(amount.0).ok_or_else(overflow)?);
+        }
+        for (node, balance) in after {
+            book.balances.insert(node, GymWei(balance));
+        }
+        let receipt = RewardReceipt {
+            job,
+            epoch,
+            total: GymWei(total),
+            paid: rewards.to_vec(),
+            duplicate: false,
+        };
+        let i = book.batches.len();
+        book.batches.push(receipt.clone());
+        book.paid_epochs.insert((job, epoch), i);
+        Ok(receipt)
+    }
+
+    async fn slash(
+        &self,
+        node: &NodeId,
+        pct: u8,
+        evidence: &[u8],
+    ) -> Result<SlashReceipt, LedgerError> {
+        if !(1..=100).contains(&pct) {
+            return Err(LedgerError::Invalid(format!(
+                "slashing percentage {pct} is outside 1..=100"
+            )));
+        }
+        let evidence_hash: [u8; 32] = Sha256::digest(evidence).into();
+        let mut book = self.ledger.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(&i) = book.evidence.get(&evidence_hash) {
+            if let Some(first) = book.slashes.get(i) {
+                return Ok(SlashReceipt {
+                    duplicate: true,
+                    ..first.clone()
+                });
+            }
+        }
+        let (slashed, stake_after) = {
+            let mut stakes = self.stakes.write().unwrap_or_else(|p| p.into_inner());
+            let stake = stakes
+                .get(node)
+                .copied()
+                .or(self.default_stake)
+                .ok_or(ChainError::Unbound(*node))?;
+            let slashed = pct_of(stake.0, pct);
+            let after = GymWei(stake.0 - slashed);
+            // A node on the default stake gets an explicit entry with what is left.
+            stakes.insert(*node, after);
+            (GymWei(slashed), after)
+        };
+        let penalty_until = {
+            let mut penalties = self.penalties.write().unwrap_or_else(|p| p.into_inner());
+            let new = self.clock.now().plus_ms(self.penalty_window_ms);
+            let until = penalties.get(node).map_or(new, |&old| old.max(new));
+            penalties.insert(*node, until);
+            until
+        };
+        let receipt = SlashReceipt {
+            node: *node,
+            pct,
+            slashed,
+            stake_after,
+            evidence_hash,
+            penalty_until,
+            duplicate: false,
+        };
+        let i = book.slashes.len();
+        book.slashes.push(receipt.clone());
+        book.evidence.insert(evidence_hash, i);
+        Ok(receipt)
+    }
+
+    async fn balance_of(&self, node: &NodeId) -> Result<GymWei, LedgerError> {
+        if let Some(b) = self
+            .ledger
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .balances
+            .get(node)
+        {
+            return Ok(*b);
+        }
+        let stakes = self.stakes.read().unwrap_or_else(|p| p.into_inner());
+        if self.is_bound(&stakes, node) {
+            Ok(GymWei(0))
+        } else {
+            Err(ChainError::Unbound(*node).into())
+        }
+    }
+
+    async fn slashes(&self) -> Result<Vec<SlashReceipt>, LedgerError> {
+        Ok(self
+            .ledger
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .slashes
+            .clone())
+    }
+
+    async fn reward_batches(&self) -> Result<Vec<RewardReceipt>, LedgerError> {
+        Ok(self
+            .ledger
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .batches
+            .clone())
     }
 }
 

@@ -1,0 +1,362 @@
+//! The reference worker of `hanzod node` (DESIGN §5–§6, paper §3.1): what a node does with
+//! an [`EpochAssignment`].
+//!
+//! 1. Fetch the base checkpoint (`FetchCheckpoint`) and check its bytes against the
+//!    reference; in epoch 0 derive the recipe's initial weights from its seed instead.
+//! 2. Run the recipe's local steps on this node's batch stream with burn
+//!    ([`train::train_local`], off the async runtime): deterministic for a given seed, job,
+//!    node and step, so a validator can re-run them.
+//! 3. Upload delta = local − global as an HZDL file, with the signed statement carrying the
+//!    claimed loss (the pre-delta weights' loss on the first step's batch).
+//!
+//! A [`Behaviour`] other than [`Behaviour::Honest`] makes the node Byzantine, for fault
+//! injection (`hanzod node --byzantine`, `hanzod demo --byzantine`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hanzod_actors::job::EpochAssignment;
+use hanzod_proto::v1 as pb;
+use hanzod_proto::v1::node_service_client::NodeServiceClient;
+use sha2::{Digest, Sha256};
+use tonic::transport::Channel;
+
+use crate::identity::Identity;
+use crate::train::{self, Dataset, Weights};
+
+/// How the node trains: honestly, or one of the attacks the validator must catch.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Behaviour {
+    /// Trains as the recipe says and reports what it measured.
+    #[default]
+    Honest,
+    /// Poisons: uploads −`scale` × its honest delta (sign-flipped and scaled), with its
+    /// honest claimed loss. The quality score and the robust merge must keep it out.
+    Poison {
+        /// The factor (> 0), e.g. 10.
+        scale: f32,
+    },
+    /// Lies about its loss: uploads its honest delta but claims `factor` × the loss it
+    /// measured. A spot-check must catch it (DESIGN §6: within 5 %).
+    LieLoss {
+        /// The factor (≠ 1, > 0), e.g. 0.5.
+        factor: f64,
+    },
+}
+
+impl std::str::FromStr for Behaviour {
+    type Err = String;
+
+    /// `honest`, `poison`, `poison:<scale>`, `lie-loss` or `lie-loss:<factor>` (defaults:
+    /// scale 10, factor 0.5).
+    fn from_str(s: &str) -> Result<Behaviour, String> {
+        let (kind, arg) = match s.split_once(':') {
+            Some((k, a)) => (k, Some(a)),
+            None => (s, None),
+        };
+        let num = |default: f64| -> Result<f64, String> {
+            match arg {
+                None => Ok(default),
+                Some(a) => a
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .ok_or_else(|| format!("{a:?} is not a positive number")),
+            }
+        };
+        match kind {
+            "honest" if arg.is_none() => Ok(Behaviour::Honest),
+            "poison" => Ok(Behaviour::Poison {
+                scale: num(10.0)? as f32,
+            }),
+            "lie-loss" => {
+                let factor = num(0.5)?;
+                if factor == 1.0 {
+                    return Err("a lie-loss factor of 1 is the truth".into());
+                }
+                Ok(Behaviour::LieLoss { factor })
+            }
+            _ => Err(format!(
+                "unknown behaviour {s:?} (honest, poison[:scale], lie-loss[:factor])"
+            )),
+        }
+    }
+}
+
+/// What one epoch's work produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochWork {
+    /// The claimed loss sent (the measured one unless the node lies).
+    pub claimed_loss: f64,
+    /// The loss of the last local step's batch, after training.
+    pub last_loss: f64,
+    /// SHA-256 of the uploaded HZDL bytes.
+    pub delta_hash: [u8; 32],
+    /// Size of the uploaded HZDL bytes.
+    pub delta_bytes: usize,
+    /// Time to fetch the base checkpoint, ms.
+    pub fetch_ms: u64,
+    /// Time of the local steps, ms.
+    pub train_ms: u64,
+    /// Time of the upload, ms.
+    pub upload_ms: u64,
+    /// The daemon had already recorded this delta (a retry after a lost ack).
+    pub already_delivered: bool,
+}
+
+/// Why an epoch's work failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TrainError {
+    /// The recipe names something this worker cannot train.
+    #[error("recipe: {0}")]
+    Recipe(String),
+    /// The checkpoint could not be fetched (the daemon's status, or the transfer broke).
+    #[error("fetching checkpoint {checkpoint}: {reason}")]
+    Fetch {
+        /// The reference.
+        checkpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// The checkpoint's bytes do not hash to its reference, or do not load.
+    #[error("checkpoint {checkpoint} is bad: {reason}")]
+    BadCheckpoint {
+        /// The reference.
+        checkpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// Training failed (non-finite loss, the worker thread died, …).
+    #[error("training: {0}")]
+    Training(String),
+    /// The daemon refused the delta, or the upload broke.
+    #[error("upload: {0}")]
+    Upload(String),
+}
+
+/// Checkpoints above this size are refused before download (the built-in models are a few
+/// KiB; a bound keeps a confused orchestrator from filling the node's memory).
+pub const MAX_CHECKPOINT_BYTES: u64 = 1 << 30;
+
+/// Downloads checkpoint `reference` and checks its bytes hash to the reference (SHA-256
+/// for `sha256:<hex>`).
+///
+/// Errors: [`TrainError::Fetch`] for the daemon's refusal or a broken transfer,
+/// [`TrainError::BadCheckpoint`] when the bytes do not match.
+pub async fn fetch_checkpoint(
+    client: &mut NodeServiceClient<Channel>,
+    session: &[u8],
+    reference: &str,
+) -> Result<Vec<u8>, TrainError> {
+    let fetch = |reason: String| TrainError::Fetch {
+        checkpoint: reference.to_string(),
+        reason,
+    };
+    let bad = |reason: String| TrainError::BadCheckpoint {
+        checkpoint: reference.to_string(),
+        reason,
+    };
+    let expected = crate::delta::sink::ref_hash(reference).map_err(|e| bad(e.to_string()))?;
+    let mut stream = client
+        .fetch_checkpoint(pb::FetchCheckpointRequest {
+            session: session.to_vec(),
+            checkpoint: reference.to_string(),
+        })
+        .await
+        .map_err(|s| fetch(crate::cli::status_line(&s)))?
+        .into_inner();
+    let header = match stream.message().await {
+        Ok(Some(pb::CheckpointChunk {
+            part: Some(pb::checkpoint_chunk::Part::Header(h)),
+        })) => h,
+        Ok(_) => return Err(fetch("the stream did not start with a header".into())),
+        Err(s) => return Err(fetch(crate::cli::status_line(&s))),
+    };
+    if header.total_bytes > MAX_CHECKPOINT_BYTES {
+        return Err(bad(format!(
+            "{} bytes is above the {MAX_CHECKPOINT_BYTES}-byte bound",
+            header.total_bytes
+        )));
+    }
+    let mut bytes = Vec::with_capacity(header.total_bytes.min(1 << 20) as usize);
+    loop {
+        match stream.message().await {
+            Ok(Some(pb::CheckpointChunk {
+                part: Some(pb::checkpoint_chunk::Part::Data(d)),
+            })) => {
+                if (bytes.len() + d.len()) as u64 > header.total_bytes {
+                    return Err(bad("more bytes than the header announced".into()));
+                }
+                bytes.extend_from_slice(&d);
+            }
+            Ok(None) => break,
+            Ok(Some(_)) => return Err(fetch("a second header".into())),
+            Err(s) => return Err(fetch(crate::cli::status_line(&s))),
+        }
+    }
+    if bytes.len() as u64 != header.total_bytes {
+        return Err(fetch(format!(
+            "{} of {} bytes arrived",
+            bytes.len(),
+            header.total_bytes
+        )));
+    }
+    let found: [u8; 32] = Sha256::digest(&bytes).into();
+    if found != expected {
+        return Err(bad(format!("the bytes hash to {}", hex::encode(found))));
+    }
+    Ok(bytes)
+}
+
+/// The worker's connection to the daemon for one session.
+#[derive(Clone)]
+pub struct WorkerSession {
+    /// The node service client.
+    pub client: NodeServiceClient<Channel>,
+    /// The session token.
+    pub session: Vec<u8>,
+    /// Upload chunk size, bytes (`RegisterResponse.delta_chunk_bytes`).
+    pub chunk_bytes: usize,
+    /// The node's identity.
+    pub identity: Identity,
+}
+
+/// Does `assignment`: fetch, train, upload (module docs). `data` is the recipe's dataset.
+///
+/// Errors: see [`TrainError`]; the caller reports them and waits for the next assignment
+/// (the daemon resends it while the epoch runs).
+pub async fn work_epoch(
+    mut s: WorkerSession,
+    assignment: &EpochAssignment,
+    behaviour: Behaviour,
+    data: Arc<Dataset>,
+) -> Result<EpochWork, TrainError> {
+    let recipe = crate::delta::sink::recipe_of(&assignment.training, assignment.job)
+        .map_err(TrainError::Recipe)?;
+    let started = Instant::now();
+    let base = match &assignment.base {
+        None => train::init(&recipe),
+        Some(reference) => {
+            let bytes = fetch_checkpoint(&mut s.client, &s.session, reference).await?;
+            Weights::from_safetensors(&bytes, train::layout(recipe.hidden)).map_err(|e| {
+                TrainError::BadCheckpoint {
+                    checkpoint: reference.clone(),
+                    reason: e.to_string(),
+                }
+            })?
+        }
+    };
+    let fetch_ms = started.elapsed().as_millis() as u64;
+    let started = Instant::now();
+    let node = s.identity.node_id().0;
+    let (epoch, step) = (assignment.epoch, assignment.step);
+    let (payload, claimed, last_loss) = tokio::task::spawn_blocking(move || {
+        let run = train::train_local(&base, &data, &recipe, &node, step)
+            .map_err(|e| TrainError::Training(e.to_string()))?;
+        let mut delta = run
+            .weights
+            .sub(&base)
+            .map_err(|e| TrainError::Training(e.to_string()))?;
+        let mut claimed = run.claimed_loss;
+        match behaviour {
+            Behaviour::Honest => {}
+            Behaviour::Poison { scale } => delta.data.iter_mut().for_each(|x| *x *= -scale),
+            Behaviour::LieLoss { factor } => claimed *= factor,
+        }
+        let payload = delta
+            .to_delta_bytes(u64::from(epoch))
+            .map_err(|e| TrainError::Training(e.to_string()))?;
+        let last = run.losses.last().copied().unwrap_or(run.claimed_loss);
+        Ok::<_, TrainError>((payload, claimed, last))
+    })
+    .await
+    .map_err(|e| TrainError::Training(format!("the training thread died: {e}")))??;
+    let train_ms = started.elapsed().as_millis() as u64;
+    let hash: [u8; 32] = Sha256::digest(&payload).into();
+    let started = Instant::now();
+    // A busy daemon (every upload slot taken) or a transient failure: retry with
+    // jittered backoff; anything else is final for this assignment.
+    let upload = {
+        use backon::{ExponentialBuilder, Retryable};
+        let (client, session, identity) = (&s.client, &s.session, &s.identity);
+        (|| {
+            let mut client = client.clone();
+            let payload = &payload;
+            async move {
+                super::protocol::upload_delta(
+                    &mut client,
+                    session,
+                    identity,
+                    assignment.job.0,
+                    epoch,
+                    step,
+                    claimed,
+                    payload,
+                    s.chunk_bytes,
+                )
+                .await
+            }
+        })
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(50))
+                .with_max_delay(std::time::Duration::from_secs(2))
+                .with_jitter()
+                .with_max_times(8),
+        )
+        .when(|st: &tonic::Status| {
+            matches!(
+                st.code(),
+                tonic::Code::ResourceExhausted | tonic::Code::Unavailable
+            )
+        })
+        .await
+    };
+    let already_delivered = match upload {
+        Ok(_) => false,
+        // A retry after a lost ack: the daemon names the delivered hash.
+        Err(st)
+            if st.code() == tonic::Code::AlreadyExists
+                && st.message().contains(&hex::encode(hash)) =>
+        {
+            true
+        }
+        Err(st) => return Err(TrainError::Upload(crate::cli::status_line(&st))),
+    };
+    Ok(EpochWork {
+        claimed_loss: claimed,
+        last_loss,
+        delta_hash: hash,
+        delta_bytes: payload.len(),
+        fetch_ms,
+        train_ms,
+        upload_ms: started.elapsed().as_millis() as u64,
+        already_delivered,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Behaviour;
+
+    #[test]
+    fn behaviours_parse_with_defaults_and_refuse_nonsense() {
+        assert_eq!("honest".parse(), Ok(Behaviour::Honest));
+        assert_eq!("poison".parse(), Ok(Behaviour::Poison { scale: 10.0 }));
+        assert_eq!("poison:3".parse(), Ok(Behaviour::Poison { scale: 3.0 }));
+        assert_eq!("lie-loss".parse(), Ok(Behaviour::LieLoss { factor: 0.5 }));
+        assert_eq!("lie-loss:2".parse(), Ok(Behaviour::LieLoss { factor: 2.0 }));
+        for bad in [
+            "",
+            "poison:-1",
+            "poison:nan",
+            "poison:x",
+            "lie-loss:1",
+            "honest:2",
+            "evil",
+        ] {
+            assert!(bad.parse::<Behaviour>().is_err(), "{bad:?} was accepted");
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The main job end to end (`hanzod demo`): the orchestrator in this process, real
+//! `hanzod node` processes on loopback training the built-in wine-mlp with burn, faults
+//! injected by killing processes and by Byzantine nodes.
+//!
+//! Spot-checks run at rate 1.0 where a test needs one to fire: the selection is a
+//! commit–reveal hash of the delta, and delta bytes may differ in the last bit between
+//! CPUs (SIMD kernels), so no seed is guaranteed to select a given delta on every machine.
+
+use std::path::PathBuf;
+
+use hanzod::agent::trainer::Behaviour;
+use hanzod::demo::{Attack, DemoArgs, DemoPlan, DemoSummary};
+use hanzod::train;
+use hanzod_actors::job::TrainingSpec;
+use hanzod_actors::types::{GymWei, JobId};
+
+fn plan(name: &str, nodes: usize, epochs: u32) -> DemoPlan {
+    let out = std::env::temp_dir().join(format!("hanzod-demo-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let args = DemoArgs {
+        nodes: Some(nodes),
+        epochs: Some(epochs),
+        out: Some(out),
+        timeout_s: Some(120),
+        ..DemoArgs::default()
+    };
+    let mut plan = args
+        .plan(PathBuf::from(env!("CARGO_BIN_EXE_hanzod")))
+        .expect("a valid plan");
+    plan.progress = false;
+    plan
+}
+
+async fn run(plan: DemoPlan) -> DemoSummary {
+    eprintln!("demo plan: {}", serde_json::to_string(&plan).unwrap());
+    let s = hanzod::demo::run(plan).await.expect("the demo runs");
+    eprintln!("{}", hanzod::demo::render(&s));
+    s
+}
+
+fn wei(s: &str) -> u128 {
+    s.parse().expect("a decimal wei amount")
+}
+
+const STAKE: u128 = 10_000 * GymWei::PER_GYM;
+const POOL: u128 = 100 * GymWei::PER_GYM;
+
+/// The validation loss of one process training on the same data with the same compute:
+/// each round takes `local_steps` steps with a batch of `nodes × batch_size` (the samples
+/// all nodes see in a round, i.e. synchronous data-parallel SGD), for `epochs` rounds.
+fn single_process(p: &DemoPlan, job: JobId) -> f64 {
+    let training = TrainingSpec {
+        local_steps: p.local_steps * p.epochs,
+        batch_size: p.batch_size * p.nodes as u32,
+        local_lr: p.local_lr,
+        seed: p.seed,
+        ..TrainingSpec::default()
+    };
+    let recipe = hanzod::delta::sink::recipe_of(&training, job).unwrap();
+    let data = train::Dataset::wine_quality().unwrap();
+    let init = train::init(&recipe);
+    let run = train::train_local(&init, &data, &recipe, &[0; 32], 0).unwrap();
+    train::validation_loss(&run.weights, &data).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_honest_nodes_train_three_epochs_to_published_and_are_paid() {
+    let p = plan("honest", 4, 3);
+    let s = run(p.clone()).await;
+    assert!(s.succeeded(), "{:?}", s.failure);
+    assert_eq!(s.epochs.len(), 3);
+    // Validation loss falls epoch over epoch, from the initial weights on.
+    let mut last = s.initial_loss.expect("initial loss");
+    for e in &s.epochs {
+        assert_eq!(
+            e.loss_before, last,
+            "epoch {} starts from the last checkpoint",
+            e.epoch
+        );
+        assert!(
+            e.loss_after < e.loss_before,
+            "epoch {}: {} → {}",
+            e.epoch,
+            e.loss_before,
+            e.loss_after
+        );
+        assert_eq!((e.accepted, e.rejected), (4, 0), "epoch {}", e.epoch);
+        assert_eq!(e.aggregator, "weighted_mean");
+        last = e.loss_after;
+    }
+    // Every epoch published a distinct checkpoint.
+    let mut cps: Vec<&str> = s.epochs.iter().map(|e| e.checkpoint.as_str()).collect();
+    cps.dedup();
+    assert_eq!(cps.len(), 3);
+    // The pools are paid in full, to every node; nobody is slashed.
+    let paid: u128 = s.nodes.iter().map(|n| wei(&n.rewards_wei)).sum();
+    assert_eq!(paid, 3 * POOL);
+    for n in &s.nodes {
+        assert!(wei(&n.rewards_wei) > 0, "node {} unpaid", n.index);
+        assert_eq!(wei(&n.slashed_wei), 0);
+        assert_eq!(wei(&n.stake_wei), STAKE);
+        assert_eq!((n.accepted, n.rejected), (3, 0));
+    }
+    // Federated training matches one process with the same data and compute within 5 %.
+    let single = single_process(&p, JobId(s.job));
+    let federated = last;
+    let gap = (federated - single).abs() / single;
+    eprintln!(
+        "federated {federated:.4} vs single-process {single:.4}: {:.2} %",
+        gap * 100.0
+    );
+    assert!(
+        gap <= 0.05,
+        "federated {federated} vs single-process {single}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_node_is_repaired_out_of_the_ring_and_the_job_still_publishes() {
+    let mut p = plan("kill", 4, 3);
+    p.kill = 1;
+    p.kill_epoch = 1;
+    let s = run(p).await;
+    assert!(s.succeeded(), "{:?}", s.failure);
+    let killed: Vec<_> = s.nodes.iter().filter(|n| n.killed).collect();
+    assert_eq!(killed.len(), 1);
+    // The ring was rebuilt without it (formation is version 1).
+    assert!(s.ring_version >= 2, "ring version {}", s.ring_version);
+    assert_eq!(s.ring_repair_ms.len(), 1, "one repair for the kill");
+    // It delivered at most epoch 0; the last epochs merged the three survivors.
+    assert!(killed[0].accepted <= 1);
+    for e in s.epochs.iter().skip(2) {
+        assert_eq!(e.accepted + e.rejected, 3, "epoch {}", e.epoch);
+    }
+    let mut last = s.initial_loss.unwrap();
+    for e in &s.epochs {
+        assert!(e.loss_after < last, "epoch {}", e.epoch);
+        last = e.loss_after;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn byzantine_nodes_are_rejected_by_spot_checks_and_slashed() {
+    let mut p = plan("byzantine", 5, 3);
+    p.byzantine = 2;
+    p.attack = Attack::Mixed;
+    p.spot_check_rate = 1.0;
+    let s = run(p).await;
+    assert!(s.succeeded(), "{:?}", s.failure);
+    let kinds: Vec<Behaviour> = s.nodes.iter().map(|n| n.behaviour).collect();
+    assert!(
+        kinds.contains(&Behaviour::Poison { scale: 10.0 }),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&Behaviour::LieLoss { factor: 0.5 }),
+        "{kinds:?}"
+    );
+    // 10 % per failed spot-check, three epochs: 10,000 × 0.9³.
+    let slashed_stake = STAKE / 1000 * 729;
+    for n in &s.nodes {
+        match n.behaviour {
+            Behaviour::Honest => {
+                assert_eq!((n.accepted, n.rejected), (3, 0), "honest node {}", n.index);
+                assert_eq!(n.spot_checks_failed, 0);
+                assert_eq!(wei(&n.stake_wei), STAKE);
+                assert!(wei(&n.rewards_wei) > 0);
+            }
+            _ => {
+                assert_eq!(
+                    (n.accepted, n.rejected),
+                    (0, 3),
+                    "byzantine node {}",
+                    n.index
+                );
+                assert_eq!(n.spot_checks_failed, 3, "caught every epoch");
+                assert_eq!(wei(&n.rewards_wei), 0, "no reward for a rejected delta");
+                assert_eq!(wei(&n.stake_wei), slashed_stake);
+                assert_eq!(wei(&n.slashed_wei), STAKE - slashed_stake);
+            }
+        }
+    }
+    // The poisoned and the lying deltas stayed out of the merge: training still converges.
+    let mut last = s.initial_loss.unwrap();
+    for e in &s.epochs {
+        assert_eq!(e.rejected, 2, "epoch {}", e.epoch);
+        assert!(e.loss_after < last, "epoch {}", e.epoch);
+        last = e.loss_after;
+    }
+}
+
+#[test]
+fn demo_plans_come_from_flags_over_a_scenario_file_and_bad_ones_name_the_flag() {
+    let dir = std::env::temp_dir().join(format!("hanzod-demo-plan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("s.toml");
+    std::fs::write(
+        &file,
+        "nodes = 6\nepochs = 4\nkill = 1\nbyzantine = 1\nattack = \"poison\"\n",
+    )
+    .unwrap();
+    let exe = PathBuf::from("hanzod");
+    let args = DemoArgs {
+        scenario: Some(file.clone()),
+        epochs: Some(2),
+        ..DemoArgs::default()
+    };
+    let p = args.plan(exe.clone()).unwrap();
+    assert_eq!((p.nodes, p.epochs, p.kill, p.byzantine), (6, 2, 1, 1));
+    assert_eq!(p.attack, Attack::Poison);
+    let (roles, killed) = p.roles();
+    assert_eq!(roles.iter().filter(|b| **b != Behaviour::Honest).count(), 1);
+    assert_eq!(killed.len(), 1);
+    assert_eq!(
+        roles[killed[0]],
+        Behaviour::Honest,
+        "only honest nodes are killed"
+    );
+    // The same seed gives the same roles.
+    assert_eq!(args.plan(exe.clone()).unwrap().roles(), (roles, killed));
+
+    for (args, flag) in [
+        (
+            DemoArgs {
+                nodes: Some(0),
+                ..DemoArgs::default()
+            },
+            "--nodes",
+        ),
+        (
+            DemoArgs {
+                epochs: Some(0),
+                ..DemoArgs::default()
+            },
+            "--epochs",
+        ),
+        (
+            DemoArgs {
+                nodes: Some(3),
+                kill: Some(2),
+                byzantine: Some(1),
+                ..DemoArgs::default()
+            },
+            "--kill",
+        ),
+        (
+            DemoArgs {
+                epochs: Some(2),
+                kill: Some(1),
+                kill_epoch: Some(2),
+                ..DemoArgs::default()
+            },
+            "--kill-epoch",
+        ),
+        (
+            DemoArgs {
+                spot_check_rate: Some(1.5),
+                ..DemoArgs::default()
+            },
+            "--spot-check-rate",
+        ),
+        (
+            DemoArgs {
+                local_lr: Some(f64::NAN),
+                ..DemoArgs::default()
+            },
+            "--local-lr",
+        ),
+        (
+            DemoArgs {
+                local_steps: Some(0),
+                ..DemoArgs::default()
+            },
+            "recipe",
+        ),
+    ] {
+        let err = args.plan(exe.clone()).unwrap_err().to_string();
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
+    std::fs::write(&file, "nodez = 6\n").unwrap();
+    let err = DemoArgs {
+        scenario: Some(file),
+        ..DemoArgs::default()
+    }
+    .plan(exe)
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("nodez"), "{err}");
+}
