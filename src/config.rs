@@ -167,9 +167,10 @@ pub struct PublishConfig {
     /// empty keeps checkpoints in memory for the life of the process.
     pub object_dir: String,
     /// Where the embedded model registry writes Hugging Face repo folders
-    /// (`<dir>/<org>/<model>-epoch-<e>/`); empty publishes no folders.
+    /// (`<dir>/<org>/<model>-job-<job>-epoch-<e>/`); empty publishes no folders.
     pub registry_dir: String,
-    /// The organisation of published repos (`{org}/{model}-epoch-{epoch}`).
+    /// The organisation of published repos (`{org}/{model}-job-{job}-epoch-{epoch}`):
+    /// `[A-Za-z0-9._-]`, at most 96 characters.
     pub org: String,
 }
 
@@ -471,6 +472,8 @@ impl Config {
                 return Err(format!("{key} must be greater than 0"));
             }
         }
+        crate::publish::registry::validate_repo(&format!("{}/model-epoch-0", self.publish.org))
+            .map_err(|e| format!("publish.org {:?}: {e}", self.publish.org))?;
         if !(1..=100).contains(&self.chain.slash_pct) {
             return Err(format!(
                 "chain.slash_pct must be within 1..=100, got {}",
@@ -642,6 +645,7 @@ mod tests {
             ),
             ("[validation]\nreplay = 1\n", "replay"),
             ("[chain]\nslash_pct = 0\n", "chain.slash_pct"),
+            ("[publish]\norg = \"a/b\"\n", "publish.org"),
             ("[chain]\nslash_pct = 101\n", "chain.slash_pct"),
             (
                 "[chain]\npenalty_window_ms = 0\n",

@@ -291,8 +291,10 @@ pub struct EpochLine {
     pub spot_check_failures: usize,
     /// The aggregator (`weighted-mean`, `median`, or `kept`).
     pub aggregator: String,
-    /// The checkpoint reference.
+    /// The checkpoint's CID.
     pub checkpoint: String,
+    /// Where the Hugging Face repo folder of the checkpoint is.
+    pub published: Option<String>,
     /// Wall time from the epoch's start to its checkpoint, ms.
     pub ms: u64,
 }
@@ -420,6 +422,14 @@ struct NodeEvent {
 /// Errors: [`DemoError`] when the run could not be set up.
 pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
     let setup = |what: &str, e: &dyn std::fmt::Display| DemoError::Setup(format!("{what}: {e}"));
+    // A run replaces the previous run's store and model folders in the same --out (the
+    // same seed republishes the same checkpoints; a different one would conflict).
+    for sub in ["ipfs", "models"] {
+        let dir = plan.out.join(sub);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| setup(&dir.display().to_string(), &e))?;
+        }
+    }
     let keys = plan.out.join("keys");
     let logs = plan.out.join("logs");
     for dir in [&keys, &logs] {
@@ -733,6 +743,7 @@ async fn drive(
                 .count(),
             aggregator: r.aggregator.unwrap_or("kept").to_string(),
             checkpoint: r.checkpoint.clone(),
+            published: r.location.clone(),
             ms: epoch_ms.get(&r.epoch).copied().unwrap_or(0),
         })
         .collect();
@@ -1032,9 +1043,12 @@ pub fn render(s: &DemoSummary) -> String {
     if let Some(ms) = s.aggregation_ms_per_delta {
         let _ = writeln!(o, "aggregation (validation + merge) {ms:.1} ms per delta");
     }
+    if let Some(last) = s.epochs.last().and_then(|e| e.published.as_ref()) {
+        let _ = writeln!(o, "\nlast checkpoint published to {last}");
+    }
     let _ = writeln!(
         o,
-        "\nfiles: {} (keys/, logs/, ipfs/ object store, models/ Hugging Face repo folders)",
+        "files: {} (keys/, logs/, ipfs/ object store blocks by CID, models/ Hugging Face repo folders)",
         s.out.display()
     );
     o

@@ -765,6 +765,7 @@ async fn run_node(args: NodeArgs) -> ExitCode {
         backoff_min_ms: args.backoff_min_ms,
         backoff_max_ms: args.backoff_max_ms,
         behaviour: args.byzantine,
+        train: true,
     };
     let agent = hanzod::agent::Agent::new(settings, identity);
     let me = agent.node_id();

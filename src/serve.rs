@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use crate::client::Io;
 use crate::config::Config;
 use crate::delta::catalog::ModelCatalog;
-use crate::delta::sink::{Economics, TrainingSink};
+use crate::delta::sink::{Economics, Publication, TrainingSink};
 use crate::delta::store::{BlobError, BlobStore, FsBlobStore, MemoryBlobStore};
 use crate::grpc::node::NodeServiceSettings;
 use crate::grpc::server::{tls_acceptor, GrpcServer, ServeError, ServerSettings};
@@ -31,6 +31,9 @@ use crate::grpc::sessions::{GrpcNodeLink, Sessions};
 use crate::grpc::upload::UploadSettings;
 use crate::identity::Identity;
 use crate::metrics::PrometheusMetrics;
+use crate::publish::{
+    FolderRegistry, FsObjectStore, MemoryObjectStore, ModelRegistry, ObjectStore,
+};
 use sha2::{Digest, Sha256};
 
 /// Connections from any transport.
@@ -121,6 +124,9 @@ pub struct DaemonParts {
     /// Where uploaded deltas are stored (default: per `deltas.store_dir`, an
     /// [`FsBlobStore`] there or a [`MemoryBlobStore`] when it is empty).
     pub blobs: Option<Arc<dyn BlobStore>>,
+    /// Where checkpoints are published (default: per `publish.object_dir`, an
+    /// [`FsObjectStore`] there or a [`MemoryObjectStore`] when it is empty).
+    pub objects: Option<Arc<dyn ObjectStore>>,
 }
 
 /// A running daemon.
@@ -139,6 +145,7 @@ pub struct Daemon {
     catalog: Arc<ModelCatalog>,
     sink: TrainingSink,
     ledger: Arc<dyn Ledger>,
+    objects: Arc<dyn ObjectStore>,
     shutdown: watch::Sender<bool>,
     grpc: tokio::task::JoinHandle<Result<(), ServeError>>,
     exporter: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -234,6 +241,37 @@ pub async fn blob_store(cfg: &Config) -> Result<Arc<dyn BlobStore>, BlobError> {
     .map_err(|e| BlobError::Io(format!("opening the store: {e}")))??;
     tracing::info!(%dir, "deltas are kept on disk");
     Ok(Arc::new(store))
+}
+
+/// The publication ports `publish` asks for: the object store (`object_dir`: an
+/// [`FsObjectStore`] there, else in memory; `objects` when given) and the model registry
+/// (`registry_dir`: a [`FolderRegistry`] there, else none).
+pub async fn publication(
+    cfg: &Config,
+    objects: Option<Arc<dyn ObjectStore>>,
+) -> Result<Publication, StartError> {
+    let p = &cfg.publish;
+    let objects: Arc<dyn ObjectStore> = match objects {
+        Some(o) => o,
+        None if p.object_dir.is_empty() => {
+            tracing::info!("checkpoints are kept in memory (publish.object_dir is empty)");
+            Arc::new(MemoryObjectStore::new())
+        }
+        None => Arc::new(FsObjectStore::open(&p.object_dir).await.map_err(|e| {
+            StartError::Material(format!("publish.object_dir {}: {e}", p.object_dir))
+        })?),
+    };
+    let registry: Option<Arc<dyn ModelRegistry>> = if p.registry_dir.is_empty() {
+        None
+    } else {
+        Some(Arc::new(FolderRegistry::new(&p.registry_dir)))
+    };
+    Ok(Publication {
+        objects,
+        registry,
+        org: p.org.clone(),
+        license: "apache-2.0".into(),
+    })
 }
 
 impl Daemon {
@@ -371,6 +409,8 @@ impl Daemon {
         }
         let chain = Arc::new(chain);
         let ledger: Arc<dyn Ledger> = chain.clone();
+        let publication = publication(cfg, parts.objects).await?;
+        let objects = publication.objects.clone();
         let sink = TrainingSink::start(
             blobs.clone(),
             catalog.clone(),
@@ -382,6 +422,7 @@ impl Daemon {
                 epoch_pool: GymWei::gym(cfg.chain.epoch_reward_gym),
                 slash_pct: cfg.chain.slash_pct,
             }),
+            publication,
         )
         .await
         .map_err(|e| StartError::Validator(e.to_string()))?;
@@ -400,7 +441,7 @@ impl Daemon {
             core.clone(),
             sessions.clone(),
             &settings,
-            blobs.clone(),
+            (blobs.clone(), objects.clone()),
             catalog.clone(),
             {
                 let sink = sink.clone();
@@ -472,6 +513,7 @@ impl Daemon {
             blobs,
             catalog,
             ledger,
+            objects,
             sink,
             shutdown,
             grpc,
@@ -490,6 +532,11 @@ impl Daemon {
     /// commitments).
     pub fn sink(&self) -> &TrainingSink {
         &self.sink
+    }
+
+    /// The object store checkpoints are published to (by CID).
+    pub fn objects(&self) -> Arc<dyn ObjectStore> {
+        self.objects.clone()
     }
 
     /// The blob store uploaded deltas are kept in (content-addressed by SHA-256).

@@ -1334,13 +1334,10 @@ async fn train_and_upload(
     .expect("delta accepted at upload")
 }
 
-/// The checkpoint `reference` (`sha256:<hex>`) read back from the daemon's blob store.
+/// The checkpoint `reference` (its CID) read back from the daemon's object store.
 async fn checkpoint(d: &Daemon, reference: &str) -> hanzod::train::Weights {
-    let hex_part = reference
-        .strip_prefix("sha256:")
-        .expect("a sha256 reference");
-    let hash: [u8; 32] = hex::decode(hex_part).unwrap().try_into().unwrap();
-    let bytes = d.blobs().get(&hash).await.expect("checkpoint stored");
+    let bytes = d.objects().get(reference).await.expect("checkpoint stored");
+    assert_eq!(hanzod::publish::cid_of(&bytes).to_string(), reference);
     hanzod::train::Weights::from_safetensors(&bytes, hanzod::train::layout(32)).expect("loads")
 }
 

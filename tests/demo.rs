@@ -88,10 +88,30 @@ async fn four_honest_nodes_train_three_epochs_to_published_and_are_paid() {
         assert_eq!(e.aggregator, "weighted_mean");
         last = e.loss_after;
     }
-    // Every epoch published a distinct checkpoint.
+    // Every epoch published a distinct checkpoint, named by its Kubo CID, as a Hugging
+    // Face repo folder whose model card carries that CID.
     let mut cps: Vec<&str> = s.epochs.iter().map(|e| e.checkpoint.as_str()).collect();
     cps.dedup();
     assert_eq!(cps.len(), 3);
+    for e in &s.epochs {
+        let dir = PathBuf::from(e.published.as_ref().expect("published as a repo folder"));
+        assert!(dir.ends_with(format!(
+            "hanzo-gym/wine-mlp-job-{}-epoch-{}",
+            s.job, e.epoch
+        )));
+        let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+        assert_eq!(hanzod::publish::cid_of(&weights).to_string(), e.checkpoint);
+        let card = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        let card = hanzod::publish::ModelCard::parse(&card).unwrap();
+        assert_eq!(
+            (card.cid.as_str(), card.epoch, card.job),
+            (e.checkpoint.as_str(), e.epoch, s.job)
+        );
+        assert_eq!(card.quality, e.loss_after);
+        let w = train::Weights::from_safetensors(&weights, train::layout(32)).unwrap();
+        let data = train::Dataset::wine_quality().unwrap();
+        assert_eq!(train::validation_loss(&w, &data).unwrap(), e.loss_after);
+    }
     // The pools are paid in full, to every node; nobody is slashed.
     let paid: u128 = s.nodes.iter().map(|n| wei(&n.rewards_wei)).sum();
     assert_eq!(paid, 3 * POOL);
@@ -277,6 +297,16 @@ fn demo_plans_come_from_flags_over_a_scenario_file_and_bad_ones_name_the_flag() 
         let err = args.plan(exe.clone()).unwrap_err().to_string();
         assert!(err.contains(flag), "{flag}: {err}");
     }
+    // The example scenario the help names is valid.
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/demo.example.toml");
+    let p = DemoArgs {
+        scenario: Some(example),
+        ..DemoArgs::default()
+    }
+    .plan(exe.clone())
+    .expect("config/demo.example.toml is a valid scenario");
+    assert_eq!((p.nodes, p.kill, p.byzantine), (8, 1, 2));
+
     std::fs::write(&file, "nodez = 6\n").unwrap();
     let err = DemoArgs {
         scenario: Some(file),

@@ -232,6 +232,10 @@ fn build_sim(
                 let settings = AgentSettings {
                     backoff_min_ms: BACKOFF_MIN_MS,
                     backoff_max_ms: BACKOFF_MAX_MS,
+                    // Training runs on real threads the simulated clock cannot time: these
+                    // transport scenarios are compared event by event, so nodes only hold
+                    // their sessions (training end to end: tests/demo.rs).
+                    train: false,
                     ..AgentSettings::new(
                         client_options(),
                         REGIONS[i % REGIONS.len()],

@@ -51,6 +51,7 @@ enum Behaviour {
 
 struct Fixture {
     blobs: Arc<MemoryBlobStore>,
+    objects: Arc<dyn hanzod::publish::ObjectStore>,
     sink: TrainingSink,
     metrics: Arc<MemoryMetrics>,
     data: Dataset,
@@ -69,6 +70,7 @@ async fn fixture(rate: f64) -> Fixture {
         workers: 2,
         ..SinkConfig::default()
     };
+    let publication = hanzod::delta::sink::Publication::memory();
     let sink = TrainingSink::start(
         blobs.clone(),
         Arc::new(ModelCatalog::builtin()),
@@ -76,11 +78,13 @@ async fn fixture(rate: f64) -> Fixture {
         config,
         metrics.clone(),
         None,
+        publication.clone(),
     )
     .await
     .unwrap();
     Fixture {
         blobs,
+        objects: publication.objects,
         sink,
         metrics,
         data: Dataset::wine_quality().unwrap(),
@@ -138,11 +142,10 @@ impl Fixture {
     }
 
     async fn weights(&self, reference: &str) -> Weights {
-        let hash: [u8; 32] = hex::decode(reference.strip_prefix("sha256:").unwrap())
-            .unwrap()
-            .try_into()
-            .unwrap();
-        let bytes = self.blobs.get(&hash).await.unwrap();
+        // The reference is the checkpoint's CID, as Kubo computes it.
+        assert!(reference.starts_with("bafk"), "{reference}");
+        let bytes = self.objects.get(reference).await.unwrap();
+        assert_eq!(hanzod::publish::cid_of(&bytes).to_string(), reference);
         Weights::from_safetensors(&bytes, train::layout(32)).unwrap()
     }
 }

@@ -56,6 +56,10 @@ pub struct AgentSettings {
     pub backoff_max_ms: u64,
     /// How it trains: honestly, or Byzantine for fault injection.
     pub behaviour: trainer::Behaviour,
+    /// Train the epochs it is assigned (`false`: ignore assignments, a node that only
+    /// holds its session; for simulated networks, whose virtual clock cannot time real
+    /// computation on blocking threads).
+    pub train: bool,
 }
 
 impl AgentSettings {
@@ -81,6 +85,7 @@ impl AgentSettings {
             backoff_min_ms: 500,
             backoff_max_ms: 30_000,
             behaviour: trainer::Behaviour::Honest,
+            train: true,
         }
     }
 }
@@ -517,6 +522,7 @@ impl Agent {
                                 let _ = tx.send(result).await;
                             });
                         }
+                        Some(Body::EpochStart(_)) if !self.settings.train => {}
                         Some(Body::EpochStart(e)) => {
                             let a = match crate::grpc::convert::epoch_start(&e) {
                                 Ok(a) => a,

@@ -139,8 +139,8 @@ pub enum TrainError {
 /// KiB; a bound keeps a confused orchestrator from filling the node's memory).
 pub const MAX_CHECKPOINT_BYTES: u64 = 1 << 30;
 
-/// Downloads checkpoint `reference` and checks its bytes hash to the reference (SHA-256
-/// for `sha256:<hex>`).
+/// Downloads checkpoint `reference` (a CID) and checks its bytes: the header's SHA-256,
+/// and the CID recomputed as Kubo's `ipfs add --cid-version=1` would.
 ///
 /// Errors: [`TrainError::Fetch`] for the daemon's refusal or a broken transfer,
 /// [`TrainError::BadCheckpoint`] when the bytes do not match.
@@ -157,7 +157,7 @@ pub async fn fetch_checkpoint(
         checkpoint: reference.to_string(),
         reason,
     };
-    let expected = crate::delta::sink::ref_hash(reference).map_err(|e| bad(e.to_string()))?;
+    crate::publish::objects::parse_cid(reference).map_err(|e| bad(e.to_string()))?;
     let mut stream = client
         .fetch_checkpoint(pb::FetchCheckpointRequest {
             session: session.to_vec(),
@@ -202,9 +202,14 @@ pub async fn fetch_checkpoint(
             header.total_bytes
         )));
     }
-    let found: [u8; 32] = Sha256::digest(&bytes).into();
-    if found != expected {
-        return Err(bad(format!("the bytes hash to {}", hex::encode(found))));
+    let sha: [u8; 32] = Sha256::digest(&bytes).into();
+    if header.sha256 != sha {
+        return Err(fetch("the bytes do not match the header's SHA-256".into()));
+    }
+    // The reference is the CID (Kubo's `ipfs add --cid-version=1`): recompute it.
+    let found = crate::publish::cid_of(&bytes).to_string();
+    if found != reference {
+        return Err(bad(format!("the bytes have CID {found}")));
     }
     Ok(bytes)
 }

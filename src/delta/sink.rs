@@ -25,7 +25,6 @@ use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use super::catalog::ModelCatalog;
 use super::merge::{
@@ -44,6 +43,8 @@ use crate::core::ports::{
 };
 use crate::core::rewards::split_rewards;
 use crate::core::types::{GymWei, JobId, NodeId};
+use crate::publish::registry::Location;
+use crate::publish::{MemoryObjectStore, ModelCard, ModelRegistry, ModelUpload, ObjectStore};
 use crate::train::{self, Dataset, Recipe, Weights};
 
 /// Tunables of the sink.
@@ -171,6 +172,10 @@ pub struct EpochReport {
     pub rewards: Vec<RewardLine>,
     /// Slashes applied for the epoch's evidence.
     pub slashed: Vec<SlashLine>,
+    /// The Hugging Face repo the checkpoint was published as, when a registry is set.
+    pub repo: Option<String>,
+    /// Where that repo is (a folder, or a URL).
+    pub location: Option<String>,
     /// Why paying or slashing failed, when it did (the checkpoint is published anyway;
     /// the ledger is idempotent per epoch and per evidence, so a retry pays nothing twice).
     pub settlement_error: Option<String>,
@@ -220,30 +225,58 @@ struct KeeperArgs {
     config: SinkConfig,
     metrics: Arc<dyn Metrics>,
     economics: Option<Economics>,
+    publication: Publication,
 }
 
 fn failed(what: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Failed(what.to_string())
 }
 
-/// `sha256:<hex>` of `bytes`.
-pub fn checkpoint_ref(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+/// Where each epoch's checkpoint is published (DESIGN §7): the object store names it by
+/// its CID (the checkpoint reference the core records), the registry writes it as the
+/// Hugging Face repo `{org}/{model}-job-{job}-epoch-{epoch}`.
+#[derive(Debug, Clone)]
+pub struct Publication {
+    /// The object store (embedded: memory or a local block store; later Kubo).
+    pub objects: Arc<dyn ObjectStore>,
+    /// The model registry, when checkpoints are published as repos.
+    pub registry: Option<Arc<dyn ModelRegistry>>,
+    /// The organisation of the repos.
+    pub org: String,
+    /// The license named in the model cards (SPDX id).
+    pub license: String,
 }
 
-/// The blob hash a `sha256:<hex>` checkpoint reference names.
-///
-/// Errors: the reference is not `sha256:` followed by 64 hex digits.
-pub fn ref_hash(reference: &str) -> Result<[u8; 32], CheckpointError> {
-    let hex_part = reference.strip_prefix("sha256:").ok_or_else(|| {
-        failed(format!(
-            "checkpoint reference {reference:?} is not sha256:<hex>"
-        ))
-    })?;
-    let mut out = [0u8; 32];
-    hex::decode_to_slice(hex_part, &mut out)
-        .map_err(|e| failed(format!("checkpoint reference {reference:?}: {e}")))?;
-    Ok(out)
+impl Publication {
+    /// An in-memory object store and no registry (tests and embedders).
+    pub fn memory() -> Publication {
+        Publication {
+            objects: Arc::new(MemoryObjectStore::new()),
+            registry: None,
+            org: "hanzo-gym".into(),
+            license: "apache-2.0".into(),
+        }
+    }
+}
+
+/// The Hugging Face repo of `job`'s checkpoint of `epoch`: `{org}/{model}-job-{job}-epoch-{epoch}`
+/// (the job id keeps two jobs training one model apart).
+pub fn repo_of(org: &str, model: &str, job: JobId, epoch: u32) -> String {
+    ModelUpload::repo_id(org, &format!("{model}-job-{}", job.0), epoch)
+}
+
+/// The `config.json` published beside a built-in model's weights: its name, the trainer,
+/// the dtype and every tensor's shape (PyTorch `[out, in]` order).
+pub fn model_config_json(model: &str, spec: &ModelSpec) -> Vec<u8> {
+    let tensors: BTreeMap<&str, &Vec<usize>> =
+        spec.params.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    serde_json::to_vec_pretty(&serde_json::json!({
+        "model_type": model,
+        "library_name": "hanzod",
+        "torch_dtype": "float32",
+        "tensors": tensors,
+    }))
+    .unwrap_or_default()
 }
 
 /// The trainer recipe of `job`'s training spec, whose model the catalog resolved to
@@ -441,7 +474,13 @@ impl KeeperState {
             let current = match base {
                 None => train::init(&recipe),
                 Some(r) => {
-                    let bytes = self.deps.blobs.get(&ref_hash(r)?).await.map_err(failed)?;
+                    let bytes = self
+                        .deps
+                        .publication
+                        .objects
+                        .get(r)
+                        .await
+                        .map_err(|e| failed(format!("checkpoint {r}: {e}")))?;
                     let layout = train::layout(recipe.hidden);
                     Weights::from_safetensors(&bytes, layout).map_err(failed)?
                 }
@@ -578,12 +617,11 @@ impl KeeperState {
             delta: merged,
             bytes,
         } = merged;
-        let hash: [u8; 32] = Sha256::digest(&bytes).into();
-        let checkpoint = checkpoint_ref(&bytes);
-        let bytes: Arc<[u8]> = bytes.into();
+        let bytes = bytes::Bytes::from(bytes);
+        let publication = &self.deps.publication;
         // A checkpoint that cannot be stored fails the publication; retry transient errors
         // first (the job actor would otherwise fail the job).
-        (|| blobs.put(hash, bytes.clone()))
+        let checkpoint = (|| publication.objects.put(bytes.clone()))
             .retry(
                 ExponentialBuilder::default()
                     .with_min_delay(Duration::from_millis(100))
@@ -592,6 +630,37 @@ impl KeeperState {
             .notify(|e, d| tracing::warn!(job = %job, epoch, error = %e, retry_in = ?d, "storing the checkpoint"))
             .await
             .map_err(failed)?;
+        publication
+            .objects
+            .pin(&checkpoint)
+            .await
+            .map_err(|e| failed(format!("pinning {checkpoint}: {e}")))?;
+        let published = match &publication.registry {
+            None => None,
+            Some(registry) => {
+                let model_spec = self.deps.catalog.get(&training.model).map_err(failed)?;
+                let upload = ModelUpload {
+                    repo: repo_of(&publication.org, &training.model, job, epoch),
+                    weights: Arc::from(bytes.as_ref()),
+                    config_json: model_config_json(&training.model, model_spec),
+                    card: ModelCard {
+                        cid: checkpoint.clone(),
+                        epoch,
+                        job: job.0,
+                        quality: loss_after,
+                        base_model: base.clone(),
+                        license: publication.license.clone(),
+                        model: training.model.clone(),
+                        dataset: training.dataset.clone(),
+                    },
+                };
+                let p = registry
+                    .publish(&upload)
+                    .await
+                    .map_err(|e| failed(format!("publishing {}: {e}", upload.repo)))?;
+                Some(p)
+            }
+        };
 
         // Fold the accepted norms into the running average, in delta-hash order so the
         // result does not depend on arrival order.
@@ -647,6 +716,11 @@ impl KeeperState {
         let mut report = EpochReport {
             kept,
             suspect,
+            repo: published.as_ref().map(|p| p.repo.clone()),
+            location: published.map(|p| match p.location {
+                Location::Path(path) => path.display().to_string(),
+                Location::Url(url) => url,
+            }),
             ..report
         };
         self.settle(&mut report).await;
@@ -716,6 +790,8 @@ impl KeeperState {
                 .collect(),
             rewards: Vec::new(),
             slashed: Vec::new(),
+            repo: None,
+            location: None,
             settlement_error: None,
         }
     }
@@ -890,6 +966,7 @@ impl TrainingSink {
         config: SinkConfig,
         metrics: Arc<dyn Metrics>,
         economics: Option<Economics>,
+        publication: Publication,
     ) -> anyhow::Result<TrainingSink> {
         let data = Arc::new(Dataset::wine_quality()?);
         let pool = ValidatorPool::start(config.workers, metrics.clone()).await?;
@@ -905,6 +982,7 @@ impl TrainingSink {
                 config,
                 metrics,
                 economics,
+                publication,
             },
         )
         .await?;

@@ -172,23 +172,25 @@ pub struct GrpcServer {
 
 impl GrpcServer {
     /// Builds the server for `core`, delivering through `sessions`, storing uploaded deltas
-    /// in `blobs`, checking jobs and deltas against `catalog` and showing each running
+    /// in `stores.0` and serving checkpoints from the object store `stores.1`, checking jobs and deltas against `catalog` and showing each running
     /// epoch's spot-check commitment from `commitments`; long-lived streams end
     /// `UNAVAILABLE` when `shutdown` turns true.
     pub async fn new(
         core: OrchestratorHandle,
         sessions: Arc<Sessions>,
         settings: &ServerSettings,
-        blobs: Arc<dyn BlobStore>,
+        stores: (Arc<dyn BlobStore>, Arc<dyn crate::publish::ObjectStore>),
         catalog: Arc<ModelCatalog>,
         commitments: super::jobs::Commitments,
         shutdown: watch::Receiver<bool>,
     ) -> Result<GrpcServer, ServeError> {
         let max = settings.max_message_bytes;
+        let (blobs, objects) = stores;
         let uploads = Arc::new(DeltaUploads::new(
             core.clone(),
             sessions.clone(),
             blobs,
+            objects,
             catalog.clone(),
             settings.uploads.clone(),
         ));

@@ -200,6 +200,7 @@ pub struct DeltaUploads {
     core: OrchestratorHandle,
     sessions: Arc<Sessions>,
     blobs: Arc<dyn BlobStore>,
+    objects: Arc<dyn crate::publish::ObjectStore>,
     catalog: Arc<ModelCatalog>,
     settings: UploadSettings,
     permits: Arc<Semaphore>,
@@ -235,18 +236,27 @@ impl DeltaUploads {
             .ok()
             .and_then(|t| self.sessions.lookup(&t))
             .ok_or_else(|| Status::unauthenticated("unknown or expired session; register again"))?;
-        let hash = crate::delta::sink::ref_hash(&request.checkpoint)
-            .map_err(|e| Status::invalid_argument(format!("invalid checkpoint: {e}")))?;
-        let bytes = match self.blobs.get(&hash).await {
+        use crate::publish::ObjectError;
+        let bytes = match self.objects.get(&request.checkpoint).await {
             Ok(b) => b,
-            Err(crate::delta::store::BlobError::NotFound(_)) => {
+            Err(ObjectError::BadCid(why)) => {
+                return Err(Status::invalid_argument(format!(
+                    "invalid checkpoint: {why}"
+                )))
+            }
+            Err(ObjectError::NotFound(_)) => {
                 return Err(Status::not_found(format!(
                     "checkpoint {} is not stored here",
                     request.checkpoint
                 )))
             }
+            Err(e @ ObjectError::Corrupt { .. }) => {
+                tracing::error!(checkpoint = %request.checkpoint, error = %e, "a stored checkpoint is damaged");
+                return Err(Status::data_loss(format!("checkpoint store: {e}")));
+            }
             Err(e) => return Err(Status::unavailable(format!("checkpoint store: {e}"))),
         };
+        let hash: [u8; 32] = Sha256::digest(&bytes).into();
         let header = pb::CheckpointChunk {
             part: Some(pb::checkpoint_chunk::Part::Header(pb::CheckpointHeader {
                 checkpoint: request.checkpoint,
@@ -271,11 +281,12 @@ impl DeltaUploads {
     }
 
     /// Uploads for `core`'s jobs by the nodes of `sessions`, checked against `catalog`,
-    /// stored in `blobs`.
+    /// stored in `blobs`; checkpoints are served from `objects`.
     pub fn new(
         core: OrchestratorHandle,
         sessions: Arc<Sessions>,
         blobs: Arc<dyn BlobStore>,
+        objects: Arc<dyn crate::publish::ObjectStore>,
         catalog: Arc<ModelCatalog>,
         settings: UploadSettings,
     ) -> DeltaUploads {
@@ -284,6 +295,7 @@ impl DeltaUploads {
             core,
             sessions,
             blobs,
+            objects,
             catalog,
             permits: Arc::new(Semaphore::new(settings.max_concurrent.max(1))),
             settings,

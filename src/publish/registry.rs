@@ -25,7 +25,7 @@ pub const MAX_REPO_PART: usize = 96;
 /// The `library_name` of every card hanzod writes.
 pub const LIBRARY_NAME: &str = "hanzod";
 
-/// The file names of a published repo.
+/// The weights file of a published repo (safetensors).
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 /// The model configuration file of a published repo.
 pub const CONFIG_FILE: &str = "config.json";
@@ -137,7 +137,7 @@ impl ModelCard {
              The checkpoint of epoch {epoch} of hanzod job {job}, trained on `{dataset}`: \
              validation loss {quality}. {previous}\n\n\
              The weights (`{WEIGHTS_FILE}`) are on IPFS as `{cid}`; recompute that CID \
-             (`ipfs add --only-hash --cid-version=1`, or `hanzod verify`) to check this copy.\n",
+             (`ipfs add --only-hash --cid-version=1`) to check this copy.\n",
             model = self.model,
             epoch = self.epoch,
             job = self.job,
