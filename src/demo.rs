@@ -367,8 +367,54 @@ struct NodeProc {
     id: NodeId,
     behaviour: Behaviour,
     child: Option<tokio::process::Child>,
+    /// The node's stdin: while the demo holds it the node runs (`--parent-stdin`), so a
+    /// demo that dies, however it dies, takes its nodes with it.
+    _lifeline: Option<tokio::process::ChildStdin>,
     killed: bool,
     status: String,
+}
+
+/// The file that marks a folder as the demo's own (`--out`).
+pub const MARKER: &str = ".hanzod-demo";
+
+/// Makes `out` the demo's folder: creates it with the [`MARKER`], or accepts it when the
+/// marker is there (then the previous run's `ipfs/` and `models/` are removed: the same
+/// seed republishes the same checkpoints, another would conflict).
+///
+/// Errors: [`DemoError::Usage`] when `out` is a file, or a non-empty folder without the
+/// marker (the demo never deletes what it did not make); [`DemoError::Setup`] on I/O.
+pub fn prepare_out(out: &Path) -> Result<(), DemoError> {
+    let setup = |p: &Path, e: std::io::Error| DemoError::Setup(format!("{}: {e}", p.display()));
+    let marker = out.join(MARKER);
+    if out.exists() && !out.is_dir() {
+        return Err(DemoError::Usage(format!(
+            "--out {} is not a folder",
+            out.display()
+        )));
+    }
+    let foreign = std::fs::read_dir(out)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+        && !marker.exists();
+    if foreign {
+        return Err(DemoError::Usage(format!(
+            "--out {} is not empty and was not made by hanzod demo; name a new folder",
+            out.display()
+        )));
+    }
+    std::fs::create_dir_all(out).map_err(|e| setup(out, e))?;
+    std::fs::write(
+        &marker,
+        "made by hanzod demo; each run replaces ipfs/ and models/ here\n",
+    )
+    .map_err(|e| setup(&marker, e))?;
+    for sub in ["ipfs", "models"] {
+        let dir = out.join(sub);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| setup(&dir, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// The deterministic identity of node `i` of a run with `seed`.
@@ -422,14 +468,7 @@ struct NodeEvent {
 /// Errors: [`DemoError`] when the run could not be set up.
 pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
     let setup = |what: &str, e: &dyn std::fmt::Display| DemoError::Setup(format!("{what}: {e}"));
-    // A run replaces the previous run's store and model folders in the same --out (the
-    // same seed republishes the same checkpoints; a different one would conflict).
-    for sub in ["ipfs", "models"] {
-        let dir = plan.out.join(sub);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| setup(&dir.display().to_string(), &e))?;
-        }
-    }
+    prepare_out(&plan.out)?;
     let keys = plan.out.join("keys");
     let logs = plan.out.join("logs");
     for dir in [&keys, &logs] {
@@ -475,8 +514,9 @@ async fn drive(
             .args(["--backoff-min-ms", "100", "--backoff-max-ms", "2000"])
             .arg("--byzantine")
             .arg(behaviour_flag(behaviour))
+            .arg("--parent-stdin")
             .env_remove("HANZOD_ENDPOINT")
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .kill_on_drop(true);
@@ -496,9 +536,11 @@ async fn drive(
                 }
             });
         }
+        let lifeline = child.stdin.take();
         nodes.push(NodeProc {
             id: identity.node_id(),
             behaviour: *behaviour,
+            _lifeline: lifeline,
             child: Some(child),
             killed: false,
             status: "starting".into(),
@@ -517,8 +559,19 @@ async fn drive(
         logs.display()
     ));
     let mut registered = 0usize;
+    let mut poll = tokio::time::interval(Duration::from_millis(250));
     while registered < plan.nodes {
         tokio::select! {
+            _ = poll.tick() => {
+                for (i, n) in nodes.iter_mut().enumerate() {
+                    if let Some(Ok(Some(status))) = n.child.as_mut().map(|c| c.try_wait()) {
+                        return Err(DemoError::Setup(format!(
+                            "node {i} exited ({status}) before registering; see {}",
+                            logs.join(format!("node-{i}.log")).display()
+                        )));
+                    }
+                }
+            }
             e = events.recv() => {
                 let Some(e) = e else { break };
                 if e.event["event"] == "registered" {
@@ -581,12 +634,27 @@ async fn drive(
     let mut ring_repair_ms = Vec::new();
     let mut ring_version = 0;
     let mut reports: BTreeMap<u32, EpochReport> = BTreeMap::new();
+    let interrupted = crate::serve::termination();
+    tokio::pin!(interrupted);
     let (phase, failure) = loop {
         tokio::select! {
+            _ = &mut interrupted => {
+                break ("Failed".to_string(), Some("interrupted".to_string()));
+            }
             n = notices.recv() => {
                 let n = match n {
                     Ok(n) => n,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        // Notices were dropped: the job may have ended meanwhile.
+                        match d.core.job(job).await.map(|v| v.phase) {
+                            Ok(JobPhase::Published { .. }) => {
+                                finish_epoch(d, job, plan.epochs - 1, &epoch_started, &mut epoch_ms, &mut reports, &view, &mut nodes, &index_of).await;
+                                break ("Published".to_string(), None);
+                            }
+                            Ok(JobPhase::Failed { reason, .. }) => break ("Failed".to_string(), Some(reason.to_string())),
+                            _ => continue,
+                        }
+                    }
                     Err(_) => break ("Failed".to_string(), Some("the orchestrator stopped".to_string())),
                 };
                 match n {
@@ -616,6 +684,10 @@ async fn drive(
                             JobPhase::Aggregating { .. } => aggregating_since = Some(now),
                             JobPhase::Published { .. } => {
                                 finish_epoch(d, job, plan.epochs - 1, &epoch_started, &mut epoch_ms, &mut reports, &view, &mut nodes, &index_of).await;
+                                if let Some(since) = aggregating_since.take() {
+                                    let deltas = reports.values().last().map_or(0, |r| r.deltas.len());
+                                    aggregating_ms.push((since.elapsed().as_millis() as u64, deltas));
+                                }
                                 break ("Published".to_string(), None);
                             }
                             JobPhase::Failed { reason, .. } => {

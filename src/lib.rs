@@ -1,9 +1,11 @@
 //! # hanzod
 //!
 //! The orchestrator for decentralized training. This crate is the facade: it re-exports
-//! the actor core ([`hanzod_actors`]), and adds configuration, the CLI and (feature
-//! `testkit`) the fault-injection harness. Later: the gRPC server and node agent, and the
-//! adapters for Valkey, IPFS, the Hugging Face Hub, the EVM chain and burn.
+//! the actor core ([`hanzod_actors`]), and adds configuration, the CLI, the gRPC server
+//! ([`grpc`], [`serve`]) and the node agent ([`agent`]), the deltas pipeline ([`delta`]),
+//! training with burn ([`train`]), the publication ports ([`publish`]), the main job
+//! ([`demo`]) and (feature `testkit`) the fault-injection harness. Later: the adapters for
+//! Valkey, Kubo, the Hugging Face Hub and the EVM chain.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), hanzod::OrchestratorError> {

@@ -388,6 +388,10 @@ struct NodeArgs {
     /// (0.5). The validator must reject or down-weight it, and a spot-check slash it.
     #[arg(long, default_value = "honest", value_name = "BEHAVIOUR")]
     byzantine: hanzod::agent::trainer::Behaviour,
+    /// Stop when standard input reaches end of file: a supervising parent (`hanzod demo`)
+    /// holds the other end, so its death stops the node.
+    #[arg(long, hide = true)]
+    parent_stdin: bool,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -772,29 +776,60 @@ async fn run_node(args: NodeArgs) -> ExitCode {
     let probes = tokio::spawn(hanzod::agent::probe::serve(listener, me));
     let mut events = agent.subscribe();
     let json = args.client.json;
+    // The event printer; stdout closing (the reader went away) stops the node.
+    let (gone_tx, mut gone) = tokio::sync::watch::channel(false);
     let printer = tokio::spawn(async move {
+        use std::io::Write;
         loop {
-            match events.recv().await {
-                Ok(e) => {
-                    if json {
-                        if let Ok(s) = serde_json::to_string(&e) {
-                            println!("{s}");
-                        }
-                    } else {
-                        println!("{}", hanzod::agent::describe(&e));
-                    }
-                }
+            let line = match events.recv().await {
+                Ok(e) if json => match serde_json::to_string(&e) {
+                    Ok(s) => s,
+                    Err(_) => continue,
+                },
+                Ok(e) => hanzod::agent::describe(&e),
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(_) => return,
+            };
+            let mut out = std::io::stdout().lock();
+            if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+                let _ = gone_tx.send(true);
+                return;
             }
         }
     });
+    // With --parent-stdin, stdin reaching EOF (the parent died) stops the node too.
+    let parent = args.parent_stdin;
+    let orphaned = async move {
+        if !parent {
+            return std::future::pending().await;
+        }
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 64];
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    };
     eprintln!("node {me}");
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let mut run = tokio::spawn(agent.run(stop));
     let result = tokio::select! {
         r = &mut run => r,
         _ = hanzod::serve::termination() => {
+            let _ = stop_tx.send(true);
+            run.await
+        }
+        _ = async move {
+            if gone.wait_for(|v| *v).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            let _ = stop_tx.send(true);
+            run.await
+        }
+        _ = orphaned => {
             let _ = stop_tx.send(true);
             run.await
         }
@@ -823,6 +858,10 @@ fn run_demo(cfg: &Config, args: hanzod::demo::DemoArgs, json: bool, no_progress:
         }
     };
     plan.progress = !no_progress;
+    if let Err(e) = hanzod::demo::prepare_out(&plan.out) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     // The orchestrator's log goes to a file: the terminal shows the live view.
     let logs = plan.out.join("logs");
     let log = std::fs::create_dir_all(&logs)

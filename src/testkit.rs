@@ -250,6 +250,9 @@ pub struct SimStatus {
     pub running: bool,
     /// Whether it is heartbeating (false while hung).
     pub heartbeating: bool,
+    /// The epoch assignments it received, in order (resends included): (job, epoch, base
+    /// checkpoint).
+    pub assignments: Vec<(JobId, u32, Option<String>)>,
 }
 
 enum Control {
@@ -939,7 +942,10 @@ impl Sim {
                             self.status.send_modify(|s| if s.ring.as_ref().is_some_and(|r| r.job == job) { s.ring = None; });
                             delta_at = None;
                         }
-                        NodeCommand::ProbeRequest { .. } | NodeCommand::EpochStart(_) => {}
+                        NodeCommand::EpochStart(a) => {
+                            self.status.send_modify(|s| s.assignments.push((a.job, a.epoch, a.base.clone())));
+                        }
+                        NodeCommand::ProbeRequest { .. } => {}
                     }
                 }
                 ctl = self.control.recv() => {

@@ -1431,3 +1431,104 @@ async fn trained_deltas_are_validated_merged_and_the_next_epoch_trains_from_the_
     eprintln!("validation loss: {loss_init:.4} → {loss0:.4} → {loss1:.4}");
     d.stop().await;
 }
+
+/// The whole FetchCheckpoint stream for `checkpoint`, or the status it ended with.
+async fn fetch(
+    n: &mut Node,
+    token: &[u8],
+    checkpoint: &str,
+) -> Result<Vec<pb::CheckpointChunk>, Status> {
+    let mut stream = n
+        .client
+        .fetch_checkpoint(pb::FetchCheckpointRequest {
+            session: token.to_vec(),
+            checkpoint: checkpoint.into(),
+        })
+        .await?
+        .into_inner();
+    let mut parts = Vec::new();
+    while let Some(c) = stream.message().await? {
+        parts.push(c);
+    }
+    Ok(parts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_fetch_published_checkpoints_by_cid_and_bad_requests_get_precise_codes() {
+    let mut cfg = config();
+    cfg.deltas.chunk_bytes = 1000; // several data chunks for a 6 KB checkpoint
+    let d = start_with(&cfg, DaemonParts::default()).await;
+    let mut nodes = Vec::new();
+    for seed in 41..=43 {
+        nodes.push(Node::join(&d, seed).await);
+    }
+    let job = running_job(&d, 3, 2, None).await;
+    let init = hanzod::train::init(
+        &hanzod::delta::sink::recipe_of(&Default::default(), JobId(job)).unwrap(),
+    );
+    for n in nodes.iter_mut() {
+        train_and_upload(n, job, 0, &init, 1.0).await;
+    }
+    let view = await_phase(&d, job, "Running(1)", |p| {
+        matches!(p, JobPhase::Running { epoch: 1, .. })
+    })
+    .await;
+    let cid = view.checkpoints[0].clone();
+    let n = &mut nodes[0];
+    let token = n.token.clone();
+
+    // A header with the size and SHA-256, then the bytes in chunks of the configured size.
+    let parts = within("FetchCheckpoint", fetch(n, &token, &cid))
+        .await
+        .expect("fetched");
+    let Some(pb::checkpoint_chunk::Part::Header(h)) = &parts[0].part else {
+        panic!("no header first: {:?}", parts[0]);
+    };
+    let bytes: Vec<u8> = parts[1..]
+        .iter()
+        .flat_map(|p| match &p.part {
+            Some(pb::checkpoint_chunk::Part::Data(d)) => {
+                assert!(d.len() <= 1000);
+                d.clone()
+            }
+            other => panic!("not data: {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        (h.checkpoint.as_str(), h.total_bytes),
+        (cid.as_str(), bytes.len() as u64)
+    );
+    assert_eq!(h.sha256, payload_hash(&bytes).to_vec());
+    assert_eq!(hanzod::publish::cid_of(&bytes).to_string(), cid);
+    assert!(parts.len() > 2, "{} parts", parts.len());
+    // The agent's own fetch checks the same and loads the weights.
+    let got = hanzod::agent::trainer::fetch_checkpoint(&mut n.client, &token, &cid)
+        .await
+        .expect("the agent fetches it");
+    assert_eq!(got, bytes);
+
+    assert_refused(
+        "unknown session",
+        fetch(n, &[7; 16], &cid).await,
+        Code::Unauthenticated,
+        "session",
+    );
+    assert_refused(
+        "a malformed reference",
+        fetch(n, &token, "sha256:abcd").await,
+        Code::InvalidArgument,
+        "checkpoint",
+    );
+    let absent = hanzod::publish::cid_of(b"never published").to_string();
+    assert_refused(
+        "a checkpoint never published",
+        fetch(n, &token, &absent).await,
+        Code::NotFound,
+        &absent,
+    );
+    let err = hanzod::agent::trainer::fetch_checkpoint(&mut n.client, &token, &absent)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("NOT_FOUND"), "{err}");
+    d.stop().await;
+}

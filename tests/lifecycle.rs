@@ -60,6 +60,64 @@ async fn job_runs_every_epoch_to_published() {
     // The nodes are released.
     let nodes = h.orch.nodes().await.unwrap();
     assert!(nodes.iter().all(|n| n.assigned.is_none()));
+    // Every member was assigned every epoch, each from the checkpoint of the one before
+    // (epoch 0 from the initial weights).
+    for i in 0..5 {
+        let mut got = h.status(i).assignments;
+        got.dedup();
+        let want: Vec<_> = (0..5u32)
+            .map(|e| {
+                let base = e.checked_sub(1).map(|p| published[p as usize].1.clone());
+                (job, e, base)
+            })
+            .collect();
+        assert_eq!(got, want, "node {i}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_assignment_is_resent_until_the_member_delivers() {
+    let mut cfg = HarnessConfig::new(3)
+        .seed_from_env_or(23)
+        .auto_deltas(false);
+    cfg.core.ring.resync_ms = 10_000;
+    let h = Harness::start(cfg).await;
+    let mut spec = h.job_spec("resend", 3, 1);
+    spec.epoch_deadline_ms = 600_000;
+    let (job, _) = h.submit_and_form(spec).await;
+    let count = |i: usize| {
+        h.status(i)
+            .assignments
+            .iter()
+            .filter(|(j, e, base)| *j == job && *e == 0 && base.is_none())
+            .count()
+    };
+    // Nobody delivered: every member is reminded every resync interval.
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    for i in 0..3 {
+        assert!(count(i) >= 3, "node {i}: {}", count(i));
+    }
+    // Node 0 delivers: it is not reminded again; the others still are.
+    h.orch
+        .submit_delta(DeltaReceipt {
+            job,
+            node: h.node_id(0),
+            epoch: 0,
+            step: 0,
+            delta_hash: [9; 32],
+            claimed_loss: 1.0,
+            signature: Vec::new(),
+        })
+        .await
+        .unwrap();
+    let before = (count(0), count(1));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        count(0),
+        before.0,
+        "a member that delivered is not reminded"
+    );
+    assert!(count(1) >= before.1 + 2, "{} → {}", before.1, count(1));
 }
 
 #[tokio::test(start_paused = true)]

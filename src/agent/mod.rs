@@ -222,6 +222,8 @@ pub struct Agent {
     epochs: HashSet<(JobId, u32)>,
     /// The training data, loaded at the first assignment.
     data: Option<Arc<crate::train::Dataset>>,
+    /// The live session, for work that outlives the session it started in.
+    live: watch::Sender<Option<trainer::WorkerSession>>,
 }
 
 /// The outcome of one epoch's work, reported back to the session loop.
@@ -285,6 +287,7 @@ impl Agent {
             registered: false,
             epochs: HashSet::new(),
             data: None,
+            live: watch::channel(None).0,
         }
     }
 
@@ -397,10 +400,19 @@ impl Agent {
         };
         let reg = protocol::register(&mut client, opts, &self.identity, &info).await?;
         if reg.log_id != self.log_id {
-            // Another event log: versions held before are not comparable.
+            // Another event log: versions and epochs held before are not comparable (a
+            // restarted orchestrator numbers its jobs from 1 again).
             self.rings.clear();
+            self.epochs.clear();
             self.log_id = reg.log_id.clone();
         }
+        // Work in progress uploads through whichever session is live.
+        self.live.send_replace(Some(trainer::WorkerSession {
+            client: client.clone(),
+            session: reg.session.clone(),
+            chunk_bytes: reg.delta_chunk_bytes.max(1) as usize,
+            identity: self.identity.clone(),
+        }));
         let mut signer = protocol::SessionSigner::new(self.identity.clone(), reg.session.clone());
         let clock = self.clock.clone();
         let mut sign =
@@ -546,15 +558,11 @@ impl Agent {
                                 },
                             };
                             self.emit(AgentEvent::EpochAssigned { job: a.job.0, epoch: a.epoch, base: a.base.clone() });
-                            let worker = trainer::WorkerSession {
-                                client: client.clone(),
-                                session: reg.session.clone(),
-                                chunk_bytes: reg.delta_chunk_bytes.max(1) as usize,
-                                identity: self.identity.clone(),
-                            };
                             let (tx, behaviour) = (work_tx.clone(), self.settings.behaviour);
+                            let (live, clock) = (self.live.subscribe(), self.clock.clone());
+                            let identity = self.identity.clone();
                             tokio::spawn(async move {
-                                let result = trainer::work_epoch(worker, &a, behaviour, data).await;
+                                let result = trainer::work_epoch(live, &identity, clock, &a, behaviour, data).await;
                                 let _ = tx.send((a.job, a.epoch, result)).await;
                             });
                         }

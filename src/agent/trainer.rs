@@ -13,12 +13,15 @@
 //! injection (`hanzod node --byzantine`, `hanzod demo --byzantine`).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hanzod_actors::job::EpochAssignment;
+use hanzod_actors::ports::Clock;
+use hanzod_actors::types::Timestamp;
 use hanzod_proto::v1 as pb;
 use hanzod_proto::v1::node_service_client::NodeServiceClient;
 use sha2::{Digest, Sha256};
+use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use crate::identity::Identity;
@@ -119,6 +122,17 @@ pub enum TrainError {
         /// Why.
         reason: String,
     },
+    /// The daemon refused the checkpoint download (its status).
+    #[error("fetching the checkpoint: {}: {message}", crate::cli::code_name(*.code))]
+    FetchStatus {
+        /// The status code.
+        code: tonic::Code,
+        /// Its message.
+        message: String,
+    },
+    /// The assignment's deadline passed before the work was done.
+    #[error("the epoch deadline passed")]
+    Expired,
     /// The checkpoint's bytes do not hash to its reference, or do not load.
     #[error("checkpoint {checkpoint} is bad: {reason}")]
     BadCheckpoint {
@@ -164,7 +178,10 @@ pub async fn fetch_checkpoint(
             checkpoint: reference.to_string(),
         })
         .await
-        .map_err(|s| fetch(crate::cli::status_line(&s)))?
+        .map_err(|s| TrainError::FetchStatus {
+            code: s.code(),
+            message: s.message().to_string(),
+        })?
         .into_inner();
     let header = match stream.message().await {
         Ok(Some(pb::CheckpointChunk {
@@ -214,6 +231,32 @@ pub async fn fetch_checkpoint(
     Ok(bytes)
 }
 
+/// [`fetch_checkpoint`] through the live session, retried like an upload.
+async fn fetch_with_retry(
+    live: &mut watch::Receiver<Option<WorkerSession>>,
+    clock: &Arc<dyn Clock>,
+    deadline: Timestamp,
+    reference: &str,
+) -> Result<Vec<u8>, TrainError> {
+    let got = with_live_session(live, clock, deadline, |s| async move {
+        let mut client = s.client.clone();
+        match fetch_checkpoint(&mut client, &s.session, reference).await {
+            Err(TrainError::FetchStatus { code, message }) => {
+                Err(tonic::Status::new(code, message))
+            }
+            other => Ok(other),
+        }
+    })
+    .await;
+    match got {
+        Ok(r) => r,
+        Err(st) => Err(TrainError::Fetch {
+            checkpoint: reference.to_string(),
+            reason: crate::cli::status_line(&st),
+        }),
+    }
+}
+
 /// The worker's connection to the daemon for one session.
 #[derive(Clone)]
 pub struct WorkerSession {
@@ -227,23 +270,81 @@ pub struct WorkerSession {
     pub identity: Identity,
 }
 
-/// Does `assignment`: fetch, train, upload (module docs). `data` is the recipe's dataset.
+/// Statuses worth another try: the daemon is busy or restarting, or the session was
+/// replaced (`UNAUTHENTICATED` naming the session; the next try uses the live session).
+fn transient(st: &tonic::Status) -> bool {
+    match st.code() {
+        tonic::Code::ResourceExhausted | tonic::Code::Unavailable => true,
+        tonic::Code::Unauthenticated => st.message().contains("session"),
+        _ => false,
+    }
+}
+
+/// Runs `attempt` with the live session until it succeeds, fails for good, or `deadline`
+/// (ms since the Unix epoch, read from `clock`) passes: transient failures ([`transient`])
+/// are retried with jittered exponential backoff (50 ms doubling to 2 s), and while no
+/// session is live it waits for one.
+async fn with_live_session<T, F, Fut>(
+    live: &mut watch::Receiver<Option<WorkerSession>>,
+    clock: &Arc<dyn Clock>,
+    deadline: Timestamp,
+    mut attempt: F,
+) -> Result<T, tonic::Status>
+where
+    F: FnMut(WorkerSession) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let left = Duration::from_millis(deadline.since(clock.now()));
+        if left.is_zero() {
+            return Err(tonic::Status::deadline_exceeded(
+                "the epoch deadline passed",
+            ));
+        }
+        let current = live.borrow_and_update().clone();
+        let Some(session) = current else {
+            // Between sessions: wait for the next one (or the deadline).
+            let _ = tokio::time::timeout(left, live.changed()).await;
+            continue;
+        };
+        match attempt(session).await {
+            Err(st) if transient(&st) => {
+                let jitter = rand::random::<f64>() * 0.5 + 0.5;
+                tokio::time::sleep(delay.mul_f64(jitter).min(left)).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Does `assignment`: fetch, train, upload (module docs), through the live session `live`
+/// (a session replaced meanwhile is followed, so finished work is not lost to a
+/// reconnect). `data` is the recipe's dataset; `clock` tells when the assignment's
+/// deadline passes (work past it is abandoned).
 ///
 /// Errors: see [`TrainError`]; the caller reports them and waits for the next assignment
 /// (the daemon resends it while the epoch runs).
 pub async fn work_epoch(
-    mut s: WorkerSession,
+    mut live: watch::Receiver<Option<WorkerSession>>,
+    identity: &Identity,
+    clock: Arc<dyn Clock>,
     assignment: &EpochAssignment,
     behaviour: Behaviour,
     data: Arc<Dataset>,
 ) -> Result<EpochWork, TrainError> {
     let recipe = crate::delta::sink::recipe_of(&assignment.training, assignment.job)
         .map_err(TrainError::Recipe)?;
+    let deadline = assignment.deadline;
+    if clock.now() >= deadline {
+        return Err(TrainError::Expired);
+    }
     let started = Instant::now();
     let base = match &assignment.base {
         None => train::init(&recipe),
         Some(reference) => {
-            let bytes = fetch_checkpoint(&mut s.client, &s.session, reference).await?;
+            let bytes = fetch_with_retry(&mut live, &clock, deadline, reference).await?;
             Weights::from_safetensors(&bytes, train::layout(recipe.hidden)).map_err(|e| {
                 TrainError::BadCheckpoint {
                     checkpoint: reference.clone(),
@@ -254,7 +355,7 @@ pub async fn work_epoch(
     };
     let fetch_ms = started.elapsed().as_millis() as u64;
     let started = Instant::now();
-    let node = s.identity.node_id().0;
+    let node = identity.node_id().0;
     let (epoch, step) = (assignment.epoch, assignment.step);
     let (payload, claimed, last_loss) = tokio::task::spawn_blocking(move || {
         let run = train::train_local(&base, &data, &recipe, &node, step)
@@ -280,44 +381,25 @@ pub async fn work_epoch(
     let train_ms = started.elapsed().as_millis() as u64;
     let hash: [u8; 32] = Sha256::digest(&payload).into();
     let started = Instant::now();
-    // A busy daemon (every upload slot taken) or a transient failure: retry with
-    // jittered backoff; anything else is final for this assignment.
-    let upload = {
-        use backon::{ExponentialBuilder, Retryable};
-        let (client, session, identity) = (&s.client, &s.session, &s.identity);
-        (|| {
-            let mut client = client.clone();
-            let payload = &payload;
-            async move {
-                super::protocol::upload_delta(
-                    &mut client,
-                    session,
-                    identity,
-                    assignment.job.0,
-                    epoch,
-                    step,
-                    claimed,
-                    payload,
-                    s.chunk_bytes,
-                )
-                .await
-            }
-        })
-        .retry(
-            ExponentialBuilder::default()
-                .with_min_delay(std::time::Duration::from_millis(50))
-                .with_max_delay(std::time::Duration::from_secs(2))
-                .with_jitter()
-                .with_max_times(8),
-        )
-        .when(|st: &tonic::Status| {
-            matches!(
-                st.code(),
-                tonic::Code::ResourceExhausted | tonic::Code::Unavailable
+    let upload = with_live_session(&mut live, &clock, deadline, |s| {
+        let payload = &payload;
+        async move {
+            let mut client = s.client.clone();
+            super::protocol::upload_delta(
+                &mut client,
+                &s.session,
+                &s.identity,
+                assignment.job.0,
+                epoch,
+                step,
+                claimed,
+                payload,
+                s.chunk_bytes,
             )
-        })
-        .await
-    };
+            .await
+        }
+    })
+    .await;
     let already_delivered = match upload {
         Ok(_) => false,
         // A retry after a lost ack: the daemon names the delivered hash.

@@ -2,16 +2,17 @@
 //! next checkpoint (DESIGN §6, paper §5–§6): fetch each delta from the blob store, judge it
 //! on the [`ValidatorPool`], choose the aggregator ([`RobustPolicy`]), merge with the
 //! composite scores as weights, apply the merged delta with the job's outer learning rate,
-//! and store the new checkpoint (safetensors) content-addressed.
+//! publish the new checkpoint (safetensors) through the [`Publication`] ports, and settle
+//! the epoch on the ledger ([`Economics`]: rewards by score, slashes for failed spot-checks).
 //!
 //! The per-job model state (the current weights, the running norm average, the last merged
 //! delta, the epoch reports) is owned by one actor, the model keeper; the sink is a handle
 //! to it. Publications of different jobs are handled one after the other; the heavy work of
 //! each (validation, merging) runs on the pool and the blocking thread pool.
 //!
-//! Checkpoint references are `sha256:<hex>` of the safetensors bytes until the publication
-//! issue makes them IPFS CIDs. Idempotent per (job, epoch): a second call returns the first
-//! reference. After a daemon restart the keeper reloads a job's weights from the base
+//! Checkpoint references are the IPFS CIDs of the safetensors bytes (Kubo's
+//! `ipfs add --cid-version=1`). Idempotent per (job, epoch): a second call returns the
+//! first reference. After a daemon restart the keeper reloads a job's weights from the base
 //! checkpoint the core names; the norm average and the last merged delta restart empty
 //! (stability then scores 1 and convergence drops out, as in epoch 0), until the state
 //! store keeps them.
@@ -39,12 +40,14 @@ use super::validate::{
 };
 use crate::core::job::TrainingSpec;
 use crate::core::ports::{
-    CheckpointError, CheckpointSink, DeltaReceipt, EpochInput, Ledger, Metrics,
+    ChainError, CheckpointError, CheckpointSink, DeltaReceipt, EpochInput, Ledger, Metrics,
 };
 use crate::core::rewards::split_rewards;
 use crate::core::types::{GymWei, JobId, NodeId};
 use crate::publish::registry::Location;
-use crate::publish::{MemoryObjectStore, ModelCard, ModelRegistry, ModelUpload, ObjectStore};
+use crate::publish::{
+    MemoryObjectStore, ModelCard, ModelRegistry, ModelUpload, ObjectStore, RegistryError,
+};
 use crate::train::{self, Dataset, Recipe, Weights};
 
 /// Tunables of the sink.
@@ -72,6 +75,10 @@ impl Default for SinkConfig {
         }
     }
 }
+
+/// How long one ledger call may take before the settlement counts as failed (and is
+/// retried at the next publication).
+pub const LEDGER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The epoch's economics (paper §8): where rewards are paid and stakes slashed, and how
 /// much.
@@ -176,6 +183,9 @@ pub struct EpochReport {
     pub repo: Option<String>,
     /// Where that repo is (a folder, or a URL).
     pub location: Option<String>,
+    /// Why the registry refused the checkpoint, when it did (the checkpoint is published
+    /// by CID in the object store either way).
+    pub registry_error: Option<String>,
     /// Why paying or slashing failed, when it did (the checkpoint is published anyway;
     /// the ledger is idempotent per epoch and per evidence, so a retry pays nothing twice).
     pub settlement_error: Option<String>,
@@ -214,6 +224,8 @@ struct KeeperState {
     deps: KeeperArgs,
     jobs: HashMap<JobId, JobModel>,
     reports: BTreeMap<(JobId, u32), EpochReport>,
+    /// Epochs whose rewards or slashes could not be recorded yet.
+    unsettled: std::collections::BTreeSet<(JobId, u32)>,
 }
 
 struct KeeperArgs {
@@ -511,6 +523,7 @@ impl KeeperState {
         base: Option<String>,
         deltas: Vec<DeltaReceipt>,
     ) -> Result<String, CheckpointError> {
+        self.settle_pending().await;
         if let Some(r) = self.reports.get(&(job, epoch)) {
             return Ok(r.checkpoint.clone());
         }
@@ -630,9 +643,12 @@ impl KeeperState {
             .notify(|e, d| tracing::warn!(job = %job, epoch, error = %e, retry_in = ?d, "storing the checkpoint"))
             .await
             .map_err(failed)?;
-        publication
-            .objects
-            .pin(&checkpoint)
+        (|| publication.objects.pin(&checkpoint))
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(100))
+                    .with_max_times(4),
+            )
             .await
             .map_err(|e| failed(format!("pinning {checkpoint}: {e}")))?;
         let published = match &publication.registry {
@@ -654,11 +670,26 @@ impl KeeperState {
                         dataset: training.dataset.clone(),
                     },
                 };
-                let p = registry
-                    .publish(&upload)
-                    .await
-                    .map_err(|e| failed(format!("publishing {}: {e}", upload.repo)))?;
-                Some(p)
+                // Transient failures are retried; a refusal (a conflicting repo left by
+                // an earlier log, a bad name) does not fail the job: the checkpoint is
+                // published by CID either way, and the report says what the registry
+                // refused.
+                let outcome = (|| registry.publish(&upload))
+                    .retry(
+                        ExponentialBuilder::default()
+                            .with_min_delay(Duration::from_millis(100))
+                            .with_max_times(4),
+                    )
+                    .when(|e| matches!(e, RegistryError::Io(_)))
+                    .await;
+                match outcome {
+                    Ok(p) => Some(Ok(p)),
+                    Err(e) => {
+                        tracing::warn!(job = %job, epoch, repo = %upload.repo, error = %e, "the model registry refused the checkpoint");
+                        self.deps.metrics.incr("registry_refusals", "refused", 1);
+                        Some(Err(format!("{}: {e}", upload.repo)))
+                    }
+                }
             }
         };
 
@@ -716,14 +747,20 @@ impl KeeperState {
         let mut report = EpochReport {
             kept,
             suspect,
-            repo: published.as_ref().map(|p| p.repo.clone()),
-            location: published.map(|p| match p.location {
+            repo: published
+                .as_ref()
+                .and_then(|p| p.as_ref().ok())
+                .map(|p| p.repo.clone()),
+            registry_error: published.as_ref().and_then(|p| p.as_ref().err()).cloned(),
+            location: published.and_then(Result::ok).map(|p| match p.location {
                 Location::Path(path) => path.display().to_string(),
                 Location::Url(url) => url,
             }),
             ..report
         };
-        self.settle(&mut report).await;
+        if !self.settle(&mut report).await {
+            self.unsettled.insert((job, epoch));
+        }
         self.count(&report);
         tracing::info!(
             job = %job,
@@ -792,6 +829,7 @@ impl KeeperState {
             slashed: Vec::new(),
             repo: None,
             location: None,
+            registry_error: None,
             settlement_error: None,
         }
     }
@@ -799,10 +837,16 @@ impl KeeperState {
     /// Pays the epoch's rewards and slashes its evidence on the ledger (paper §8): the
     /// pool is split by composite score over the deltas that were accepted and not
     /// suspect, and only when the epoch merged something; each failed spot-check slashes
-    /// `slash_pct` % of the node's stake with the evidence (canonical JSON) attached.
-    async fn settle(&self, report: &mut EpochReport) {
+    /// `slash_pct` % of the node's stake with the evidence
+    /// ([`SlashEvidence::canonical_bytes`]) attached. A node whose key is no longer bound
+    /// to an operator is left out of the batch (its share is not paid) rather than hold up
+    /// everyone's pay. Every ledger call is bounded by [`LEDGER_TIMEOUT`]; what fails is
+    /// recorded in `report.settlement_error` and retried at the next publication (the
+    /// ledger is idempotent per epoch and per evidence, so a retry pays nobody twice).
+    /// Returns whether the epoch is fully settled.
+    async fn settle(&self, report: &mut EpochReport) -> bool {
         let Some(econ) = &self.deps.economics else {
-            return;
+            return true;
         };
         let job = JobId(report.job);
         let node_of = |hex_key: &str| -> Option<NodeId> {
@@ -811,55 +855,69 @@ impl KeeperState {
                 .ok()
                 .map(|_| NodeId(b))
         };
-        let shares: Vec<(NodeId, f64)> = if report.aggregator.is_some() {
-            report
+        let bounded = |what: String| format!("{what}: no answer within {LEDGER_TIMEOUT:?}");
+        let mut errors = Vec::new();
+        let mut shares: Vec<(NodeId, f64)> = Vec::new();
+        if report.aggregator.is_some() {
+            for d in report
                 .deltas
                 .iter()
                 .filter(|d| d.rejected.is_none() && !d.suspect)
-                .filter_map(|d| Some((node_of(&d.node)?, d.score?.composite)))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut errors = Vec::new();
-        let paid = split_rewards(econ.epoch_pool, &shares);
-        match econ
-            .ledger
-            .distribute_epoch_rewards(job, report.epoch, &paid)
-            .await
-        {
-            Ok(receipt) => {
-                report.rewards = receipt
-                    .paid
-                    .iter()
-                    .map(|(n, w)| RewardLine {
-                        node: hex::encode(n.0),
-                        score: shares.iter().filter(|(m, _)| m == n).map(|(_, s)| *s).sum(),
-                        amount_wei: w.0.to_string(),
-                    })
-                    .collect();
-                self.deps.metrics.incr(
-                    "rewards_wei",
-                    "paid",
-                    u64::try_from(receipt.total.0).unwrap_or(u64::MAX),
-                );
+            {
+                let (Some(node), Some(score)) = (node_of(&d.node), d.score) else {
+                    continue;
+                };
+                match tokio::time::timeout(LEDGER_TIMEOUT, econ.ledger.stake_of(&node)).await {
+                    Ok(Ok(_)) => shares.push((node, score.composite)),
+                    Ok(Err(ChainError::Unbound(_))) => {
+                        tracing::warn!(job = %job, epoch = report.epoch, node = %node, "unbound node: its reward share is withheld");
+                    }
+                    Ok(Err(e)) => errors.push(format!("stake of {node}: {e}")),
+                    Err(_) => errors.push(bounded(format!("stake of {node}"))),
+                }
             }
-            Err(e) => errors.push(format!("rewards: {e}")),
         }
+        if errors.is_empty() {
+            let paid = split_rewards(econ.epoch_pool, &shares);
+            let call = econ
+                .ledger
+                .distribute_epoch_rewards(job, report.epoch, &paid);
+            match tokio::time::timeout(LEDGER_TIMEOUT, call).await {
+                Ok(Ok(receipt)) => {
+                    report.rewards = receipt
+                        .paid
+                        .iter()
+                        .map(|(n, w)| RewardLine {
+                            node: hex::encode(n.0),
+                            score: shares.iter().filter(|(m, _)| m == n).map(|(_, s)| *s).sum(),
+                            amount_wei: w.0.to_string(),
+                        })
+                        .collect();
+                    if !receipt.duplicate {
+                        let milli = receipt.total.0 / (GymWei::PER_GYM / 1000);
+                        self.deps.metrics.incr(
+                            "rewards_milli_gym",
+                            "paid",
+                            u64::try_from(milli).unwrap_or(u64::MAX),
+                        );
+                    }
+                }
+                Ok(Err(e)) => errors.push(format!("rewards: {e}")),
+                Err(_) => errors.push(bounded("rewards".into())),
+            }
+        }
+        report.slashed.clear();
         for evidence in &report.slashes {
             let Some(node) = node_of(&evidence.node) else {
                 continue;
             };
-            let bytes = match serde_json::to_vec(evidence) {
-                Ok(b) => b,
-                Err(e) => {
-                    errors.push(format!("evidence of {}: {e}", evidence.node));
-                    continue;
-                }
-            };
-            match econ.ledger.slash(&node, econ.slash_pct, &bytes).await {
-                Ok(r) => {
-                    self.deps.metrics.incr("slashes", "applied", 1);
+            let bytes = evidence.canonical_bytes();
+            let call = econ.ledger.slash(&node, econ.slash_pct, &bytes);
+            match tokio::time::timeout(LEDGER_TIMEOUT, call).await {
+                Ok(Ok(r)) => {
+                    if !r.duplicate {
+                        self.deps.metrics.incr("slashes", "applied", 1);
+                    }
                     report.slashed.push(SlashLine {
                         node: evidence.node.clone(),
                         pct: r.pct,
@@ -867,13 +925,31 @@ impl KeeperState {
                         stake_after_wei: r.stake_after.0.to_string(),
                     });
                 }
-                Err(e) => errors.push(format!("slashing {}: {e}", evidence.node)),
+                Ok(Err(e)) => errors.push(format!("slashing {}: {e}", evidence.node)),
+                Err(_) => errors.push(bounded(format!("slashing {}", evidence.node))),
             }
         }
-        if !errors.is_empty() {
-            let why = errors.join("; ");
-            tracing::warn!(job = %job, epoch = report.epoch, error = %why, "epoch settlement incomplete");
-            report.settlement_error = Some(why);
+        if errors.is_empty() {
+            report.settlement_error = None;
+            return true;
+        }
+        let why = errors.join("; ");
+        tracing::warn!(job = %job, epoch = report.epoch, error = %why, "epoch settlement incomplete; retried at the next publication");
+        report.settlement_error = Some(why);
+        false
+    }
+
+    /// Settles again the epochs whose settlement failed ([`KeeperState::settle`]).
+    async fn settle_pending(&mut self) {
+        let pending: Vec<(JobId, u32)> = std::mem::take(&mut self.unsettled).into_iter().collect();
+        for key in pending {
+            let Some(mut report) = self.reports.get(&key).cloned() else {
+                continue;
+            };
+            if !self.settle(&mut report).await {
+                self.unsettled.insert(key);
+            }
+            self.reports.insert(key, report);
         }
     }
 
@@ -905,6 +981,7 @@ impl Actor for Keeper {
             deps: a,
             jobs: HashMap::new(),
             reports: BTreeMap::new(),
+            unsettled: Default::default(),
         })
     }
 

@@ -84,9 +84,20 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T, BlobError> + Send + 'static,
 {
+    on_blocking_pool(f, BlobError::Io).await
+}
+
+/// Runs blocking work `f` on tokio's blocking pool; a task that panicked or was cancelled
+/// becomes `io("blocking task failed: …")`. Shared by the file-backed stores.
+pub(crate) async fn on_blocking_pool<T, E, F>(f: F, io: fn(String) -> E) -> Result<T, E>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+    F: FnOnce() -> Result<T, E> + Send + 'static,
+{
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| BlobError::Io(format!("blocking task failed: {e}")))?
+        .map_err(|e| io(format!("blocking task failed: {e}")))?
 }
 
 /// [`verify`], on a blocking thread when the blob is large.

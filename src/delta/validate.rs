@@ -244,6 +244,27 @@ pub struct SlashEvidence {
     pub signature: String,
 }
 
+impl SlashEvidence {
+    /// The evidence as recorded with a slash: the node's signed statement (job, epoch,
+    /// step, claimed loss, delta hash) and its signature, as canonical JSON with a domain
+    /// tag. Only what the node signed is in it, not the measured values (which anyone
+    /// recomputes from the delta), so validating the same delta twice, on any CPU, gives
+    /// the same bytes and a ledger keyed by their hash slashes once.
+    pub fn canonical_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "domain": "hanzod-slash-v1",
+            "node": self.node,
+            "job": self.job,
+            "epoch": self.epoch,
+            "step": self.step,
+            "claimed_loss": self.claimed_loss,
+            "delta_hash": self.delta_hash,
+            "signature": self.signature,
+        }))
+        .unwrap_or_default()
+    }
+}
+
 /// The judgement of one delta.
 #[derive(Debug, Clone)]
 pub struct Verdict {

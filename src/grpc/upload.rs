@@ -236,6 +236,14 @@ impl DeltaUploads {
             .ok()
             .and_then(|t| self.sessions.lookup(&t))
             .ok_or_else(|| Status::unauthenticated("unknown or expired session; register again"))?;
+        // Downloads share the transfer slots of uploads: a node looping on fetches cannot
+        // take more of the daemon than an upload could.
+        let permit = self.permits.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{} transfers are in progress; retry",
+                self.settings.max_concurrent
+            ))
+        })?;
         use crate::publish::ObjectError;
         let bytes = match self.objects.get(&request.checkpoint).await {
             Ok(b) => b,
@@ -267,6 +275,7 @@ impl DeltaUploads {
         let step = self.settings.chunk_bytes.max(1);
         let n = bytes.len().div_ceil(step);
         let data = futures_util::StreamExt::map(tokio_stream::iter(0..n), move |i| {
+            let _slot = &permit; // held until the stream is dropped
             let end = ((i + 1) * step).min(bytes.len());
             Ok(pb::CheckpointChunk {
                 part: Some(pb::checkpoint_chunk::Part::Data(

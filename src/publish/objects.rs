@@ -218,9 +218,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T, ObjectError> + Send + 'static,
 {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ObjectError::Io(format!("blocking task failed: {e}")))?
+    crate::delta::store::on_blocking_pool(f, ObjectError::Io).await
 }
 
 type BlockMap = HashMap<Cid, Bytes>;
