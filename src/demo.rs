@@ -65,11 +65,11 @@ pub struct DemoArgs {
     #[arg(long)]
     pub batch_size: Option<u32>,
     /// The nodes' learning rate [default: 0.05].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub local_lr: Option<f64>,
     /// Fraction of deltas spot-checked (the daemon's default is 0.1; the demo checks more so
     /// a short run catches a liar) [default: 0.5].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub spot_check_rate: Option<f64>,
     /// Seed of the keys, the spot-check secrets and the training [default: 1].
     #[arg(long)]
@@ -285,6 +285,8 @@ pub struct EpochLine {
     pub accepted: usize,
     /// Deltas rejected.
     pub rejected: usize,
+    /// Accepted deltas that were suspect (no weight under the weighted mean).
+    pub suspect: usize,
     /// Spot-checks run, and how many failed.
     pub spot_checks: usize,
     /// Failed spot-checks.
@@ -314,6 +316,8 @@ pub struct NodeLine {
     pub accepted: usize,
     /// Deltas rejected by validation.
     pub rejected: usize,
+    /// Deltas accepted but suspect (no weight in the merge, no reward).
+    pub suspect: usize,
     /// Spot-checks passed.
     pub spot_checks_passed: usize,
     /// Spot-checks failed.
@@ -446,7 +450,8 @@ pub fn demo_config(plan: &DemoPlan) -> Result<Config, DemoError> {
     cfg.core.scheduler.tick_ms = 100;
     cfg.core.probe.peers_per_node = 2;
     cfg.nodes.probe_bytes = 256 << 10;
-    cfg.deltas.max_concurrent_uploads = plan.nodes.max(1);
+    // One fetch and one upload per node can be in flight at once.
+    cfg.deltas.max_concurrent_uploads = 2 * plan.nodes.max(1);
     cfg.validation.spot_check_rate = plan.spot_check_rate;
     cfg.orchestrator.key = orchestrator_key(plan.seed);
     let out = plan.out.display().to_string();
@@ -525,9 +530,15 @@ async fn drive(
             .map_err(|e| setup(format!("starting node {i} ({})", plan.exe.display()), &e))?;
         if let Some(out) = child.stdout.take() {
             let tx = tx.clone();
+            // The node's events are also kept, one JSON object per line.
+            let mut events_file =
+                std::fs::File::create(logs.join(format!("node-{i}.events.jsonl")))
+                    .map_err(|e| setup(format!("node {i} events"), &e))?;
             tokio::spawn(async move {
+                use std::io::Write;
                 let mut lines = tokio::io::BufReader::new(out).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
+                    let _ = writeln!(events_file, "{line}");
                     if let Ok(event) = serde_json::from_str(&line) {
                         if tx.send(NodeEvent { index: i, event }).await.is_err() {
                             return;
@@ -553,15 +564,21 @@ async fn drive(
 
     // Wait for every node to register.
     view.log(&format!(
-        "orchestrator on {}; {} nodes starting (logs in {})",
+        "orchestrator on {}; {} nodes starting (logs and node events in {})",
         d.grpc_addr,
         plan.nodes,
         logs.display()
     ));
+    // SIGINT/SIGTERM end the run with its summary (and the nodes with it).
+    let interrupted = crate::serve::termination();
+    tokio::pin!(interrupted);
     let mut registered = 0usize;
     let mut poll = tokio::time::interval(Duration::from_millis(250));
     while registered < plan.nodes {
         tokio::select! {
+            _ = &mut interrupted => {
+                return Err(DemoError::Setup("interrupted while the nodes were starting".into()));
+            }
             _ = poll.tick() => {
                 for (i, n) in nodes.iter_mut().enumerate() {
                     if let Some(Ok(Some(status))) = n.child.as_mut().map(|c| c.try_wait()) {
@@ -634,8 +651,7 @@ async fn drive(
     let mut ring_repair_ms = Vec::new();
     let mut ring_version = 0;
     let mut reports: BTreeMap<u32, EpochReport> = BTreeMap::new();
-    let interrupted = crate::serve::termination();
-    tokio::pin!(interrupted);
+    let mut node_failures: BTreeMap<usize, String> = BTreeMap::new();
     let (phase, failure) = loop {
         tokio::select! {
             _ = &mut interrupted => {
@@ -730,6 +746,13 @@ async fn drive(
             }
             e = events.recv() => {
                 let Some(e) = e else { continue };
+                if e.event["event"] == "epoch_failed" && !nodes[e.index].killed {
+                    let why = format!("node {}: epoch {} failed: {}", e.index, e.event["epoch"], e.event["reason"].as_str().unwrap_or("?"));
+                    if view.bars.is_none() {
+                        view.log(&why);
+                    }
+                    node_failures.insert(e.index, why);
+                }
                 if let Some(status) = node_status(&e.event) {
                     if !nodes[e.index].killed {
                         nodes[e.index].status = status;
@@ -741,6 +764,18 @@ async fn drive(
                 break ("Failed".to_string(), Some(format!("timed out after {} s", plan.timeout_s)));
             }
         }
+    };
+    // A failed job says what its nodes reported (a recipe they could not train, …).
+    let failure = match failure {
+        Some(f) if !node_failures.is_empty() => Some(format!(
+            "{f}; nodes reported: {}",
+            node_failures
+                .values()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+        other => other,
     };
     // The epoch reports of the last epoch are fetched above; stop the node processes.
     for n in nodes.iter_mut() {
@@ -761,6 +796,7 @@ async fn drive(
             killed: n.killed,
             accepted: 0,
             rejected: 0,
+            suspect: 0,
             spot_checks_passed: 0,
             spot_checks_failed: 0,
             rewards_wei: "0".into(),
@@ -773,6 +809,7 @@ async fn drive(
                     line.rejected += 1;
                 } else {
                     line.accepted += 1;
+                    line.suspect += usize::from(dl.suspect);
                 }
                 match &dl.spot_check {
                     Some(c) if c.passed => line.spot_checks_passed += 1,
@@ -807,6 +844,11 @@ async fn drive(
             loss_after: r.loss_after,
             accepted: r.deltas.iter().filter(|x| x.rejected.is_none()).count(),
             rejected: r.deltas.iter().filter(|x| x.rejected.is_some()).count(),
+            suspect: r
+                .deltas
+                .iter()
+                .filter(|x| x.rejected.is_none() && x.suspect)
+                .count(),
             spot_checks: r.deltas.iter().filter(|x| x.spot_check.is_some()).count(),
             spot_check_failures: r
                 .deltas
@@ -1052,17 +1094,26 @@ pub fn render(s: &DemoSummary) -> String {
     }
     let _ = writeln!(
         o,
-        "\n{:>5}  {:>9}  {:>9}  {:>8}  {:>8}  {:>11}  {:<13}  {:>7}  checkpoint",
-        "epoch", "loss in", "loss out", "accepted", "rejected", "spot-checks", "merge", "ms"
+        "\n{:>5}  {:>9}  {:>9}  {:>8}  {:>7}  {:>8}  {:>11}  {:<13}  {:>7}  checkpoint",
+        "epoch",
+        "loss in",
+        "loss out",
+        "accepted",
+        "suspect",
+        "rejected",
+        "spot-checks",
+        "merge",
+        "ms"
     );
     for e in &s.epochs {
         let _ = writeln!(
             o,
-            "{:>5}  {:>9.4}  {:>9.4}  {:>8}  {:>8}  {:>11}  {:<13}  {:>7}  {}",
+            "{:>5}  {:>9.4}  {:>9.4}  {:>8}  {:>7}  {:>8}  {:>11}  {:<13}  {:>7}  {}",
             e.epoch,
             e.loss_before,
             e.loss_after,
             e.accepted,
+            e.suspect,
             e.rejected,
             format!("{} ({} ✗)", e.spot_checks, e.spot_check_failures),
             e.aggregator,
@@ -1072,11 +1123,12 @@ pub fn render(s: &DemoSummary) -> String {
     }
     let _ = writeln!(
         o,
-        "\n{:>4}  {:<16}  {:<8}  {:>8}  {:>8}  {:>11}  {:>12}  {:>12}  {:>12}",
+        "\n{:>4}  {:<16}  {:<8}  {:>8}  {:>7}  {:>8}  {:>11}  {:>12}  {:>12}  {:>12}",
         "node",
         "id",
         "role",
         "accepted",
+        "suspect",
         "rejected",
         "spot ✓/✗",
         "rewards GYM",
@@ -1093,11 +1145,12 @@ pub fn render(s: &DemoSummary) -> String {
         let wei = |v: &str| gym(v.parse().unwrap_or(0));
         let _ = writeln!(
             o,
-            "{:>4}  {:<16}  {:<8}  {:>8}  {:>8}  {:>11}  {:>12}  {:>12}  {:>12}",
+            "{:>4}  {:<16}  {:<8}  {:>8}  {:>7}  {:>8}  {:>11}  {:>12}  {:>12}  {:>12}",
             n.index,
             &n.node[..16],
             role,
             n.accepted,
+            n.suspect,
             n.rejected,
             format!("{}/{}", n.spot_checks_passed, n.spot_checks_failed),
             wei(&n.rewards_wei),

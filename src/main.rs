@@ -101,7 +101,8 @@ Examples:
   hanzod serve --config prod.toml
   HANZOD_ADMIN_TOKEN=s3cret hanzod serve")]
     Serve,
-    /// Run a node agent: register, heartbeat, answer probes, follow rings, reconnect.
+    /// Run a node agent: register, heartbeat, answer probes, follow rings, train each
+    /// assigned epoch and upload its signed delta, reconnect.
     #[command(after_help = "\
 Examples:
   hanzod node --key node.key --region eu-west

@@ -26,6 +26,9 @@
 //! | `hanzod_deltas_validated_total{outcome}` | `accepted` or the rejection reason (`signature`, `wrong_step`, `format`, `stale_base`, `spot_check_loss`, `spot_check_replay`, …; see `delta::validate::Rejection::label`) | deltas judged at aggregation |
 //! | `hanzod_spot_checks_total{outcome}` | `passed`, `failed` | spot-checks run (DESIGN §6) |
 //! | `hanzod_merges_total{aggregator}` | `weighted_mean`, `median`, `kept` | epochs merged, by aggregator |
+//! | `hanzod_rewards_milli_gym_total{outcome}` | `paid` | epoch rewards paid, thousandths of a GYM |
+//! | `hanzod_slashes_total{outcome}` | `applied` | slashes for failed spot-checks |
+//! | `hanzod_registry_refusals_total{outcome}` | `refused` | checkpoints the model registry refused |
 //! | `hanzod_metrics_errors_total{kind}` | `name_conflict`, `non_finite_observation`, `sample_timeout` | misuse of this sink and slow scrapes (see below) |
 //!
 //! A counter name nobody declared is registered on first use as
@@ -137,7 +140,7 @@ struct CounterSpec {
 }
 
 /// The counters reported through [`Metrics::incr`] by the core and the gRPC transport.
-const COUNTERS: [CounterSpec; 16] = [
+const COUNTERS: [CounterSpec; 19] = [
     CounterSpec {
         name: "probe_requests",
         key: "outcome",
@@ -217,6 +220,21 @@ const COUNTERS: [CounterSpec; 16] = [
         name: "merges",
         key: "aggregator",
         help: "Epochs merged, by aggregator (weighted_mean, median) or kept",
+    },
+    CounterSpec {
+        name: "rewards_milli_gym",
+        key: "outcome",
+        help: "Epoch rewards paid on the ledger, in thousandths of a GYM (paper §8)",
+    },
+    CounterSpec {
+        name: "slashes",
+        key: "outcome",
+        help: "Slashes applied on the ledger for failed spot-checks (paper §8)",
+    },
+    CounterSpec {
+        name: "registry_refusals",
+        key: "outcome",
+        help: "Checkpoints the model registry refused (published by CID only)",
     },
 ];
 

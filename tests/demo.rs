@@ -317,3 +317,31 @@ fn demo_plans_come_from_flags_over_a_scenario_file_and_bad_ones_name_the_flag() 
     .to_string();
     assert!(err.contains("nodez"), "{err}");
 }
+
+#[test]
+fn the_demo_writes_only_into_its_own_folder() {
+    let root = std::env::temp_dir().join(format!("hanzod-demo-out-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    // A new folder becomes the demo's; a rerun replaces its store and model folders only.
+    let out = root.join("run");
+    hanzod::demo::prepare_out(&out).unwrap();
+    assert!(out.join(hanzod::demo::MARKER).exists());
+    for sub in ["ipfs", "models", "keys"] {
+        std::fs::create_dir_all(out.join(sub)).unwrap();
+    }
+    hanzod::demo::prepare_out(&out).unwrap();
+    assert!(!out.join("ipfs").exists() && !out.join("models").exists());
+    assert!(out.join("keys").exists());
+    // A folder with other contents, or a file, is refused and left alone.
+    let foreign = root.join("home");
+    std::fs::create_dir_all(foreign.join("models")).unwrap();
+    let err = hanzod::demo::prepare_out(&foreign).unwrap_err().to_string();
+    assert!(err.contains("not made by hanzod demo"), "{err}");
+    assert!(foreign.join("models").exists());
+    let file = root.join("file");
+    std::fs::write(&file, "x").unwrap();
+    let err = hanzod::demo::prepare_out(&file).unwrap_err().to_string();
+    assert!(err.contains("not a folder"), "{err}");
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -14,7 +14,7 @@ use hanzod::core::types::{GymWei, JobId};
 use hanzod::delta::catalog::ModelCatalog;
 use hanzod::delta::format::{payload_hash, sign_statement, Statement};
 use hanzod::delta::score::{is_spot_checked, verify_reveal, Commitment, EpochSecret};
-use hanzod::delta::sink::{recipe_of, SinkConfig, TrainingSink};
+use hanzod::delta::sink::{recipe_of, Economics, SinkConfig, TrainingSink};
 use hanzod::delta::store::{BlobStore, MemoryBlobStore};
 use hanzod::delta::validate::{Rejection, ValidationConfig};
 use hanzod::identity::Identity;
@@ -59,6 +59,10 @@ struct Fixture {
 }
 
 async fn fixture(rate: f64) -> Fixture {
+    fixture_with(rate, None).await
+}
+
+async fn fixture_with(rate: f64, economics: Option<Economics>) -> Fixture {
     let blobs = Arc::new(MemoryBlobStore::new());
     let metrics = Arc::new(MemoryMetrics::new());
     let seed = [42u8; 32];
@@ -77,7 +81,7 @@ async fn fixture(rate: f64) -> Fixture {
         seed,
         config,
         metrics.clone(),
-        None,
+        economics,
         publication.clone(),
     )
     .await
@@ -432,4 +436,165 @@ async fn a_merge_that_would_raise_the_loss_keeps_the_base_and_says_why() {
     );
     assert_eq!(r.loss_after, r.loss_before);
     assert_eq!(f.weights(&cp).await, init);
+}
+
+/// A ledger whose reward batches fail while `down` is set (the chain unreachable).
+#[derive(Debug)]
+struct FlakyLedger {
+    inner: hanzod::core::ports::memory::MemoryChain,
+    down: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl hanzod::core::ports::ChainReader for FlakyLedger {
+    async fn stake_of(
+        &self,
+        node: &hanzod::core::types::NodeId,
+    ) -> Result<GymWei, hanzod::core::ports::ChainError> {
+        self.inner.stake_of(node).await
+    }
+    async fn penalty_until(
+        &self,
+        node: &hanzod::core::types::NodeId,
+    ) -> Result<Option<hanzod::core::types::Timestamp>, hanzod::core::ports::ChainError> {
+        self.inner.penalty_until(node).await
+    }
+}
+
+#[async_trait::async_trait]
+impl hanzod::core::ports::Ledger for FlakyLedger {
+    async fn distribute_epoch_rewards(
+        &self,
+        job: JobId,
+        epoch: u32,
+        rewards: &[(hanzod::core::types::NodeId, GymWei)],
+    ) -> Result<hanzod::core::ports::RewardReceipt, hanzod::core::ports::LedgerError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(hanzod::core::ports::ChainError::Unavailable("rpc down".into()).into());
+        }
+        self.inner
+            .distribute_epoch_rewards(job, epoch, rewards)
+            .await
+    }
+    async fn slash(
+        &self,
+        node: &hanzod::core::types::NodeId,
+        pct: u8,
+        evidence: &[u8],
+    ) -> Result<hanzod::core::ports::SlashReceipt, hanzod::core::ports::LedgerError> {
+        self.inner.slash(node, pct, evidence).await
+    }
+    async fn balance_of(
+        &self,
+        node: &hanzod::core::types::NodeId,
+    ) -> Result<GymWei, hanzod::core::ports::LedgerError> {
+        self.inner.balance_of(node).await
+    }
+    async fn slashes(
+        &self,
+    ) -> Result<Vec<hanzod::core::ports::SlashReceipt>, hanzod::core::ports::LedgerError> {
+        self.inner.slashes().await
+    }
+    async fn reward_batches(
+        &self,
+    ) -> Result<Vec<hanzod::core::ports::RewardReceipt>, hanzod::core::ports::LedgerError> {
+        self.inner.reward_batches().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewards_follow_scores_slashes_follow_failed_spot_checks_and_a_failed_settlement_is_retried(
+) {
+    use hanzod::core::ports::{ChainReader, Ledger};
+    use std::sync::atomic::Ordering;
+    let pool = GymWei::gym(100);
+    let stake = GymWei::gym(10_000);
+    let chain = hanzod::core::ports::memory::MemoryChain::new();
+    // Nodes 1–3 are bound; node 4 (honest) is not: its share is withheld, not the batch.
+    for i in 1..=3u8 {
+        chain.set_stake(Identity::from_seed([i; 32]).node_id(), stake);
+    }
+    let ledger = Arc::new(FlakyLedger {
+        inner: chain,
+        down: true.into(),
+    });
+    let econ = Economics {
+        ledger: ledger.clone(),
+        epoch_pool: pool,
+        slash_pct: 10,
+    };
+    let f = fixture_with(1.0, Some(econ)).await;
+    let init = train::init(&recipe_of(&spec().training, JOB).unwrap());
+    let mut deltas = Vec::new();
+    for (i, how) in [
+        (1, Behaviour::Honest),
+        (2, Behaviour::Honest),
+        (3, Behaviour::LiesAboutLoss),
+        (4, Behaviour::Honest),
+    ] {
+        deltas.push(f.submit(i, 0, &init, how).await);
+    }
+    let node = |i: u8| Identity::from_seed([i; 32]).node_id();
+    let cp0 = f.publish(0, None, &deltas).await;
+    // The reward batch failed (the chain was down): nothing paid, the report says why; the
+    // liar is slashed all the same (slashes are separate calls).
+    let r0 = f.sink.report(JOB, 0).await.unwrap();
+    assert!(
+        r0.settlement_error.as_deref().unwrap().contains("rpc down"),
+        "{r0:?}"
+    );
+    assert!(r0.rewards.is_empty());
+    assert_eq!(ledger.balance_of(&node(1)).await.unwrap(), GymWei(0));
+    assert_eq!(r0.slashed.len(), 1);
+    assert_eq!(ledger.stake_of(&node(3)).await.unwrap(), GymWei::gym(9_000));
+
+    // The chain is back: the next publication settles epoch 0 first, then epoch 1.
+    ledger.down.store(false, Ordering::SeqCst);
+    let w0 = f.weights(&cp0).await;
+    let mut deltas = Vec::new();
+    for (i, how) in [
+        (1, Behaviour::Honest),
+        (2, Behaviour::Honest),
+        (3, Behaviour::LiesAboutLoss),
+    ] {
+        deltas.push(f.submit(i, 1, &w0, how).await);
+    }
+    f.publish(1, Some(&cp0), &deltas).await;
+    for epoch in [0, 1] {
+        let r = f.sink.report(JOB, epoch).await.unwrap();
+        assert_eq!(r.settlement_error, None, "epoch {epoch}");
+        // Paid to the accepted, bound nodes, in proportion to their scores.
+        let paid: u128 = r
+            .rewards
+            .iter()
+            .map(|l| l.amount_wei.parse::<u128>().unwrap())
+            .sum();
+        assert_eq!(paid, pool.0, "epoch {epoch}");
+        let payees: Vec<&str> = r.rewards.iter().map(|l| l.node.as_str()).collect();
+        assert_eq!(payees.len(), 2, "epoch {epoch}: {payees:?}");
+        assert!(!payees.contains(&hex::encode(node(3).0).as_str()));
+        assert!(!payees.contains(&hex::encode(node(4).0).as_str()));
+        let (a, b) = (&r.rewards[0], &r.rewards[1]);
+        let ratio = a.amount_wei.parse::<f64>().unwrap() / b.amount_wei.parse::<f64>().unwrap();
+        assert!(
+            (ratio - a.score / b.score).abs() < 1e-9,
+            "{ratio} vs {}",
+            a.score / b.score
+        );
+    }
+    let total =
+        ledger.balance_of(&node(1)).await.unwrap().0 + ledger.balance_of(&node(2)).await.unwrap().0;
+    assert_eq!(total, 2 * pool.0);
+    // Two lies, two slashes of 10 %; retrying epoch 0's settlement did not slash it again.
+    assert_eq!(ledger.stake_of(&node(3)).await.unwrap(), GymWei::gym(8_100));
+    assert_eq!(
+        ledger
+            .slashes()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|s| !s.duplicate)
+            .count(),
+        2
+    );
 }

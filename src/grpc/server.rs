@@ -259,7 +259,16 @@ impl GrpcServer {
         listener: TcpListener,
         signal: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Small messages (stream chunks, acks) must not wait for Nagle's algorithm: a
+        // checkpoint download otherwise stalls ~40 ms on the delayed ACK.
+        let incoming = futures_util::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |r| {
+                r.inspect(|s| {
+                    let _ = s.set_nodelay(true);
+                })
+            },
+        );
         self.serve_with_incoming(incoming, signal).await
     }
 
@@ -276,7 +285,10 @@ impl GrpcServer {
         let accept = tokio::spawn(async move {
             loop {
                 let (tcp, peer) = match listener.accept().await {
-                    Ok(c) => c,
+                    Ok(c) => {
+                        let _ = c.0.set_nodelay(true);
+                        c
+                    }
                     Err(e) => {
                         tracing::warn!("accept: {e}");
                         tokio::time::sleep(Duration::from_millis(50)).await;
