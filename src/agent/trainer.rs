@@ -304,8 +304,11 @@ where
         }
         let current = live.borrow_and_update().clone();
         let Some(session) = current else {
-            // Between sessions: wait for the next one (or the deadline).
-            let _ = tokio::time::timeout(left, live.changed()).await;
+            // Between sessions: wait for the next one (or the deadline). The agent gone:
+            // nobody will open one.
+            if let Ok(Err(_)) = tokio::time::timeout(left, live.changed()).await {
+                return Err(tonic::Status::cancelled("the node agent stopped"));
+            }
             continue;
         };
         match attempt(session).await {

@@ -76,8 +76,8 @@ impl Default for SinkConfig {
     }
 }
 
-/// How long one ledger call may take before the settlement counts as failed (and is
-/// retried at the next publication).
+/// How long one epoch's settlement (all its ledger calls) may take before it counts as
+/// failed (and is retried at the next publication).
 pub const LEDGER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The epoch's economics (paper §8): where rewards are paid and stakes slashed, and how
@@ -840,7 +840,7 @@ impl KeeperState {
     /// `slash_pct` % of the node's stake with the evidence
     /// ([`SlashEvidence::canonical_bytes`]) attached. A node whose key is no longer bound
     /// to an operator is left out of the batch (its share is not paid) rather than hold up
-    /// everyone's pay. Every ledger call is bounded by [`LEDGER_TIMEOUT`]; what fails is
+    /// everyone's pay. The whole settlement is bounded by [`LEDGER_TIMEOUT`]; what fails is
     /// recorded in `report.settlement_error` and retried at the next publication (the
     /// ledger is idempotent per epoch and per evidence, so a retry pays nobody twice).
     /// Returns whether the epoch is fully settled.
@@ -855,6 +855,8 @@ impl KeeperState {
                 .ok()
                 .map(|_| NodeId(b))
         };
+        // One bound for the whole settlement, however many calls it takes.
+        let deadline = tokio::time::Instant::now() + LEDGER_TIMEOUT;
         let bounded = |what: String| format!("{what}: no answer within {LEDGER_TIMEOUT:?}");
         let mut errors = Vec::new();
         let mut shares: Vec<(NodeId, f64)> = Vec::new();
@@ -867,7 +869,7 @@ impl KeeperState {
                 let (Some(node), Some(score)) = (node_of(&d.node), d.score) else {
                     continue;
                 };
-                match tokio::time::timeout(LEDGER_TIMEOUT, econ.ledger.stake_of(&node)).await {
+                match tokio::time::timeout_at(deadline, econ.ledger.stake_of(&node)).await {
                     Ok(Ok(_)) => shares.push((node, score.composite)),
                     Ok(Err(ChainError::Unbound(_))) => {
                         tracing::warn!(job = %job, epoch = report.epoch, node = %node, "unbound node: its reward share is withheld");
@@ -882,7 +884,7 @@ impl KeeperState {
             let call = econ
                 .ledger
                 .distribute_epoch_rewards(job, report.epoch, &paid);
-            match tokio::time::timeout(LEDGER_TIMEOUT, call).await {
+            match tokio::time::timeout_at(deadline, call).await {
                 Ok(Ok(receipt)) => {
                     report.rewards = receipt
                         .paid
@@ -913,7 +915,7 @@ impl KeeperState {
             };
             let bytes = evidence.canonical_bytes();
             let call = econ.ledger.slash(&node, econ.slash_pct, &bytes);
-            match tokio::time::timeout(LEDGER_TIMEOUT, call).await {
+            match tokio::time::timeout_at(deadline, call).await {
                 Ok(Ok(r)) => {
                     if !r.duplicate {
                         self.deps.metrics.incr("slashes", "applied", 1);
@@ -941,15 +943,20 @@ impl KeeperState {
 
     /// Settles again the epochs whose settlement failed ([`KeeperState::settle`]).
     async fn settle_pending(&mut self) {
-        let pending: Vec<(JobId, u32)> = std::mem::take(&mut self.unsettled).into_iter().collect();
+        let pending: Vec<(JobId, u32)> = self.unsettled.iter().copied().collect();
         for key in pending {
+            self.unsettled.remove(&key);
             let Some(mut report) = self.reports.get(&key).cloned() else {
                 continue;
             };
-            if !self.settle(&mut report).await {
-                self.unsettled.insert(key);
-            }
+            let settled = self.settle(&mut report).await;
             self.reports.insert(key, report);
+            if !settled {
+                // The ledger is still failing: keep the rest for the next publication
+                // rather than wait out one timeout per epoch now.
+                self.unsettled.insert(key);
+                break;
+            }
         }
     }
 
