@@ -393,6 +393,9 @@ struct NodeArgs {
     /// holds the other end, so its death stops the node.
     #[arg(long, hide = true)]
     parent_stdin: bool,
+    /// Hold the session only and ignore epoch assignments (transport and recovery tests).
+    #[arg(long, hide = true)]
+    no_train: bool,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -770,7 +773,7 @@ async fn run_node(args: NodeArgs) -> ExitCode {
         backoff_min_ms: args.backoff_min_ms,
         backoff_max_ms: args.backoff_max_ms,
         behaviour: args.byzantine,
-        train: true,
+        train: !args.no_train,
     };
     let agent = hanzod::agent::Agent::new(settings, identity);
     let me = agent.node_id();

@@ -173,6 +173,9 @@ impl Cluster {
             .args(["--listen", "127.0.0.1:0", "--json", "--endpoint"])
             .arg(&self.endpoint)
             .args(["--backoff-min-ms", "100", "--backoff-max-ms", "1000"])
+            // Membership and recovery only: a job that trained would reach Published (and
+            // release its ring) before the kill. Training processes: tests/demo.rs.
+            .arg("--no-train")
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
