@@ -428,7 +428,114 @@ pub async fn work_epoch(
 
 #[cfg(test)]
 mod tests {
-    use super::Behaviour;
+    use super::*;
+    use hanzod_actors::ports::TokioClock;
+
+    fn session(token: u8) -> WorkerSession {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        WorkerSession {
+            client: NodeServiceClient::new(channel),
+            session: vec![token; 16],
+            chunk_bytes: 1024,
+            identity: Identity::from_seed([token; 32]),
+        }
+    }
+
+    fn clock() -> Arc<dyn Clock> {
+        Arc::new(TokioClock::starting_at(Timestamp(1_000_000)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_moves_to_the_new_session_when_the_old_one_is_replaced() {
+        let (tx, mut live) = watch::channel(Some(session(1)));
+        let clock = clock();
+        let deadline = clock.now().plus_ms(60_000);
+        let mut seen = Vec::new();
+        let got = with_live_session(&mut live, &clock, deadline, |s| {
+            seen.push(s.session[0]);
+            let tx = &tx;
+            async move {
+                match s.session[0] {
+                    // The daemon forgot session 1 (the node reconnected as session 2).
+                    1 => {
+                        tx.send_replace(Some(session(2)));
+                        Err(tonic::Status::unauthenticated(
+                            "unknown or expired session; register again",
+                        ))
+                    }
+                    _ => Ok("uploaded"),
+                }
+            }
+        })
+        .await;
+        assert_eq!(got.unwrap(), "uploaded");
+        assert_eq!(seen, [1, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn busy_is_retried_until_the_deadline_and_refusals_are_final() {
+        let (_tx, mut live) = watch::channel(Some(session(1)));
+        let clock = clock();
+        let deadline = clock.now().plus_ms(10_000);
+        let mut tries = 0;
+        let busy = with_live_session(&mut live, &clock, deadline, |_| {
+            tries += 1;
+            async { Err::<(), _>(tonic::Status::resource_exhausted("4 uploads in flight")) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(busy.code(), tonic::Code::DeadlineExceeded);
+        // Backoff from 50 ms doubling to 2 s: a handful of tries in 10 s, not a spin.
+        assert!((5..=15).contains(&tries), "{tries} tries");
+        assert!(clock.now() >= deadline);
+
+        let mut tries = 0;
+        let refused = with_live_session(&mut live, &clock, clock.now().plus_ms(10_000), |_| {
+            tries += 1;
+            async { Err::<(), _>(tonic::Status::invalid_argument("bad delta")) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!((refused.code(), tries), (tonic::Code::InvalidArgument, 1));
+        // A bad signature is UNAUTHENTICATED too, but not about the session: final.
+        let mut tries = 0;
+        let forged = with_live_session(&mut live, &clock, clock.now().plus_ms(10_000), |_| {
+            tries += 1;
+            async { Err::<(), _>(tonic::Status::unauthenticated("bad statement signature")) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!((forged.code(), tries), (tonic::Code::Unauthenticated, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn between_sessions_work_waits_and_stops_when_the_agent_is_gone() {
+        let (tx, mut live) = watch::channel(None::<WorkerSession>);
+        let clock = clock();
+        let deadline = clock.now().plus_ms(60_000);
+        let waiting = tokio::spawn({
+            let clock = clock.clone();
+            let mut live = live.clone();
+            async move {
+                with_live_session(&mut live, &clock, deadline, |s| async move {
+                    Ok::<_, tonic::Status>(s.session[0])
+                })
+                .await
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        tx.send_replace(Some(session(7)));
+        assert_eq!(waiting.await.unwrap().unwrap(), 7);
+        // The agent stopped with no session live: no spinning until the deadline.
+        tx.send_replace(None);
+        drop(tx);
+        let gone = with_live_session(&mut live, &clock, deadline, |_| async {
+            Ok::<(), tonic::Status>(())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(gone.code(), tonic::Code::Cancelled);
+    }
 
     #[test]
     fn behaviours_parse_with_defaults_and_refuse_nonsense() {
