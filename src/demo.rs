@@ -643,14 +643,10 @@ async fn drive(
         initial_loss.map_or("?".into(), |l| format!("{l:.4}"))
     ));
 
-    let mut epoch_started: BTreeMap<u32, Instant> = BTreeMap::new();
-    let mut epoch_ms: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut aggregating_ms: Vec<(u64, usize)> = Vec::new();
-    let mut aggregating_since: Option<Instant> = None;
+    let mut epochs = EpochLog::default();
     let mut killed_at: Option<Instant> = None;
     let mut ring_repair_ms = Vec::new();
     let mut ring_version = 0;
-    let mut reports: BTreeMap<u32, EpochReport> = BTreeMap::new();
     let mut node_failures: BTreeMap<usize, String> = BTreeMap::new();
     let (phase, failure) = loop {
         tokio::select! {
@@ -664,7 +660,7 @@ async fn drive(
                         // Notices were dropped: the job may have ended meanwhile.
                         match d.core.job(job).await.map(|v| v.phase) {
                             Ok(JobPhase::Published { .. }) => {
-                                finish_epoch(d, job, plan.epochs - 1, &epoch_started, &mut epoch_ms, &mut reports, &view, &mut nodes, &index_of).await;
+                                epochs.finish(d, job, plan.epochs - 1, &view, &mut nodes, &index_of).await;
                                 break ("Published".to_string(), None);
                             }
                             Ok(JobPhase::Failed { reason, .. }) => break ("Failed".to_string(), Some(reason.to_string())),
@@ -678,11 +674,11 @@ async fn drive(
                         let now = Instant::now();
                         match &phase {
                             // A ring change mid-epoch re-announces the phase: not a new epoch.
-                            JobPhase::Running { epoch, .. } if !epoch_started.contains_key(epoch) => {
+                            JobPhase::Running { epoch, .. } if !epochs.started.contains_key(epoch) => {
                                 let epoch = *epoch;
-                                epoch_started.insert(epoch, now);
+                                epochs.started.insert(epoch, now);
                                 if epoch > 0 {
-                                    finish_epoch(d, job, epoch - 1, &epoch_started, &mut epoch_ms, &mut reports, &view, &mut nodes, &index_of).await;
+                                    epochs.finish(d, job, epoch - 1, &view, &mut nodes, &index_of).await;
                                 }
                                 view.epoch(epoch, plan.epochs);
                                 if plan.kill > 0 && epoch == plan.kill_epoch && killed_at.is_none() {
@@ -697,25 +693,15 @@ async fn drive(
                                     view.log(&format!("epoch {epoch}: killed node(s) {:?}", to_kill));
                                 }
                             }
-                            JobPhase::Aggregating { .. } => aggregating_since = Some(now),
+                            JobPhase::Aggregating { .. } => epochs.aggregating_since = Some(now),
                             JobPhase::Published { .. } => {
-                                finish_epoch(d, job, plan.epochs - 1, &epoch_started, &mut epoch_ms, &mut reports, &view, &mut nodes, &index_of).await;
-                                if let Some(since) = aggregating_since.take() {
-                                    let deltas = reports.values().last().map_or(0, |r| r.deltas.len());
-                                    aggregating_ms.push((since.elapsed().as_millis() as u64, deltas));
-                                }
+                                epochs.finish(d, job, plan.epochs - 1, &view, &mut nodes, &index_of).await;
                                 break ("Published".to_string(), None);
                             }
                             JobPhase::Failed { reason, .. } => {
                                 break ("Failed".to_string(), Some(reason.to_string()));
                             }
                             _ => {}
-                        }
-                        if !matches!(phase, JobPhase::Aggregating { .. }) {
-                            if let Some(since) = aggregating_since.take() {
-                                let deltas = reports.values().last().map_or(0, |r| r.deltas.len());
-                                aggregating_ms.push((since.elapsed().as_millis() as u64, deltas));
-                            }
                         }
                         view.nodes(&nodes);
                     }
@@ -803,7 +789,7 @@ async fn drive(
             slashed_wei: "0".into(),
             stake_wei: "0".into(),
         };
-        for r in reports.values() {
+        for r in epochs.reports.values() {
             for dl in r.deltas.iter().filter(|dl| dl.node == hex_id) {
                 if dl.rejected.is_some() {
                     line.rejected += 1;
@@ -836,7 +822,9 @@ async fn drive(
             }
         }
     }
-    let epochs = reports
+    let (agg_ms, agg_deltas) = epochs.aggregation;
+    let epoch_lines = epochs
+        .reports
         .values()
         .map(|r| EpochLine {
             epoch: r.epoch,
@@ -858,12 +846,9 @@ async fn drive(
             aggregator: r.aggregator.unwrap_or("kept").to_string(),
             checkpoint: r.checkpoint.clone(),
             published: r.location.clone(),
-            ms: epoch_ms.get(&r.epoch).copied().unwrap_or(0),
+            ms: epochs.ms.get(&r.epoch).copied().unwrap_or(0),
         })
         .collect();
-    let (agg_ms, agg_deltas) = aggregating_ms
-        .iter()
-        .fold((0u64, 0usize), |(a, b), (m, n)| (a + m, b + n));
     Ok(DemoSummary {
         plan: plan.clone(),
         job: job.0,
@@ -871,7 +856,7 @@ async fn drive(
         failure,
         wall_ms: started.elapsed().as_millis() as u64,
         initial_loss,
-        epochs,
+        epochs: epoch_lines,
         nodes: lines,
         ring_version,
         ring_repair_ms,
@@ -880,36 +865,66 @@ async fn drive(
     })
 }
 
-/// Records the end of `epoch`: its wall time and its report, and the nodes' scores.
-#[allow(clippy::too_many_arguments)]
-async fn finish_epoch(
+/// What the demo records per epoch while the job runs.
+#[derive(Default)]
+struct EpochLog {
+    /// When each epoch started.
+    started: BTreeMap<u32, Instant>,
+    /// Each epoch's wall time, start to checkpoint, ms.
+    ms: BTreeMap<u32, u64>,
+    /// When the epoch in flight entered Aggregating.
+    aggregating_since: Option<Instant>,
+    /// Total ms spent aggregating, and the deltas aggregated in that time.
+    aggregation: (u64, usize),
+    /// The epochs' reports.
+    reports: BTreeMap<u32, EpochReport>,
+}
+
+impl EpochLog {
+    /// Records the end of `epoch`: its wall time, its aggregation time, its report, and
+    /// the nodes' scores.
+    async fn finish(
+        &mut self,
+        d: &Daemon,
+        job: JobId,
+        epoch: u32,
+        view: &View,
+        nodes: &mut [NodeProc],
+        index_of: &HashMap<NodeId, usize>,
+    ) {
+        if let Some(t) = self.started.get(&epoch) {
+            self.ms
+                .entry(epoch)
+                .or_insert(t.elapsed().as_millis() as u64);
+        }
+        let aggregated_ms = self
+            .aggregating_since
+            .take()
+            .map(|since| since.elapsed().as_millis() as u64);
+        if let std::collections::btree_map::Entry::Vacant(slot) = self.reports.entry(epoch) {
+            if let Some(r) = finished_report(d, job, epoch, view, nodes, index_of).await {
+                slot.insert(r);
+            }
+        }
+        if let Some(ms) = aggregated_ms {
+            let deltas = self.reports.get(&epoch).map_or(0, |r| r.deltas.len());
+            self.aggregation = (self.aggregation.0 + ms, self.aggregation.1 + deltas);
+        }
+    }
+}
+
+/// Fetches `epoch`'s report, shows each node's outcome, and logs the epoch.
+async fn finished_report(
     d: &Daemon,
     job: JobId,
     epoch: u32,
-    started: &BTreeMap<u32, Instant>,
-    epoch_ms: &mut BTreeMap<u32, u64>,
-    reports: &mut BTreeMap<u32, EpochReport>,
     view: &View,
     nodes: &mut [NodeProc],
     index_of: &HashMap<NodeId, usize>,
-) {
-    if let Some(t) = started.get(&epoch) {
-        epoch_ms
-            .entry(epoch)
-            .or_insert(t.elapsed().as_millis() as u64);
-    }
-    if reports.contains_key(&epoch) {
-        return;
-    }
-    let Some(r) = d.sink().report(job, epoch).await else {
-        return;
-    };
+) -> Option<EpochReport> {
+    let r = d.sink().report(job, epoch).await?;
     for dl in &r.deltas {
-        let mut b = [0u8; 32];
-        if hex::decode_to_slice(&dl.node, &mut b).is_err() {
-            continue;
-        }
-        let Some(&i) = index_of.get(&NodeId(b)) else {
+        let Some(&i) = dl.node.parse().ok().and_then(|n: NodeId| index_of.get(&n)) else {
             continue;
         };
         if nodes[i].killed {
@@ -943,7 +958,7 @@ async fn finish_epoch(
         r.deltas.iter().filter(|x| x.rejected.is_some()).count(),
         r.aggregator.unwrap_or("kept the base")
     ));
-    reports.insert(epoch, r);
+    Some(r)
 }
 
 fn initial_loss(training: &TrainingSpec, job: JobId) -> Option<f64> {

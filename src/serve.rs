@@ -270,7 +270,7 @@ pub async fn publication(
         objects,
         registry,
         org: p.org.clone(),
-        license: "apache-2.0".into(),
+        license: crate::delta::sink::DEFAULT_LICENSE.into(),
     })
 }
 

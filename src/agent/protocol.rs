@@ -135,13 +135,8 @@ pub fn delta_chunks(
     chunk_bytes: usize,
 ) -> impl tokio_stream::Stream<Item = pb::DeltaChunk> + Send + 'static {
     use pb::delta_chunk::Part;
-    let step = chunk_bytes.max(1);
-    let n = payload.len().div_ceil(step);
     let head = tokio_stream::once(Part::Header(header));
-    let data = tokio_stream::iter(0..n).map(move |i| {
-        let end = ((i + 1) * step).min(payload.len());
-        Part::Data(payload[i * step..end].to_vec())
-    });
+    let data = tokio_stream::iter(crate::grpc::byte_chunks(payload, chunk_bytes)).map(Part::Data);
     let tail = tokio_stream::once(Part::Trailer(trailer));
     use tokio_stream::StreamExt;
     head.chain(data)

@@ -271,11 +271,12 @@ pub struct WorkerSession {
 }
 
 /// Statuses worth another try: the daemon is busy or restarting, or the session was
-/// replaced (`UNAUTHENTICATED` naming the session; the next try uses the live session).
+/// replaced (`UNAUTHENTICATED` with [`crate::grpc::UNKNOWN_SESSION`]; the next try uses
+/// the live session).
 fn transient(st: &tonic::Status) -> bool {
     match st.code() {
         tonic::Code::ResourceExhausted | tonic::Code::Unavailable => true,
-        tonic::Code::Unauthenticated => st.message().contains("session"),
+        tonic::Code::Unauthenticated => st.message() == crate::grpc::UNKNOWN_SESSION,
         _ => false,
     }
 }
@@ -459,9 +460,7 @@ mod tests {
                     // The daemon forgot session 1 (the node reconnected as session 2).
                     1 => {
                         tx.send_replace(Some(session(2)));
-                        Err(tonic::Status::unauthenticated(
-                            "unknown or expired session; register again",
-                        ))
+                        Err(tonic::Status::unauthenticated(crate::grpc::UNKNOWN_SESSION))
                     }
                     _ => Ok("uploaded"),
                 }

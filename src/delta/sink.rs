@@ -76,6 +76,17 @@ impl Default for SinkConfig {
     }
 }
 
+/// Retries of a transient storage or publication failure before the epoch's publication
+/// fails: exponential from 100 ms, 4 retries.
+fn store_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_times(4)
+}
+
+/// The license the model cards name unless an embedder sets another (SPDX id).
+pub const DEFAULT_LICENSE: &str = "apache-2.0";
+
 /// How long one epoch's settlement (all its ledger calls) may take before it counts as
 /// failed (and is retried at the next publication).
 pub const LEDGER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -266,7 +277,7 @@ impl Publication {
             objects: Arc::new(MemoryObjectStore::new()),
             registry: None,
             org: "hanzo-gym".into(),
-            license: "apache-2.0".into(),
+            license: DEFAULT_LICENSE.into(),
         }
     }
 }
@@ -636,19 +647,13 @@ impl KeeperState {
         // first (the job actor would otherwise fail the job).
         let checkpoint = (|| publication.objects.put(bytes.clone()))
             .retry(
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(100))
-                    .with_max_times(4),
+                store_backoff(),
             )
             .notify(|e, d| tracing::warn!(job = %job, epoch, error = %e, retry_in = ?d, "storing the checkpoint"))
             .await
             .map_err(failed)?;
         (|| publication.objects.pin(&checkpoint))
-            .retry(
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(100))
-                    .with_max_times(4),
-            )
+            .retry(store_backoff())
             .await
             .map_err(|e| failed(format!("pinning {checkpoint}: {e}")))?;
         let published = match &publication.registry {
@@ -675,11 +680,7 @@ impl KeeperState {
                 // published by CID either way, and the report says what the registry
                 // refused.
                 let outcome = (|| registry.publish(&upload))
-                    .retry(
-                        ExponentialBuilder::default()
-                            .with_min_delay(Duration::from_millis(100))
-                            .with_max_times(4),
-                    )
+                    .retry(store_backoff())
                     .when(|e| matches!(e, RegistryError::Io(_)))
                     .await;
                 match outcome {
@@ -849,12 +850,7 @@ impl KeeperState {
             return true;
         };
         let job = JobId(report.job);
-        let node_of = |hex_key: &str| -> Option<NodeId> {
-            let mut b = [0u8; 32];
-            hex::decode_to_slice(hex_key, &mut b)
-                .ok()
-                .map(|_| NodeId(b))
-        };
+        let node_of = |hex_key: &str| hex_key.parse::<NodeId>().ok();
         // One bound for the whole settlement, however many calls it takes.
         let deadline = tokio::time::Instant::now() + LEDGER_TIMEOUT;
         let bounded = |what: String| format!("{what}: no answer within {LEDGER_TIMEOUT:?}");

@@ -72,6 +72,24 @@ pub fn status_of(e: &OrchestratorError) -> Status {
     }
 }
 
+/// The refusal of a session token the daemon does not hold (expired, replaced, or from
+/// before a restart). Clients match it to retry through their new session.
+pub const UNKNOWN_SESSION: &str = "unknown or expired session; register again";
+
+/// `bytes` cut into consecutive chunks of at most `chunk_bytes` (at least 1) for a
+/// streaming transfer (delta uploads, checkpoint downloads). Lazy: each chunk is copied
+/// out of `bytes` when the transport asks for it.
+pub fn byte_chunks(
+    bytes: std::sync::Arc<[u8]>,
+    chunk_bytes: usize,
+) -> impl Iterator<Item = Vec<u8>> + Send + 'static {
+    let step = chunk_bytes.max(1);
+    (0..bytes.len().div_ceil(step)).map(move |i| {
+        let end = ((i + 1) * step).min(bytes.len());
+        bytes[i * step..end].to_vec()
+    })
+}
+
 /// Resolves once `shutdown` turns true (or its sender is gone).
 pub(crate) async fn stopped(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|s| *s).await.map(|_| ());

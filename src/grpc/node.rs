@@ -415,7 +415,7 @@ impl NodeService for NodeServiceImpl {
         let (node, key) = self.sessions.lookup(&token).ok_or_else(|| {
             self.reject(
                 "unknown_session",
-                Status::unauthenticated("unknown or expired session; register again"),
+                Status::unauthenticated(super::UNKNOWN_SESSION),
             )
         })?;
         identity::verify(

@@ -80,7 +80,7 @@ pub struct Attached {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AttachError {
     /// No live registration has this token (never issued, replaced or closed).
-    #[error("unknown or expired session; register again")]
+    #[error("{}", super::UNKNOWN_SESSION)]
     Unknown,
     /// Another stream already serves this session.
     #[error("session already has a stream; register again to open a new one")]

@@ -235,7 +235,7 @@ impl DeltaUploads {
         <[u8; 16]>::try_from(request.session.as_slice())
             .ok()
             .and_then(|t| self.sessions.lookup(&t))
-            .ok_or_else(|| Status::unauthenticated("unknown or expired session; register again"))?;
+            .ok_or_else(|| Status::unauthenticated(super::UNKNOWN_SESSION))?;
         // Downloads share the transfer slots of uploads: a node looping on fetches cannot
         // take more of the daemon than an upload could.
         let permit = self.permits.clone().try_acquire_owned().map_err(|_| {
@@ -272,15 +272,11 @@ impl DeltaUploads {
                 sha256: hash.to_vec(),
             })),
         };
-        let step = self.settings.chunk_bytes.max(1);
-        let n = bytes.len().div_ceil(step);
-        let data = futures_util::StreamExt::map(tokio_stream::iter(0..n), move |i| {
+        let chunks = super::byte_chunks(bytes, self.settings.chunk_bytes);
+        let data = futures_util::StreamExt::map(tokio_stream::iter(chunks), move |d| {
             let _slot = &permit; // held until the stream is dropped
-            let end = ((i + 1) * step).min(bytes.len());
             Ok(pb::CheckpointChunk {
-                part: Some(pb::checkpoint_chunk::Part::Data(
-                    bytes[i * step..end].to_vec(),
-                )),
+                part: Some(pb::checkpoint_chunk::Part::Data(d)),
             })
         });
         Ok(Box::pin(futures_util::StreamExt::chain(
@@ -414,7 +410,7 @@ impl DeltaUploads {
             .ok_or_else(|| {
                 refusal(
                     "unknown_session",
-                    Status::unauthenticated("unknown or expired session; register again"),
+                    Status::unauthenticated(super::UNKNOWN_SESSION),
                 )
             })?;
         cx.node = Some(node);
