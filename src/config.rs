@@ -14,6 +14,8 @@
 //! | `HANZO_LOG` | `log.filter` |
 //! | `HANZO_LOG_FORMAT` | `log.format` |
 //! | `HANZOD_ADMIN_TOKEN` | `server.admin_token` |
+//! | `HANZOD_REPLICA_ID` | `state.replica_id` |
+//! | `HANZOD_ADVERTISE` | `state.advertise` |
 //!
 //! Any other variable starting with `HANZO_` is an error (a typo must not be ignored).
 
@@ -147,12 +149,46 @@ pub struct ChainConfig {
     pub penalty_window_ms: u64,
 }
 
-/// State store settings.
+/// State store and leader election settings (DESIGN §9).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StateConfig {
-    /// Valkey URL (`VALKEY_URL`), e.g. `redis://kv:6379`; empty uses the in-memory store.
+    /// Valkey URL (`VALKEY_URL`), e.g. `redis://kv:6379`; empty uses the in-memory store
+    /// (one orchestrator, no failover).
     pub valkey_url: String,
+    /// Prefix of every key, `[A-Za-z0-9._-]{1,64}`: several deployments can share one
+    /// Valkey. Keys are `hanzod:{<namespace>}:…` (one hash slot: the Lua scripts touch
+    /// several keys).
+    pub namespace: String,
+    /// Most pooled connections to Valkey.
+    pub pool_size: usize,
+    /// Deadline of connecting to Valkey, ms.
+    pub connect_timeout_ms: u64,
+    /// Deadline of one Valkey command, ms.
+    pub command_timeout_ms: u64,
+    /// How long an append keeps retrying an unreachable Valkey (jittered exponential
+    /// backoff, each retry deduplicated by the event's id) before it reports the store
+    /// unavailable, ms.
+    pub retry_budget_ms: u64,
+    /// Refuse a Valkey without `appendonly yes`: an acknowledged event must survive a
+    /// Valkey restart (DESIGN §9). Turn off only for throwaway setups.
+    pub require_aof: bool,
+    /// After each append, wait until Valkey has fsync'd it (`WAITAOF 1 0`), so an event is
+    /// acknowledged only once it is on disk even under `appendfsync everysec`.
+    pub wait_fsync: bool,
+    /// A snapshot of the log's fold is written every this many events (0: never).
+    pub snapshot_every: u64,
+    /// The leader's lease lives this long without renewal, ms: a crashed leader is replaced
+    /// after at most this (plus one campaign interval).
+    pub lease_ttl_ms: u64,
+    /// The leader renews its lease, and standbys campaign, this often, ms (< lease_ttl_ms).
+    pub campaign_ms: u64,
+    /// This replica's name in the lease (`HANZOD_REPLICA_ID`); empty uses the host name.
+    /// A per-process nonce is appended, so a restarted replica is a new lease holder.
+    pub replica_id: String,
+    /// The gRPC endpoint nodes reach this replica at (`HANZOD_ADVERTISE`), recorded in the
+    /// lease; empty derives `http://<host name>:<grpc port>`.
+    pub advertise: String,
 }
 
 /// Publication settings.
@@ -360,6 +396,8 @@ impl Config {
             ("HF_TOKEN", "publish", "hf_token"),
             ("ORCHESTRATOR_KEY", "orchestrator", "key"),
             ("HANZOD_ADMIN_TOKEN", "server", "admin_token"),
+            ("HANZOD_REPLICA_ID", "state", "replica_id"),
+            ("HANZOD_ADVERTISE", "state", "advertise"),
         ] {
             if let Some(v) = env(var) {
                 set(section, key, toml::Value::String(v));
@@ -467,6 +505,11 @@ impl Config {
             ),
             ("deltas.chunk_bytes", self.deltas.chunk_bytes as u64),
             ("chain.penalty_window_ms", self.chain.penalty_window_ms),
+            ("state.pool_size", self.state.pool_size as u64),
+            ("state.connect_timeout_ms", self.state.connect_timeout_ms),
+            ("state.command_timeout_ms", self.state.command_timeout_ms),
+            ("state.lease_ttl_ms", self.state.lease_ttl_ms),
+            ("state.campaign_ms", self.state.campaign_ms),
         ] {
             if v == 0 {
                 return Err(format!("{key} must be greater than 0"));
@@ -474,6 +517,26 @@ impl Config {
         }
         crate::publish::registry::validate_repo(&format!("{}/model-epoch-0", self.publish.org))
             .map_err(|e| format!("publish.org {:?}: {e}", self.publish.org))?;
+        let st = &self.state;
+        if st.namespace.is_empty()
+            || st.namespace.len() > 64
+            || !st
+                .namespace
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        {
+            return Err(format!(
+                "state.namespace {:?}: 1 to 64 characters of [A-Za-z0-9._-]",
+                st.namespace
+            ));
+        }
+        if st.campaign_ms >= st.lease_ttl_ms {
+            return Err(format!(
+                "state.campaign_ms ({}) must be less than state.lease_ttl_ms ({}): a leader \
+                 must renew before its lease expires",
+                st.campaign_ms, st.lease_ttl_ms
+            ));
+        }
         if !(1..=100).contains(&self.chain.slash_pct) {
             return Err(format!(
                 "chain.slash_pct must be within 1..=100, got {}",

@@ -7,7 +7,8 @@
 //! | port | in-memory | real adapter (later issues) |
 //! |---|---|---|
 //! | [`Clock`] | [`TokioClock`] (follows paused tokio time), [`SystemClock`] | — |
-//! | [`StateStore`] | [`memory::MemoryStateStore`] | Valkey stream + snapshots |
+//! | [`StateStore`] | [`memory::MemoryStateStore`] | Valkey stream + snapshots (`hanzod::state`) |
+//! | [`LeaderLease`] | [`memory::MemoryStateStore`] | Valkey lease + fencing token (`hanzod::state`) |
 //! | [`ChainReader`] | [`memory::MemoryChain`] | EVM JSON-RPC (`GYMToken`) |
 //! | [`Ledger`] (chain writes: rewards, slashing) | [`memory::MemoryChain`] | EVM transactions (`MiningPool`, `GYMToken`) |
 //! | [`NodeLink`] | [`memory::ChannelNodeLink`] | gRPC session streams |
@@ -85,10 +86,20 @@ pub struct Snapshot {
 ///
 /// Appends are ordered and durable when they return; actor state is a fold over the log,
 /// so a restarted actor (or a standby orchestrator) replays it and resumes.
+///
+/// **Fencing.** A handle made by [`StateStore::fenced`] writes under a leader's fencing
+/// token (see [`LeaderLease`]): once a newer lease has been granted, every write through it
+/// (appends and snapshots) is refused with [`StoreError::Fenced`] and changes nothing, so a
+/// deposed leader that wakes up cannot write. A handle that is not fenced writes
+/// unconditionally (a single orchestrator with no replicas).
 #[async_trait]
 pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
     /// Appends one event stamped `at`; returns its sequence number (1, 2, … with no gaps).
-    /// Returns only once the event is durable (as durable as the implementation can be).
+    /// Returns only once the event is durable (as durable as the implementation can be);
+    /// an append retried after a lost reply is recorded once.
+    ///
+    /// Errors: [`StoreError::Unavailable`] (nothing or the whole event was written, and a
+    /// retry is safe), [`StoreError::Fenced`] (nothing was written).
     async fn append(&self, at: Timestamp, event: Event) -> Result<u64, StoreError>;
 
     /// Every record with `seq > after`, in order.
@@ -97,11 +108,60 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
     /// The last sequence number written (0 when the log is empty).
     async fn last_seq(&self) -> Result<u64, StoreError>;
 
-    /// Stores a snapshot under `key`, replacing an older one.
+    /// Stores a snapshot under `key`, replacing an older one; a snapshot older (lower
+    /// `seq`) than the stored one is ignored. Fenced like [`StateStore::append`].
     async fn put_snapshot(&self, key: &str, snapshot: Snapshot) -> Result<(), StoreError>;
 
     /// The latest snapshot under `key`, if any.
     async fn get_snapshot(&self, key: &str) -> Result<Option<Snapshot>, StoreError>;
+
+    /// The identity of this log (16 random bytes chosen when the log was created): node
+    /// agents compare it across reconnects to tell a failover (same log, same job ids)
+    /// from a fresh orchestrator (job ids restart).
+    async fn log_id(&self) -> Result<[u8; 16], StoreError>;
+
+    /// A handle to the same log whose writes carry the fencing `token`.
+    fn fenced(&self, token: u64) -> std::sync::Arc<dyn StateStore>;
+}
+
+/// A held (or observed) leadership lease (DESIGN §9).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The holder: a replica id plus a per-process nonce, so a restarted replica with the
+    /// same name is a new holder.
+    pub holder: String,
+    /// The fencing token: 1, 2, … one per acquisition, never reused.
+    pub token: u64,
+    /// Where the holder serves nodes (`http(s)://host:port`), for replicas and tooling.
+    pub endpoint: String,
+}
+
+/// Leader election among orchestrator replicas (active–passive, DESIGN §9, paper §9.2):
+/// one lease with a time to live; each acquisition draws a new fencing token, which the
+/// winner then writes under ([`StateStore::fenced`]).
+#[async_trait]
+pub trait LeaderLease: Send + Sync + std::fmt::Debug + 'static {
+    /// Takes the lease for `ttl_ms` if nobody holds it (or its holder let it expire), with
+    /// a fresh fencing token. `Ok(None)` while another holder's lease is live. A candidate
+    /// that already holds the lease gets it back, extended, with its token.
+    async fn campaign(
+        &self,
+        holder: &str,
+        endpoint: &str,
+        ttl_ms: u64,
+    ) -> Result<Option<Lease>, StoreError>;
+
+    /// Extends `lease` by `ttl_ms`. `Ok(false)` when it is lost: another holder took it,
+    /// or a newer token was granted. A lease that expired without being taken by anyone is
+    /// renewed (its token is still the newest, so nothing was written by anyone else).
+    async fn renew(&self, lease: &Lease, ttl_ms: u64) -> Result<bool, StoreError>;
+
+    /// Gives `lease` up at once (clean shutdown), so a standby wins without waiting for
+    /// the TTL. Does nothing when `lease` is no longer held.
+    async fn resign(&self, lease: &Lease) -> Result<(), StoreError>;
+
+    /// The live lease, if any.
+    async fn leader(&self) -> Result<Option<Lease>, StoreError>;
 }
 
 /// Errors of a [`ChainReader`].

@@ -12,8 +12,8 @@ use tokio::sync::mpsc;
 
 use super::{
     ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput,
-    Ledger, LedgerError, LinkError, Metrics, NodeCommand, NodeLink, RewardReceipt, SlashReceipt,
-    Snapshot, StateStore, StoreError,
+    Lease, LeaderLease, Ledger, LedgerError, LinkError, Metrics, NodeCommand, NodeLink,
+    RewardReceipt, SlashReceipt, Snapshot, StateStore, StoreError,
 };
 use crate::events::{Event, Record};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
@@ -54,16 +54,51 @@ impl Clock for TokioClock {
     }
 }
 
-/// The in-memory event log. Its contents live as long as the value (clone the `Arc` to share
-/// it between an orchestrator and its restarted successor in a test).
+/// The in-memory event log and leader lease. Its contents live as long as the value
+/// (clone the `Arc` to share it between an orchestrator and its restarted successor in a
+/// test); handles made by [`StateStore::fenced`] share them.
 ///
 /// [`MemoryStateStore::set_available`] simulates an outage: while off, every call returns
-/// [`StoreError::Unavailable`].
+/// [`StoreError::Unavailable`]. Lease expiry follows tokio's clock, so paused-time tests
+/// can expire a lease without sleeping.
 #[derive(Debug, Default)]
 pub struct MemoryStateStore {
+    inner: Arc<MemoryLog>,
+    fence: Option<u64>,
+}
+
+#[derive(Debug)]
+struct MemoryLog {
     log: Mutex<Vec<Record>>,
     snapshots: Mutex<HashMap<String, Snapshot>>,
     unavailable: AtomicBool,
+    log_id: [u8; 16],
+    /// The live lease, with its expiry, and the last token granted. Writes check the token
+    /// under this lock, so a grant and a fenced write are ordered.
+    lease: Mutex<LeaseBook>,
+}
+
+#[derive(Debug, Default)]
+struct LeaseBook {
+    held: Option<(Lease, tokio::time::Instant)>,
+    token: u64,
+}
+
+impl Default for MemoryLog {
+    fn default() -> Self {
+        MemoryLog {
+            log: Mutex::default(),
+            snapshots: Mutex::default(),
+            unavailable: AtomicBool::new(false),
+            log_id: rand::random(),
+            lease: Mutex::default(),
+        }
+    }
+}
+
+fn unpoison<T>(r: std::sync::LockResult<std::sync::MutexGuard<'_, T>>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these locks cannot leave a half-written value; recover.
+    r.unwrap_or_else(|p| p.into_inner())
 }
 
 impl MemoryStateStore {
@@ -74,62 +109,158 @@ impl MemoryStateStore {
 
     /// Turns the simulated outage off (`true`) or on (`false`).
     pub fn set_available(&self, available: bool) {
-        self.unavailable.store(!available, Ordering::SeqCst);
+        self.inner.unavailable.store(!available, Ordering::SeqCst);
     }
 
     fn check(&self) -> Result<(), StoreError> {
-        if self.unavailable.load(Ordering::SeqCst) {
+        if self.inner.unavailable.load(Ordering::SeqCst) {
             Err(StoreError::Unavailable("simulated outage".into()))
         } else {
             Ok(())
         }
     }
 
-    fn lock_log(&self) -> std::sync::MutexGuard<'_, Vec<Record>> {
-        // A panic while holding the lock cannot leave a half-written Vec push; recover.
-        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    /// Runs `write` if this handle may write (unfenced, or its token is the newest),
+    /// holding the lease lock so no grant interleaves.
+    fn write<T>(&self, write: impl FnOnce() -> T) -> Result<T, StoreError> {
+        self.check()?;
+        let book = unpoison(self.inner.lease.lock());
+        if let Some(token) = self.fence {
+            if token != book.token {
+                return Err(StoreError::Fenced {
+                    token,
+                    current: book.token,
+                });
+            }
+        }
+        Ok(write())
+    }
+
+    fn lease_book(&self) -> std::sync::MutexGuard<'_, LeaseBook> {
+        let mut book = unpoison(self.inner.lease.lock());
+        if book
+            .held
+            .as_ref()
+            .is_some_and(|(_, until)| *until <= tokio::time::Instant::now())
+        {
+            book.held = None;
+        }
+        book
     }
 }
 
 #[async_trait]
 impl StateStore for MemoryStateStore {
     async fn append(&self, at: Timestamp, event: Event) -> Result<u64, StoreError> {
-        self.check()?;
-        let mut log = self.lock_log();
-        let seq = log.len() as u64 + 1;
-        log.push(Record { seq, at, event });
-        Ok(seq)
+        self.write(|| {
+            let mut log = unpoison(self.inner.log.lock());
+            let seq = log.len() as u64 + 1;
+            log.push(Record { seq, at, event });
+            seq
+        })
     }
 
     async fn read_after(&self, after: u64) -> Result<Vec<Record>, StoreError> {
         self.check()?;
-        let log = self.lock_log();
+        let log = unpoison(self.inner.log.lock());
         let start = (after as usize).min(log.len());
         Ok(log[start..].to_vec())
     }
 
     async fn last_seq(&self) -> Result<u64, StoreError> {
         self.check()?;
-        Ok(self.lock_log().len() as u64)
+        Ok(unpoison(self.inner.log.lock()).len() as u64)
     }
 
     async fn put_snapshot(&self, key: &str, snapshot: Snapshot) -> Result<(), StoreError> {
-        self.check()?;
-        self.snapshots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.to_string(), snapshot);
-        Ok(())
+        self.write(|| {
+            let mut snaps = unpoison(self.inner.snapshots.lock());
+            if snaps.get(key).is_none_or(|old| old.seq <= snapshot.seq) {
+                snaps.insert(key.to_string(), snapshot);
+            }
+        })
     }
 
     async fn get_snapshot(&self, key: &str) -> Result<Option<Snapshot>, StoreError> {
         self.check()?;
-        Ok(self
-            .snapshots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .cloned())
+        Ok(unpoison(self.inner.snapshots.lock()).get(key).cloned())
+    }
+
+    async fn log_id(&self) -> Result<[u8; 16], StoreError> {
+        self.check()?;
+        Ok(self.inner.log_id)
+    }
+
+    fn fenced(&self, token: u64) -> Arc<dyn StateStore> {
+        Arc::new(MemoryStateStore {
+            inner: self.inner.clone(),
+            fence: Some(token),
+        })
+    }
+}
+
+#[async_trait]
+impl LeaderLease for MemoryStateStore {
+    async fn campaign(
+        &self,
+        holder: &str,
+        endpoint: &str,
+        ttl_ms: u64,
+    ) -> Result<Option<Lease>, StoreError> {
+        self.check()?;
+        let mut book = self.lease_book();
+        let until = tokio::time::Instant::now() + std::time::Duration::from_millis(ttl_ms);
+        match &mut book.held {
+            Some((lease, expiry)) if lease.holder == holder => {
+                *expiry = until;
+                Ok(Some(lease.clone()))
+            }
+            Some(_) => Ok(None),
+            None => {
+                book.token += 1;
+                let lease = Lease {
+                    holder: holder.to_string(),
+                    token: book.token,
+                    endpoint: endpoint.to_string(),
+                };
+                book.held = Some((lease.clone(), until));
+                Ok(Some(lease))
+            }
+        }
+    }
+
+    async fn renew(&self, lease: &Lease, ttl_ms: u64) -> Result<bool, StoreError> {
+        self.check()?;
+        let mut book = self.lease_book();
+        let until = tokio::time::Instant::now() + std::time::Duration::from_millis(ttl_ms);
+        if book.token != lease.token {
+            return Ok(false);
+        }
+        match &mut book.held {
+            Some((held, expiry)) if held == lease => {
+                *expiry = until;
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+            None => {
+                book.held = Some((lease.clone(), until));
+                Ok(true)
+            }
+        }
+    }
+
+    async fn resign(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.check()?;
+        let mut book = self.lease_book();
+        if book.held.as_ref().is_some_and(|(held, _)| held == lease) {
+            book.held = None;
+        }
+        Ok(())
+    }
+
+    async fn leader(&self) -> Result<Option<Lease>, StoreError> {
+        self.check()?;
+        Ok(self.lease_book().held.as_ref().map(|(l, _)| l.clone()))
     }
 }
 
