@@ -15,6 +15,7 @@
 //! | [`CheckpointSink`] | [`memory::MemoryCheckpointSink`] | validator + merge + IPFS/HF publisher |
 //! | [`Metrics`] | [`memory::MemoryMetrics`] | Prometheus registry on :9551 |
 
+pub mod conformance;
 pub mod memory;
 
 use std::time::{SystemTime, UNIX_EPOCH};

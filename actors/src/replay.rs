@@ -4,13 +4,22 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use serde::{Deserialize, Serialize};
+
 use crate::events::{Event, Record};
 use crate::job::{Job, JobPhase};
-use crate::ports::{DeltaReceipt, RingView};
+use crate::ports::{DeltaReceipt, RingView, Snapshot, StateStore, StoreError};
 use crate::types::{GymWei, JobId, NodeId, NodeInfo, Timestamp};
 
+/// The key snapshots of the fold are stored under ([`StateStore::put_snapshot`]).
+pub const SNAPSHOT_KEY: &str = "fold";
+
+/// The snapshot format's version: a snapshot of another version is ignored (the log is
+/// folded from the start instead), so an upgrade never misreads an old one.
+const SNAPSHOT_VERSION: u32 = 1;
+
 /// What the log says about one job.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobFold {
     /// The job state machine after every accepted transition.
     pub job: Job,
@@ -32,7 +41,7 @@ pub struct JobFold {
 }
 
 /// What the log says about one node.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeFold {
     /// Its latest declared info.
     pub info: NodeInfo,
@@ -45,13 +54,14 @@ pub struct NodeFold {
 }
 
 /// The whole fold.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LogFold {
     /// Every job, by id.
     pub jobs: BTreeMap<JobId, JobFold>,
     /// Every node ever admitted, by id.
     pub nodes: BTreeMap<NodeId, NodeFold>,
     /// Measured links (from, to) → Mbit/s, latest measurement.
+    #[serde(with = "link_list")]
     pub links: HashMap<(NodeId, NodeId), f32>,
     /// The last sequence number folded.
     pub last_seq: u64,
@@ -76,17 +86,29 @@ fn epoch_of(phase: &JobPhase) -> Option<u32> {
 /// the writers never produce) are skipped with a warning rather than aborting recovery.
 pub fn fold(records: &[Record]) -> LogFold {
     let mut out = LogFold::default();
-    let mut all_receipts: HashMap<JobId, Vec<DeltaReceipt>> = HashMap::new();
-    let mut last_failure: HashMap<NodeId, u64> = HashMap::new();
-    for r in records {
-        out.last_seq = r.seq;
+    out.apply(records);
+    out
+}
+
+impl LogFold {
+    /// Folds more `records` (those after [`LogFold::last_seq`], in log order) into this
+    /// fold: `fold(a ++ b) == { let mut f = fold(a); f.apply(b); f }`, which is what lets a
+    /// snapshot stand in for the records it covers.
+    pub fn apply(&mut self, records: &[Record]) {
+        for r in records {
+            self.apply_one(r);
+        }
+    }
+
+    fn apply_one(&mut self, r: &Record) {
+        self.last_seq = r.seq;
         match &r.event {
             Event::NodeRegistered {
                 info,
                 stake,
                 penalty_until,
             } => {
-                out.nodes.insert(
+                self.nodes.insert(
                     info.id,
                     NodeFold {
                         info: info.clone(),
@@ -97,16 +119,23 @@ pub fn fold(records: &[Record]) -> LogFold {
                 );
             }
             Event::NodeFailed { node, .. } => {
-                if let Some(n) = out.nodes.get_mut(node) {
+                if let Some(n) = self.nodes.get_mut(node) {
                     n.failed = true;
                 }
-                last_failure.insert(*node, r.seq);
+                for j in self.jobs.values_mut() {
+                    if j.ring
+                        .as_ref()
+                        .is_some_and(|(_, v)| v.members.contains(node))
+                    {
+                        j.failed_since_ring.insert(*node);
+                    }
+                }
             }
             Event::LinkMeasured { from, to, mbps } => {
-                out.links.insert((*from, *to), *mbps);
+                self.links.insert((*from, *to), *mbps);
             }
             Event::JobSubmitted { job, spec } => {
-                out.jobs.insert(
+                self.jobs.insert(
                     *job,
                     JobFold {
                         job: Job::new(*job, spec.clone(), r.at),
@@ -120,59 +149,134 @@ pub fn fold(records: &[Record]) -> LogFold {
                 );
             }
             Event::JobPlaced { job, nodes } => {
-                if let Some(j) = out.jobs.get_mut(job) {
+                if let Some(j) = self.jobs.get_mut(job) {
                     j.placed = Some(nodes.clone());
                 }
             }
             Event::Job { job, event } => {
-                if let Some(j) = out.jobs.get_mut(job) {
+                if let Some(j) = self.jobs.get_mut(job) {
                     let before = j.job.phase.name();
                     let epoch_before = epoch_of(&j.job.phase);
                     if let Err(e) = j.job.apply(event, r.at) {
                         tracing::warn!(seq = r.seq, %job, error = %e, "skipping unappliable job event in replay");
-                    } else if j.job.phase.name() != before || epoch_of(&j.job.phase) != epoch_before
-                    {
-                        j.phase_since = r.at;
+                    } else {
+                        let epoch = epoch_of(&j.job.phase);
+                        if j.job.phase.name() != before || epoch != epoch_before {
+                            j.phase_since = r.at;
+                        }
+                        // Receipts belong to the epoch being run or aggregated.
+                        j.receipts.retain(|_, rc| Some(rc.epoch) == epoch);
                     }
                 }
             }
             Event::StandbysGranted { job, nodes } => {
-                if let Some(j) = out.jobs.get_mut(job) {
+                if let Some(j) = self.jobs.get_mut(job) {
                     j.granted_since_ring.extend(nodes.iter().copied());
                 }
             }
             Event::RingChanged { ring, .. } => {
-                if let Some(j) = out.jobs.get_mut(&ring.job) {
+                if let Some(j) = self.jobs.get_mut(&ring.job) {
                     j.ring = Some((r.seq, ring.clone()));
                     j.granted_since_ring.clear();
+                    j.failed_since_ring.clear();
                 }
             }
             Event::DeltaAccepted(receipt) => {
-                all_receipts
-                    .entry(receipt.job)
-                    .or_default()
-                    .push(receipt.clone());
-            }
-        }
-    }
-    for (id, j) in out.jobs.iter_mut() {
-        if let Some(epoch) = epoch_of(&j.job.phase) {
-            for r in all_receipts.remove(id).unwrap_or_default() {
-                if r.epoch == epoch {
-                    j.receipts.insert(r.node, r);
+                if let Some(j) = self.jobs.get_mut(&receipt.job) {
+                    if epoch_of(&j.job.phase) == Some(receipt.epoch) {
+                        j.receipts.insert(receipt.node, receipt.clone());
+                    }
                 }
             }
         }
-        if let Some((seq, ring)) = &j.ring {
-            j.failed_since_ring = ring
-                .members
-                .iter()
-                .filter(|m| last_failure.get(m).is_some_and(|s| s > seq))
-                .copied()
-                .collect();
-        }
     }
-    out
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotBody {
+    v: u32,
+    fold: LogFold,
+}
+
+/// The fold of the whole log in `store`: the latest snapshot (when there is one of this
+/// format), then the records after it. A snapshot that does not decode is logged and
+/// ignored: the log alone is the source of truth.
+pub async fn load(store: &dyn StateStore) -> Result<LogFold, StoreError> {
+    let mut fold = match store.get_snapshot(SNAPSHOT_KEY).await? {
+        Some(snap) => match serde_json::from_slice::<SnapshotBody>(&snap.state) {
+            Ok(body) if body.v == SNAPSHOT_VERSION && body.fold.last_seq == snap.seq => body.fold,
+            Ok(body) => {
+                tracing::warn!(
+                    version = body.v,
+                    seq = snap.seq,
+                    "ignoring a snapshot of another format; folding the whole log"
+                );
+                LogFold::default()
+            }
+            Err(e) => {
+                tracing::warn!(seq = snap.seq, error = %e, "ignoring an unreadable snapshot; folding the whole log");
+                LogFold::default()
+            }
+        },
+        None => LogFold::default(),
+    };
+    let tail = store.read_after(fold.last_seq).await?;
+    fold.apply(&tail);
+    Ok(fold)
+}
+
+/// Writes a snapshot of the fold when at least `every` events were appended since the
+/// stored one (`every` = 0: never). Returns the sequence number snapshotted, if one was
+/// written. Through a fenced handle, a deposed leader's snapshot is refused like its
+/// appends.
+pub async fn snapshot(store: &dyn StateStore, every: u64) -> Result<Option<u64>, StoreError> {
+    if every == 0 {
+        return Ok(None);
+    }
+    let stored = store.get_snapshot(SNAPSHOT_KEY).await?.map_or(0, |s| s.seq);
+    if store.last_seq().await?.saturating_sub(stored) < every {
+        return Ok(None);
+    }
+    let fold = load(store).await?;
+    let seq = fold.last_seq;
+    let state = serde_json::to_vec(&SnapshotBody {
+        v: SNAPSHOT_VERSION,
+        fold,
+    })
+    .map_err(|e| StoreError::Corrupt {
+        seq,
+        reason: format!("snapshot does not serialize: {e}"),
+    })?;
+    store
+        .put_snapshot(SNAPSHOT_KEY, Snapshot { seq, state })
+        .await?;
+    Ok(Some(seq))
+}
+
+/// `links` as a list of `[from, to, mbps]`: JSON maps need string keys.
+mod link_list {
+    use std::collections::HashMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::types::NodeId;
+
+    pub fn serialize<S: Serializer>(
+        links: &HashMap<(NodeId, NodeId), f32>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut list: Vec<(NodeId, NodeId, f32)> =
+            links.iter().map(|((a, b), m)| (*a, *b, *m)).collect();
+        list.sort_by(|x, y| (x.0, x.1).cmp(&(y.0, y.1)));
+        list.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<HashMap<(NodeId, NodeId), f32>, D::Error> {
+        let list = Vec::<(NodeId, NodeId, f32)>::deserialize(d)?;
+        Ok(list.into_iter().map(|(a, b, m)| ((a, b), m)).collect())
+    }
 }
 
 #[cfg(test)]
@@ -276,5 +380,190 @@ mod tests {
             },
         ));
         assert!(super::fold(&more).jobs[&job].granted_since_ring.is_empty());
+    }
+
+    fn arb_event() -> impl proptest::strategy::Strategy<Value = Event> {
+        use crate::types::{GpuInfo, LinkProfile, NodeInfo};
+        use proptest::prelude::*;
+        let node = (1u8..5).prop_map(|b| NodeId([b; 32]));
+        let job = (1u64..3).prop_map(JobId);
+        let spec = JobSpec {
+            name: "p".into(),
+            epochs: 3,
+            min_nodes: 1,
+            max_nodes: 4,
+            min_vram_bytes: 0,
+            pending_deadline_ms: 1_000,
+            epoch_deadline_ms: 1_000,
+            utility: 1.0,
+            submitter_stake: GymWei::gym(1),
+            training: Default::default(),
+        };
+        let job_event = prop_oneof![
+            (1u64..4).prop_map(|v| JobEvent::NodesReady { ring_version: v }),
+            Just(JobEvent::ModelDistributed),
+            (0u32..3).prop_map(|e| JobEvent::EpochComplete { epoch: e }),
+            (0u32..3).prop_map(|e| JobEvent::CheckpointPublished {
+                epoch: e,
+                checkpoint: format!("c{e}"),
+            }),
+            (1u64..4).prop_map(|v| JobEvent::RingChanged { ring_version: v }),
+        ];
+        prop_oneof![
+            node.clone().prop_map(|id| Event::NodeRegistered {
+                info: NodeInfo {
+                    id,
+                    gpu: GpuInfo {
+                        model: "g".into(),
+                        vram_bytes: 1,
+                        compute_cap: (8, 0),
+                        driver_sig: Vec::new(),
+                    },
+                    link: LinkProfile {
+                        up_mbps: 1.0,
+                        down_mbps: 1.0,
+                    },
+                    region: "r".into(),
+                },
+                stake: GymWei::gym(1),
+                penalty_until: None,
+            }),
+            node.clone().prop_map(|node| Event::NodeFailed {
+                node,
+                kind: crate::events::FailureKind::SessionClosed,
+            }),
+            (node.clone(), node.clone(), 1u8..100).prop_map(|(from, to, m)| {
+                Event::LinkMeasured {
+                    from,
+                    to,
+                    mbps: m as f32,
+                }
+            }),
+            job.clone().prop_map(move |job| Event::JobSubmitted {
+                job,
+                spec: spec.clone()
+            }),
+            (job.clone(), job_event).prop_map(|(job, event)| Event::Job { job, event }),
+            (
+                job.clone(),
+                proptest::collection::vec(node.clone(), 1..4),
+                1u64..4
+            )
+                .prop_map(|(job, members, version)| Event::RingChanged {
+                    ring: RingView {
+                        job,
+                        version,
+                        members,
+                        bottleneck_mbps: 1.0,
+                        estimated_links: 0,
+                    },
+                    removed: Vec::new(),
+                    added: Vec::new(),
+                }),
+            (job.clone(), proptest::collection::vec(node.clone(), 1..3))
+                .prop_map(|(job, nodes)| Event::StandbysGranted { job, nodes }),
+            (job, node, 0u32..3).prop_map(|(job, node, epoch)| {
+                Event::DeltaAccepted(DeltaReceipt {
+                    job,
+                    node,
+                    epoch,
+                    step: 1,
+                    delta_hash: [epoch as u8; 32],
+                    claimed_loss: 0.5,
+                    signature: Vec::new(),
+                })
+            }),
+        ]
+    }
+
+    fn json(f: &LogFold) -> serde_json::Value {
+        serde_json::to_value(f).expect("a fold serializes")
+    }
+
+    proptest::proptest! {
+        /// A snapshot stands in for the records it covers: folding a prefix, serializing
+        /// it, reading it back and applying the rest equals folding everything at once.
+        #[test]
+        fn snapshot_then_tail_equals_whole_fold(
+            events in proptest::collection::vec(arb_event(), 0..60),
+            cut in 0usize..60,
+        ) {
+            let records: Vec<Record> = events
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| rec(i as u64 + 1, e))
+                .collect();
+            let cut = cut.min(records.len());
+            let whole = fold(&records);
+            let snap = serde_json::to_vec(&fold(&records[..cut])).unwrap();
+            let mut resumed: LogFold = serde_json::from_slice(&snap).unwrap();
+            resumed.apply(&records[cut..]);
+            proptest::prop_assert_eq!(json(&resumed), json(&whole));
+        }
+    }
+
+    /// `load` reads the snapshot and the tail; `snapshot` writes only every `every` events.
+    #[tokio::test]
+    async fn load_uses_the_snapshot_and_the_tail() {
+        use crate::ports::memory::MemoryStateStore;
+        let store = MemoryStateStore::new();
+        let job = JobId(1);
+        let spec = JobSpec {
+            name: "j".into(),
+            epochs: 2,
+            min_nodes: 1,
+            max_nodes: 2,
+            min_vram_bytes: 0,
+            pending_deadline_ms: 1_000_000,
+            epoch_deadline_ms: 1_000_000,
+            utility: 1.0,
+            submitter_stake: GymWei::gym(1),
+            training: Default::default(),
+        };
+        store
+            .append(Timestamp(1), Event::JobSubmitted { job, spec })
+            .await
+            .unwrap();
+        assert_eq!(snapshot(&store, 2).await.unwrap(), None, "1 event < every");
+        store
+            .append(
+                Timestamp(2),
+                Event::Job {
+                    job,
+                    event: JobEvent::NodesReady { ring_version: 1 },
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(snapshot(&store, 2).await.unwrap(), Some(2));
+        assert_eq!(snapshot(&store, 2).await.unwrap(), None, "nothing new");
+        store
+            .append(
+                Timestamp(3),
+                Event::Job {
+                    job,
+                    event: JobEvent::ModelDistributed,
+                },
+            )
+            .await
+            .unwrap();
+        let loaded = load(&store).await.unwrap();
+        assert_eq!(loaded.last_seq, 3);
+        assert!(matches!(
+            loaded.jobs[&job].job.phase,
+            JobPhase::Running { epoch: 0, .. }
+        ));
+        // A snapshot the reader cannot use is ignored, not trusted.
+        store
+            .put_snapshot(
+                SNAPSHOT_KEY,
+                Snapshot {
+                    seq: 3,
+                    state: b"{not json".to_vec(),
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(json(&load(&store).await.unwrap()), json(&loaded));
     }
 }

@@ -546,8 +546,7 @@ impl Actor for JobActor {
         _myself: ActorRef<JobMsg>,
         args: JobActorArgs,
     ) -> Result<JobState, ActorProcessingErr> {
-        let records = args.deps.store.read_after(0).await?;
-        let mut fold = crate::replay::fold(&records);
+        let mut fold = crate::replay::load(&*args.deps.store).await?;
         let j = fold
             .jobs
             .remove(&args.id)

@@ -204,8 +204,8 @@ impl JobSupervisorState {
         let _ = self
             .root
             .cast(OrchestratorMsg::Scheduler(SchedulerMsg::Release { job }));
-        if let Ok(records) = self.deps.store.read_after(0).await {
-            if let Some(j) = crate::replay::fold(&records).jobs.remove(&job) {
+        if let Ok(mut fold) = crate::replay::load(&*self.deps.store).await {
+            if let Some(j) = fold.jobs.remove(&job) {
                 let view = JobView::of(&j.job, j.ring.map(|(_, r)| r), 0);
                 self.deps.notify(Notice::JobPhase {
                     job,
@@ -243,8 +243,7 @@ impl Actor for JobSupervisor {
         state: &mut JobSupervisorState,
     ) -> Result<(), ActorProcessingErr> {
         // Rebuild: every job that has not ended gets its actor back; ended jobs keep their view.
-        let records = state.deps.store.read_after(0).await?;
-        let fold = crate::replay::fold(&records);
+        let fold = crate::replay::load(&*state.deps.store).await?;
         state.next_id = fold.next_job_id();
         for (id, j) in fold.jobs {
             if j.job.phase.is_terminal() {

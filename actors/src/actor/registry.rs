@@ -555,8 +555,7 @@ impl Actor for NodeRegistry {
     ) -> Result<(), ActorProcessingErr> {
         // Rebuild from the log: every node admitted and not failed since gets a fresh actor
         // with a full timeout to heartbeat again (after a failover, nodes reconnect).
-        let records = state.deps.store.read_after(0).await?;
-        let fold = crate::replay::fold(&records);
+        let fold = crate::replay::load(&*state.deps.store).await?;
         state.links = fold.links;
         for (id, n) in fold.nodes {
             let actor = state

@@ -311,8 +311,7 @@ impl Actor for RingActor {
         _myself: ActorRef<RingMsg>,
         args: RingActorArgs,
     ) -> Result<RingState, ActorProcessingErr> {
-        let records = args.deps.store.read_after(0).await?;
-        let mut fold = crate::replay::fold(&records);
+        let mut fold = crate::replay::load(&*args.deps.store).await?;
         let j = fold
             .jobs
             .remove(&args.job)

@@ -176,8 +176,7 @@ impl Actor for Scheduler {
         args: SchedulerArgs,
     ) -> Result<SchedulerState, ActorProcessingErr> {
         // Rebuild the queue and the allocation from the log.
-        let records = args.deps.store.read_after(0).await?;
-        let fold = crate::replay::fold(&records);
+        let fold = crate::replay::load(&*args.deps.store).await?;
         let mut pending = BTreeMap::new();
         let mut assigned = HashMap::new();
         for (id, j) in &fold.jobs {

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::{
     ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput,
-    Lease, LeaderLease, Ledger, LedgerError, LinkError, Metrics, NodeCommand, NodeLink,
+    LeaderLease, Lease, Ledger, LedgerError, LinkError, Metrics, NodeCommand, NodeLink,
     RewardReceipt, SlashReceipt, Snapshot, StateStore, StoreError,
 };
 use crate::events::{Event, Record};
@@ -96,7 +96,9 @@ impl Default for MemoryLog {
     }
 }
 
-fn unpoison<T>(r: std::sync::LockResult<std::sync::MutexGuard<'_, T>>) -> std::sync::MutexGuard<'_, T> {
+fn unpoison<T>(
+    r: std::sync::LockResult<std::sync::MutexGuard<'_, T>>,
+) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding one of these locks cannot leave a half-written value; recover.
     r.unwrap_or_else(|p| p.into_inner())
 }
