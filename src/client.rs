@@ -38,7 +38,10 @@ pub fn tcp_dial() -> Dial {
 /// How to reach a daemon.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// `http://host:port` or `https://host:port` (default `http://127.0.0.1:9550`).
+    /// `http://host:port` or `https://host:port` (default `http://127.0.0.1:9550`); a
+    /// comma-separated list names the replicas of one orchestrator (DESIGN §9): clients
+    /// try them in order, and node agents move to the next when one fails or is a
+    /// standby.
     pub endpoint: String,
     /// PEM CA that signed the daemon's certificate (https).
     pub ca: Option<PathBuf>,
@@ -89,6 +92,32 @@ pub enum ClientError {
 }
 
 impl ClientOptions {
+    /// The endpoints of `endpoint`, split at commas (at least one).
+    pub fn endpoints(&self) -> Vec<String> {
+        let list: Vec<String> = self
+            .endpoint
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(str::to_string)
+            .collect();
+        if list.is_empty() {
+            vec![self.endpoint.clone()]
+        } else {
+            list
+        }
+    }
+
+    /// These options aimed at the `i`-th of [`ClientOptions::endpoints`] (modulo their
+    /// number).
+    pub fn pick(&self, i: usize) -> ClientOptions {
+        let list = self.endpoints();
+        ClientOptions {
+            endpoint: list[i % list.len()].clone(),
+            ..self.clone()
+        }
+    }
+
     /// The configured endpoint (TLS when `https://` or a CA is given, keep-alive, connect
     /// deadline), not yet connected.
     pub fn endpoint(&self) -> Result<Endpoint, ClientError> {
@@ -127,9 +156,20 @@ impl ClientOptions {
         Ok(ep)
     }
 
-    /// Connects over TCP.
+    /// Connects over TCP: to the first of [`ClientOptions::endpoints`] that accepts (a
+    /// standby replica does not listen), or the last error.
     pub async fn connect(&self) -> Result<Channel, ClientError> {
-        Ok(self.endpoint()?.connect().await?)
+        let list = self.endpoints();
+        let mut last = None;
+        for i in 0..list.len() {
+            match self.pick(i).endpoint()?.connect().await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last
+            .map(ClientError::from)
+            .unwrap_or_else(|| ClientError::Endpoint(self.endpoint.clone(), "empty".into())))
     }
 
     /// Connects through `dial` (e.g. a simulated network).

@@ -24,12 +24,15 @@ pub mod config;
 pub mod delta;
 pub mod demo;
 pub mod grpc;
+pub mod health;
 pub mod identity;
 pub mod metrics;
 pub mod publish;
+pub mod replica;
 pub mod serve;
 #[cfg(feature = "testkit")]
 pub mod sim;
+pub mod state;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod train;

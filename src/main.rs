@@ -101,6 +101,21 @@ Examples:
   hanzod serve --config prod.toml
   HANZOD_ADMIN_TOKEN=s3cret hanzod serve")]
     Serve,
+    /// Probe a daemon's metrics listener: `/healthz` (the process runs), or `/readyz` with
+    /// --ready (it serves nodes: the leader, or a daemon without replicas). Exit 0 on
+    /// HTTP 200, 1 otherwise; for container health checks.
+    #[command(after_help = "Examples:\n  hanzod health\n  hanzod health --ready --addr 10.0.0.2:9551")]
+    Health {
+        /// The metrics listener, host:port.
+        #[arg(long, default_value = "127.0.0.1:9551")]
+        addr: String,
+        /// Ask /readyz instead of /healthz.
+        #[arg(long)]
+        ready: bool,
+        /// Give up after this many ms.
+        #[arg(long, default_value_t = 3_000)]
+        timeout_ms: u64,
+    },
     /// Run a node agent: register, heartbeat, answer probes, follow rings, train each
     /// assigned epoch and upload its signed delta, reconnect.
     #[command(after_help = "\
@@ -400,6 +415,47 @@ struct NodeArgs {
     client: ClientArgs,
 }
 
+/// `hanzod serve`: one daemon on the in-memory store, or, with `VALKEY_URL`, one replica
+/// under leader election (exit status 3 when deposed, so a supervisor restarts it as a
+/// standby).
+async fn serve(cfg: Config) -> ExitCode {
+    if cfg.state.valkey_url.is_empty() {
+        let daemon = match hanzod::serve::Daemon::start(&cfg).await {
+            Ok(d) => d,
+            Err(e) => return fail(e),
+        };
+        hanzod::serve::termination().await;
+        tracing::info!("shutting down");
+        daemon.stop().await;
+        return ExitCode::SUCCESS;
+    }
+    let store = match hanzod::state::valkey::ValkeyStateStore::connect(&cfg.state).await {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let health = hanzod::health::Health::new(hanzod::health::Role::Standby);
+    {
+        let store = store.clone();
+        health.watch_store(move || store.health());
+    }
+    let outcome = hanzod::replica::run(
+        &cfg,
+        std::sync::Arc::new(store),
+        hanzod::serve::DaemonParts::default(),
+        health,
+        hanzod::serve::termination(),
+    )
+    .await;
+    match outcome {
+        Ok(hanzod::replica::Outcome::Stopped) => ExitCode::SUCCESS,
+        Ok(hanzod::replica::Outcome::Deposed { token }) => {
+            eprintln!("hanzod: deposed (led under lease token {token}); exiting so a supervisor restarts this replica as a standby");
+            ExitCode::from(3)
+        }
+        Err(e) => fail(e),
+    }
+}
+
 fn init_logging(cfg: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_new(&cfg.log.filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -461,17 +517,27 @@ fn main() -> ExitCode {
                 Ok(rt) => rt,
                 Err(e) => return fail(e),
             };
-            rt.block_on(async {
-                let daemon = match hanzod::serve::Daemon::start(&cfg).await {
-                    Ok(d) => d,
-                    Err(e) => return fail(e),
-                };
-                hanzod::serve::termination().await;
-                tracing::info!("shutting down");
-                daemon.stop().await;
-                ExitCode::SUCCESS
-            })
+            rt.block_on(serve(cfg))
         }
+        Command::Health {
+            addr,
+            ready,
+            timeout_ms,
+        } => match runtime() {
+            Ok(rt) => rt.block_on(async {
+                match hanzod::health::probe(&addr, ready, timeout_ms).await {
+                    Ok(body) => {
+                        println!("{}", body.trim());
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("hanzod health: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }),
+            Err(e) => fail(e),
+        },
         Command::Keygen { out, force } => {
             let id = hanzod::identity::Identity::generate();
             match id.save(&out, force) {

@@ -57,6 +57,12 @@
 //! * `hanzod_jobs{state}`: `pending`, `provisioning`, `running`, `aggregating`, `published`,
 //!   `failed` (see [`PrometheusMetrics::set_jobs`]).
 //!
+//! * `hanzod_leader`: 1 while this replica serves nodes, 0 on a standby.
+//! * `hanzod_lease_token`: the fencing token it writes under (0 without a lease).
+//! * `hanzod_state_store_up`: 1 while the state store answers.
+//! * `hanzod_state_store_errors_total`, `hanzod_state_store_retries_total` (counters):
+//!   failed and retried state store commands (DESIGN §9).
+//!
 //! Every state is always exported, zeros included, so series never vanish.
 //!
 //! # Exporter
@@ -76,6 +82,8 @@ use axum::routing::get;
 use axum::Router;
 use futures_util::future::BoxFuture;
 use hanzod_actors::ports::Metrics;
+
+use crate::health::Health;
 use prometheus_client::encoding::text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -366,7 +374,18 @@ pub struct PrometheusMetrics {
     jobs: Family<StateLabels, Gauge>,
     rss: Gauge,
     errors: Family<Labels, Counter>,
+    replica: ReplicaGauges,
     dynamic: RwLock<DynamicMetrics>,
+}
+
+/// The replica's role and its state store's health, sampled at scrape time.
+#[derive(Default)]
+struct ReplicaGauges {
+    leader: Gauge,
+    token: Gauge,
+    store_up: Gauge,
+    store_errors: Counter,
+    store_retries: Counter,
 }
 
 impl std::fmt::Debug for PrometheusMetrics {
@@ -464,6 +483,34 @@ impl PrometheusMetrics {
             errors.clone(),
         );
 
+        let replica = ReplicaGauges::default();
+        registry.register(
+            "leader",
+            "1 while this replica serves nodes (the leader, or a daemon without replicas), 0 \
+             on a standby",
+            replica.leader.clone(),
+        );
+        registry.register(
+            "lease_token",
+            "The fencing token this replica writes under (0 without a lease)",
+            replica.token.clone(),
+        );
+        registry.register(
+            "state_store_up",
+            "1 while the state store answers, 0 while it is unreachable",
+            replica.store_up.clone(),
+        );
+        registry.register(
+            "state_store_errors",
+            "State store commands that failed (connection refused, timeout), since start",
+            replica.store_errors.clone(),
+        );
+        registry.register(
+            "state_store_retries",
+            "State store commands retried after a failure, since start",
+            replica.store_retries.clone(),
+        );
+
         let this = PrometheusMetrics {
             registry: Mutex::new(registry),
             counters,
@@ -473,6 +520,7 @@ impl PrometheusMetrics {
             jobs,
             rss,
             errors,
+            replica,
             dynamic: RwLock::new(DynamicMetrics::default()),
         };
         this.set_nodes(0, 0, 0);
@@ -489,6 +537,28 @@ impl PrometheusMetrics {
                 .get_or_create(&[("state", state)])
                 .set(gauge(value));
         }
+    }
+
+    /// Sets `hanzod_leader`, `hanzod_lease_token`, `hanzod_state_store_up` and the state
+    /// store's error and retry counters from `health` (the counters follow the adapter's
+    /// totals; they never go down).
+    pub fn set_replica(&self, health: &Health) {
+        let r = &self.replica;
+        r.leader.set(i64::from(health.role().serves()));
+        r.token.set(gauge(health.token()));
+        let store = health.store().unwrap_or(crate::health::StoreHealth {
+            reachable: true,
+            ..Default::default()
+        });
+        r.store_up.set(i64::from(store.reachable));
+        let bump = |c: &Counter, total: u64| {
+            let seen = c.get();
+            if total > seen {
+                c.inc_by(total - seen);
+            }
+        };
+        bump(&r.store_errors, store.errors_total);
+        bump(&r.store_retries, store.retries_total);
     }
 
     /// Sets `hanzod_jobs{state}` for every job state (a state at 0 is exported as 0).
@@ -637,6 +707,7 @@ struct Exporter {
     metrics: Arc<PrometheusMetrics>,
     sample: Box<Sampler>,
     sample_timeout: Duration,
+    health: Health,
 }
 
 /// Serves the metrics over HTTP/1.1 on `listener` until `shutdown` completes (then stops
@@ -646,7 +717,9 @@ struct Exporter {
 ///   [`PrometheusMetrics::set_nodes`] and [`PrometheusMetrics::set_jobs`] from the
 ///   orchestrator), at most [`SAMPLE_TIMEOUT`], then answers 200 with
 ///   [`PrometheusMetrics::encode`] as [`CONTENT_TYPE`].
-/// * `GET /healthz`: 200 `ok`.
+/// * `GET /healthz`: 200 with `health`'s JSON [`crate::health::Report`] (liveness).
+/// * `GET /readyz`: 200 `ready` when the replica serves nodes and its state store answers,
+///   else 503 with the reason (see [`crate::health`]).
 /// * any other path: 404.
 ///
 /// Taking a bound listener (not an address) lets the caller bind port 0 and read the port.
@@ -654,15 +727,17 @@ struct Exporter {
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<PrometheusMetrics>,
+    health: Health,
     sample: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with_timeout(listener, metrics, sample, shutdown, SAMPLE_TIMEOUT).await
+    serve_with_timeout(listener, metrics, health, sample, shutdown, SAMPLE_TIMEOUT).await
 }
 
 async fn serve_with_timeout(
     listener: TcpListener,
     metrics: Arc<PrometheusMetrics>,
+    health: Health,
     sample: impl Fn() -> BoxFuture<'static, ()> + Send + Sync + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
     sample_timeout: Duration,
@@ -671,10 +746,28 @@ async fn serve_with_timeout(
         metrics,
         sample: Box::new(sample),
         sample_timeout,
+        health,
     });
     let app = Router::new()
         .route("/metrics", get(handle_scrape))
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(|State(e): State<Arc<Exporter>>| async move {
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    serde_json::to_string(&e.health.report()).unwrap_or_default(),
+                )
+            }),
+        )
+        .route(
+            "/readyz",
+            get(|State(e): State<Arc<Exporter>>| async move {
+                match e.health.ready() {
+                    Ok(()) => (StatusCode::OK, "ready".to_string()),
+                    Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+                }
+            }),
+        )
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found") })
         .with_state(exporter);
     axum::serve(listener, app)
@@ -689,6 +782,7 @@ async fn handle_scrape(State(exporter): State<Arc<Exporter>>) -> impl IntoRespon
     {
         exporter.metrics.error("sample_timeout");
     }
+    exporter.metrics.set_replica(&exporter.health);
     (
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
         exporter.metrics.encode(),
@@ -1083,9 +1177,25 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, metrics.clone(), sample, async move {
-            let _ = stopped.await;
-        }));
+        let health = Health::new(crate::health::Role::Leader);
+        health.set_role(crate::health::Role::Leader, 4);
+        let store_up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let up = store_up.clone();
+        health.watch_store(move || crate::health::StoreHealth {
+            reachable: up.load(Ordering::SeqCst),
+            errors_total: 2,
+            retries_total: 5,
+            last_error: Some("refused".into()),
+        });
+        let server = tokio::spawn(serve(
+            listener,
+            metrics.clone(),
+            health.clone(),
+            sample,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
 
         let (status, headers, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200, "{headers}");
@@ -1110,8 +1220,33 @@ mod tests {
         assert_eq!(sampled.load(Ordering::SeqCst), 2);
         assert_eq!(value(&body, r#"hanzod_nodes{state="alive"}"#), 20.0);
 
+        assert_eq!(value(&body, "hanzod_leader"), 1.0);
+        assert_eq!(value(&body, "hanzod_lease_token"), 4.0);
+        assert_eq!(value(&body, "hanzod_state_store_up"), 1.0);
+        assert_eq!(value(&body, "hanzod_state_store_errors_total"), 2.0);
+        assert_eq!(value(&body, "hanzod_state_store_retries_total"), 5.0);
+
         let (status, _, body) = get(addr, "/healthz").await;
-        assert_eq!((status, body.as_str()), (200, "ok"));
+        assert_eq!(status, 200);
+        let report: serde_json::Value = serde_json::from_str(&body).expect("JSON report");
+        assert_eq!(report["role"], "leader");
+        assert_eq!(report["state_store"]["errors_total"], 2);
+        assert_eq!(get(addr, "/readyz").await.0, 200);
+        store_up.store(false, Ordering::SeqCst);
+        let (status, _, body) = get(addr, "/readyz").await;
+        assert_eq!(status, 503);
+        assert!(body.contains("state store unreachable: refused"), "{body}");
+        assert_eq!(
+            get(addr, "/healthz").await.0,
+            200,
+            "liveness holds while the store is down"
+        );
+        health.set_role(crate::health::Role::Standby, 0);
+        store_up.store(true, Ordering::SeqCst);
+        assert_eq!(get(addr, "/readyz").await.0, 503, "a standby is not ready");
+        let (_, _, body) = get(addr, "/metrics").await;
+        assert_eq!(value(&body, "hanzod_leader"), 0.0);
+        assert_eq!(value(&body, "hanzod_state_store_up"), 1.0);
         let (status, _, _) = get(addr, "/nope").await;
         assert_eq!(status, 404);
         let (status, _, _) = get(addr, "/metrics/extra").await;
@@ -1136,6 +1271,7 @@ mod tests {
         let server = tokio::spawn(serve_with_timeout(
             listener,
             metrics.clone(),
+            Health::new(crate::health::Role::Single),
             || -> BoxFuture<'static, ()> { Box::pin(std::future::pending()) },
             std::future::pending(),
             Duration::from_millis(50),

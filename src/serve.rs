@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use hanzod_actors::ports::memory::MemoryChain;
-use hanzod_actors::ports::{Clock, Ledger};
+use hanzod_actors::ports::memory::{MemoryChain, MemoryStateStore};
+use hanzod_actors::ports::{Clock, Ledger, StateStore};
 use hanzod_actors::types::GymWei;
 use hanzod_actors::{Orchestrator, OrchestratorHandle};
 use tokio::net::TcpListener;
@@ -26,6 +26,7 @@ use crate::delta::catalog::ModelCatalog;
 use crate::delta::sink::{Economics, Publication, TrainingSink};
 use crate::delta::store::{BlobError, BlobStore, FsBlobStore, MemoryBlobStore};
 use crate::grpc::node::NodeServiceSettings;
+use crate::health::{Health, Role};
 use crate::grpc::server::{tls_acceptor, GrpcServer, ServeError, ServerSettings};
 use crate::grpc::sessions::{GrpcNodeLink, Sessions};
 use crate::grpc::upload::UploadSettings;
@@ -114,6 +115,9 @@ pub enum StartError {
     /// The validator pool or the model keeper did not start.
     #[error("validator: {0}")]
     Validator(String),
+    /// The state store could not be read (its log id).
+    #[error("state store: {0}")]
+    Store(String),
 }
 
 /// Components an embedder (or a test) supplies in place of what the configuration builds.
@@ -127,6 +131,12 @@ pub struct DaemonParts {
     /// Where checkpoints are published (default: per `publish.object_dir`, an
     /// [`FsObjectStore`] there or a [`MemoryObjectStore`] when it is empty).
     pub objects: Option<Arc<dyn ObjectStore>>,
+    /// The event log (default: a fresh [`MemoryStateStore`]; with `state.valkey_url` set
+    /// the daemon must be given one: [`crate::replica::run`] passes the Valkey store
+    /// fenced with its lease's token).
+    pub store: Option<Arc<dyn StateStore>>,
+    /// The replica's health, shown on `/healthz` and `/readyz` (default: a single daemon).
+    pub health: Option<Health>,
 }
 
 /// A running daemon.
@@ -149,8 +159,13 @@ pub struct Daemon {
     shutdown: watch::Sender<bool>,
     grpc: tokio::task::JoinHandle<Result<(), ServeError>>,
     exporter: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    snapshots: tokio::task::JoinHandle<()>,
     grace: Duration,
 }
+
+/// How often the daemon checks whether a snapshot of the log is due
+/// (`state.snapshot_every` events since the last).
+const SNAPSHOT_CHECK: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for Daemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -283,8 +298,15 @@ impl Daemon {
     /// Starts the orchestrator and its listeners with `parts` in place of what `cfg` would
     /// build.
     pub async fn start_with(cfg: &Config, parts: DaemonParts) -> Result<Daemon, StartError> {
+        if !cfg.state.valkey_url.is_empty() && parts.store.is_none() {
+            return Err(StartError::Unsupported(
+                "VALKEY_URL is set: a daemon on Valkey runs under leader election \
+                 (hanzod::replica::run, which `hanzod serve` uses), which gives it the \
+                 fenced store"
+                    .into(),
+            ));
+        }
         for (var, value, what) in [
-            ("VALKEY_URL", &cfg.state.valkey_url, "Valkey state store"),
             ("HANZO_RPC", &cfg.chain.rpc_url, "EVM chain adapter"),
             ("IPFS_URL", &cfg.publish.ipfs_url, "IPFS publisher"),
         ] {
@@ -382,7 +404,15 @@ impl Daemon {
         clock: Option<Arc<dyn Clock>>,
         parts: DaemonParts,
     ) -> Result<Daemon, StartError> {
-        let settings = server_settings(cfg, rand::random(), identity.node_id().0);
+        let store = parts
+            .store
+            .unwrap_or_else(|| Arc::new(MemoryStateStore::new()));
+        let log_id = store
+            .log_id()
+            .await
+            .map_err(|e| StartError::Store(e.to_string()))?;
+        let health = parts.health.unwrap_or_else(|| Health::new(Role::Single));
+        let settings = server_settings(cfg, log_id, identity.node_id().0);
         let blobs = match parts.blobs {
             Some(b) => b,
             None => blob_store(cfg).await?,
@@ -431,6 +461,7 @@ impl Daemon {
             .checkpoint_sink(Arc::new(sink.clone()))
             .chain(chain)
             .node_link(Arc::new(GrpcNodeLink(sessions.clone())))
+            .state_store(store.clone())
             .metrics(metrics.clone());
         if let Some(clock) = clock {
             builder = builder.clock(clock);
@@ -490,11 +521,40 @@ impl Daemon {
                     }
                     .boxed()
                 };
-                let task = tokio::spawn(crate::metrics::serve(l, metrics, sample, async move {
-                    crate::grpc::stopped(&mut stop).await
-                }));
+                let task = tokio::spawn(crate::metrics::serve(
+                    l,
+                    metrics,
+                    health.clone(),
+                    sample,
+                    async move { crate::grpc::stopped(&mut stop).await },
+                ));
                 (addr, Some(task))
             }
+        };
+        // Snapshots of the log's fold, so a standby (or a rebuilt actor) replays only the
+        // tail. Through a fenced store a deposed leader's snapshot is refused like its events.
+        let snapshots = {
+            let store = store.clone();
+            let every = cfg.state.snapshot_every;
+            let mut stop = shutdown_rx.clone();
+            tokio::spawn(async move {
+                if every == 0 {
+                    return;
+                }
+                let mut tick = tokio::time::interval(SNAPSHOT_CHECK);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = crate::grpc::stopped(&mut stop) => return,
+                    }
+                    match hanzod_actors::replay::snapshot(&*store, every).await {
+                        Ok(Some(seq)) => tracing::debug!(seq, "snapshot of the event log written"),
+                        Ok(None) => {}
+                        Err(e) => tracing::debug!(error = %e, "snapshot not written; will retry"),
+                    }
+                }
+            })
         };
         tracing::info!(
             grpc = %grpc_addr,
@@ -518,6 +578,7 @@ impl Daemon {
             shutdown,
             grpc,
             exporter,
+            snapshots,
             grace: Duration::from_millis(cfg.server.shutdown_grace_ms),
         })
     }
@@ -567,6 +628,7 @@ impl Daemon {
         if let Some(e) = self.exporter {
             let _ = tokio::time::timeout(self.grace, e).await;
         }
+        self.snapshots.abort();
         self.core.shutdown().await;
         self.sink.stop();
         tracing::info!("hanzod stopped");

@@ -249,6 +249,18 @@ impl OrchestratorHandle {
             }));
     }
 
+    /// The node's session stream is open (commands to the node can be delivered now): every
+    /// job whose ring holds the node resends it the ring and, while the node has not
+    /// delivered the running epoch's delta, the epoch's assignment. A node that reconnects
+    /// (after a failover, or its own restart) resumes at once, not at the next resync.
+    pub fn session_opened(&self, node: NodeId) {
+        let _ = self
+            .root
+            .cast(OrchestratorMsg::Jobs(JobSupervisorMsg::NodeReturned {
+                node,
+            }));
+    }
+
     /// Records a probe's measurement of the link `from → to`, in Mbit/s.
     pub async fn report_link(
         &self,

@@ -216,6 +216,8 @@ pub struct Agent {
     /// Ring versions held, per job, on the current orchestrator log.
     rings: HashMap<JobId, u64>,
     log_id: Vec<u8>,
+    /// Which of the orchestrator's endpoints (replicas) the next session tries.
+    endpoint_index: usize,
     /// The current attempt registered.
     registered: bool,
     /// Epochs trained or in progress (across sessions): an assignment resent is ignored.
@@ -284,6 +286,7 @@ impl Agent {
             events: broadcast::channel(1024).0,
             rings: HashMap::new(),
             log_id: Vec::new(),
+            endpoint_index: 0,
             registered: false,
             epochs: HashSet::new(),
             data: None,
@@ -314,6 +317,10 @@ impl Agent {
     /// forever).
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
         let mut attempt: u32 = 0;
+        // Replicas (DESIGN §9): after a failed session the next endpoint is tried at once;
+        // the backoff applies once every endpoint has failed in a row.
+        let replicas = self.settings.orchestrator.endpoints().len();
+        let mut failed_in_round = 0usize;
         // Work outlives a session: its outcome is reported on whichever session is live.
         let (work_tx, mut work_rx) = mpsc::channel::<WorkDone>(16);
         loop {
@@ -350,6 +357,19 @@ impl Agent {
             // A session that got as far as registering resets the backoff.
             if self.registered {
                 attempt = 0;
+                failed_in_round = 0;
+            }
+            if replicas > 1 {
+                self.endpoint_index = (self.endpoint_index + 1) % replicas;
+                failed_in_round += 1;
+                if failed_in_round < replicas {
+                    self.emit(AgentEvent::Reconnecting {
+                        delay_ms: 0,
+                        attempt,
+                    });
+                    continue;
+                }
+                failed_in_round = 0;
             }
             attempt = attempt.saturating_add(1);
             let cap = self
@@ -375,7 +395,7 @@ impl Agent {
         work_tx: &mpsc::Sender<WorkDone>,
         work_rx: &mut mpsc::Receiver<WorkDone>,
     ) -> Result<(), SessionEnd> {
-        let opts = &self.settings.orchestrator;
+        let opts = &self.settings.orchestrator.pick(self.endpoint_index);
         let channel = opts.connect_with(self.dial.clone()).await?;
         let max = 16 << 20;
         let mut client = NodeServiceClient::new(channel)

@@ -440,6 +440,7 @@ impl NodeService for NodeServiceImpl {
         })?;
         self.metrics.incr("sessions", "opened", 1);
         tracing::debug!(node = %node.short(), "session stream attached");
+        self.core.session_opened(node);
         let Attached {
             rx,
             tx,

@@ -34,6 +34,13 @@ pub enum JobMsg {
         /// The ring.
         ring: RingView,
     },
+    /// A node's session opened: if it is a member of this job's ring, the ring actor
+    /// resends the ring and the running epoch's assignment goes out again (to members that
+    /// have not delivered).
+    NodeReturned {
+        /// The node.
+        node: NodeId,
+    },
     /// A node failed somewhere; the job checks whether it is a member.
     NodeFailed {
         /// The node.
@@ -619,6 +626,18 @@ impl Actor for JobActor {
                 // actor's copy may lag behind a standby just inserted.
                 if let Some(r) = &state.ring_actor {
                     let _ = r.cast(RingMsg::NodeFailed { node });
+                }
+            }
+            JobMsg::NodeReturned { node } => {
+                if state
+                    .ring
+                    .as_ref()
+                    .is_some_and(|r| r.members.contains(&node))
+                {
+                    if let Some(r) = &state.ring_actor {
+                        let _ = r.cast(RingMsg::Resync);
+                    }
+                    state.assign().await;
                 }
             }
             JobMsg::Delta { receipt, reply } => {

@@ -37,6 +37,12 @@ pub enum JobSupervisorMsg {
         /// Its nodes.
         nodes: Vec<NodeId>,
     },
+    /// A node's session opened: jobs whose ring holds it resend the ring and the running
+    /// epoch's assignment.
+    NodeReturned {
+        /// The node.
+        node: NodeId,
+    },
     /// A node failed: tell every live job (each checks membership).
     NodeFailed {
         /// The node.
@@ -310,6 +316,13 @@ impl Actor for JobSupervisor {
                 for l in state.live.values() {
                     if let Some(a) = &l.actor {
                         let _ = a.cast(JobMsg::NodeFailed { node });
+                    }
+                }
+            }
+            JobSupervisorMsg::NodeReturned { node } => {
+                for l in state.live.values() {
+                    if let Some(a) = &l.actor {
+                        let _ = a.cast(JobMsg::NodeReturned { node });
                     }
                 }
             }

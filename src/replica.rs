@@ -1,0 +1,428 @@
+//! Active–passive replicas (DESIGN §9, paper §1.1 and §9.2): every replica campaigns for
+//! one lease in the state store; the winner serves nodes, writing under its lease's fencing
+//! token, and the others wait.
+//!
+//! * **Standby.** Campaigns every `state.campaign_ms`; serves `/metrics`, `/healthz` and
+//!   `/readyz` (503) on the metrics listener; does not bind the gRPC port, so node agents
+//!   given several endpoints move on to the next one at once.
+//! * **Promotion.** On winning, it starts the daemon ([`Daemon::start_with`]) on the store
+//!   fenced with its token: the actors load the latest snapshot, replay the log after it
+//!   and resume every job where it stood; nodes reconnect and get their ring and epoch
+//!   assignment back as soon as their session opens.
+//! * **Leading.** Renews the lease every `state.campaign_ms`. If the store cannot be reached
+//!   it keeps serving and retrying: nobody else can take the lease meanwhile, and if
+//!   someone does once the store is back, every write of this replica is refused.
+//! * **Deposed.** A renewal that finds the lease taken, or a write refused as fenced,
+//!   stops the daemon at once; [`run`] returns [`Outcome::Deposed`] (`hanzod serve` exits
+//!   with status 3 so that its supervisor restarts it as a standby).
+//! * **Clean shutdown.** On `stop`, the leader stops the daemon, then resigns the lease, so
+//!   a standby takes over without waiting for the TTL.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use hanzod_actors::events::{Event, Record};
+use hanzod_actors::ports::{LeaderLease, Snapshot, StateStore, StoreError};
+use hanzod_actors::types::Timestamp;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::health::{Health, Role};
+use crate::metrics::PrometheusMetrics;
+use crate::serve::{Daemon, DaemonParts, StartError};
+
+/// How a replica's run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// `stop` resolved: a standby just stopped; a leader stopped its daemon and resigned.
+    Stopped,
+    /// This replica led under `token` and lost the lease to a newer one.
+    Deposed {
+        /// The token it led under.
+        token: u64,
+    },
+}
+
+/// This replica's lease holder name: `state.replica_id` (or the host name) plus a
+/// per-process nonce, so a restarted replica never mistakes an old lease for its own.
+pub fn holder_name(cfg: &Config) -> String {
+    let base = if cfg.state.replica_id.is_empty() {
+        host_name()
+    } else {
+        cfg.state.replica_id.clone()
+    };
+    format!("{base}#{:08x}", rand::random::<u32>())
+}
+
+/// The endpoint nodes reach this replica at: `state.advertise`, else
+/// `http://<host name>:<gRPC port>`.
+pub fn advertised_endpoint(cfg: &Config) -> String {
+    if !cfg.state.advertise.is_empty() {
+        return cfg.state.advertise.clone();
+    }
+    let port = cfg
+        .server
+        .grpc_addr
+        .rsplit(':')
+        .next()
+        .unwrap_or("9550")
+        .to_string();
+    format!("http://{}:{port}", host_name())
+}
+
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "hanzod".into())
+}
+
+/// Runs one replica on `store` until `stop` resolves or it is deposed (see the module
+/// docs). `parts` are handed to the daemon when this replica leads (its `store` and
+/// `health` are set here); `health` is this replica's, shown on the metrics listener in
+/// both roles.
+///
+/// Errors: those of [`Daemon::start_with`] on promotion (the lease is resigned first), and
+/// a metrics listener that cannot be bound while standing by.
+pub async fn run<S>(
+    cfg: &Config,
+    store: Arc<S>,
+    mut parts: DaemonParts,
+    health: Health,
+    stop: impl Future<Output = ()>,
+) -> Result<Outcome, StartError>
+where
+    S: StateStore + LeaderLease,
+{
+    tokio::pin!(stop);
+    let holder = holder_name(cfg);
+    let endpoint = advertised_endpoint(cfg);
+    let ttl = cfg.state.lease_ttl_ms;
+    let every = Duration::from_millis(cfg.state.campaign_ms);
+    health.set_role(Role::Standby, 0);
+    tracing::info!(%holder, %endpoint, lease_ttl_ms = ttl, "replica standing by");
+
+    let standby = StandbyExporter::start(cfg, health.clone()).await?;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen: Option<Result<Option<u64>, String>> = None;
+    let lease = loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = &mut stop => {
+                standby.stop().await;
+                return Ok(Outcome::Stopped);
+            }
+        }
+        let outcome = store.campaign(&holder, &endpoint, ttl).await;
+        let summary = match &outcome {
+            Ok(Some(_)) => None,
+            Ok(None) => Some(Ok(store.leader().await.ok().flatten().map(|l| l.token))),
+            Err(e) => Some(Err(e.to_string())),
+        };
+        if summary.is_some() && summary != seen {
+            match &summary {
+                Some(Ok(token)) => {
+                    tracing::info!(leader_token = ?token, "another replica leads; standing by")
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "cannot campaign: state store unreachable; retrying"),
+                None => {}
+            }
+            seen = summary;
+        }
+        if let Ok(Some(lease)) = outcome {
+            break lease;
+        }
+    };
+    let won = Instant::now();
+    standby.stop().await;
+
+    let (fenced_tx, mut fenced_rx) = watch::channel(None::<u64>);
+    parts.store = Some(Arc::new(Watched {
+        inner: store.fenced(lease.token),
+        fenced: fenced_tx,
+    }));
+    parts.health = Some(health.clone());
+    let daemon = match Daemon::start_with(cfg, parts).await {
+        Ok(d) => d,
+        Err(e) => {
+            health.set_role(Role::Stopping, lease.token);
+            if let Err(r) = store.resign(&lease).await {
+                tracing::warn!(error = %r, "could not resign the lease after a failed start");
+            }
+            return Err(e);
+        }
+    };
+    health.set_role(Role::Leader, lease.token);
+    tracing::info!(
+        token = lease.token,
+        %holder,
+        took_ms = won.elapsed().as_millis() as u64,
+        "leading: won the lease, replayed the log, serving nodes"
+    );
+
+    let mut unreachable_since: Option<Instant> = None;
+    let deposed = loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = fenced_rx.changed() => {
+                let current = *fenced_rx.borrow();
+                tracing::error!(token = lease.token, ?current, "a write was refused as fenced: a newer leader exists; stopping");
+                break true;
+            }
+            _ = &mut stop => break false,
+        }
+        match store.renew(&lease, ttl).await {
+            Ok(true) => {
+                if let Some(since) = unreachable_since.take() {
+                    tracing::info!(
+                        after_ms = since.elapsed().as_millis() as u64,
+                        "state store reachable again; lease renewed"
+                    );
+                }
+            }
+            Ok(false) => {
+                let now = store.leader().await.ok().flatten();
+                tracing::error!(token = lease.token, leader = ?now.as_ref().map(|l| (&l.holder, l.token)), "lease lost to another replica; stopping");
+                break true;
+            }
+            Err(e) => {
+                if unreachable_since.is_none() {
+                    tracing::warn!(error = %e, "cannot renew the lease: state store unreachable; still serving (writes are fenced if another replica takes over)");
+                    unreachable_since = Some(Instant::now());
+                }
+            }
+        }
+    };
+    health.set_role(Role::Stopping, lease.token);
+    daemon.stop().await;
+    if deposed {
+        return Ok(Outcome::Deposed { token: lease.token });
+    }
+    if let Err(e) = store.resign(&lease).await {
+        tracing::warn!(error = %e, "could not resign the lease; a standby takes over when it expires");
+    } else {
+        tracing::info!(token = lease.token, "lease resigned");
+    }
+    Ok(Outcome::Stopped)
+}
+
+/// The metrics listener of a standby: `/metrics` (role and store gauges), `/healthz`,
+/// `/readyz` (503). Stopped before the daemon binds the same address.
+struct StandbyExporter {
+    task: Option<(watch::Sender<bool>, tokio::task::JoinHandle<std::io::Result<()>>)>,
+}
+
+impl StandbyExporter {
+    async fn start(cfg: &Config, health: Health) -> Result<StandbyExporter, StartError> {
+        if cfg.server.metrics_addr.is_empty() {
+            return Ok(StandbyExporter { task: None });
+        }
+        let listener = TcpListener::bind(&cfg.server.metrics_addr)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: cfg.server.metrics_addr.clone(),
+                source,
+            })?;
+        let (tx, mut rx) = watch::channel(false);
+        let task = tokio::spawn(crate::metrics::serve(
+            listener,
+            Arc::new(PrometheusMetrics::new()),
+            health,
+            || Box::pin(async {}),
+            async move { crate::grpc::stopped(&mut rx).await },
+        ));
+        Ok(StandbyExporter {
+            task: Some((tx, task)),
+        })
+    }
+
+    async fn stop(self) {
+        if let Some((tx, task)) = self.task {
+            let _ = tx.send(true);
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+/// The leader's store: forwards to the fenced handle and reports the first write refused
+/// as fenced, so the replica stops serving at once instead of at its next renewal.
+#[derive(Debug)]
+struct Watched {
+    inner: Arc<dyn StateStore>,
+    fenced: watch::Sender<Option<u64>>,
+}
+
+impl Watched {
+    fn check<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Fenced { current, .. }) = &r {
+            self.fenced.send_replace(Some(*current));
+        }
+        r
+    }
+}
+
+#[async_trait]
+impl StateStore for Watched {
+    async fn append(&self, at: Timestamp, event: Event) -> Result<u64, StoreError> {
+        let r = self.inner.append(at, event).await;
+        self.check(r)
+    }
+
+    async fn read_after(&self, after: u64) -> Result<Vec<Record>, StoreError> {
+        self.inner.read_after(after).await
+    }
+
+    async fn last_seq(&self) -> Result<u64, StoreError> {
+        self.inner.last_seq().await
+    }
+
+    async fn put_snapshot(&self, key: &str, snapshot: Snapshot) -> Result<(), StoreError> {
+        let r = self.inner.put_snapshot(key, snapshot).await;
+        self.check(r)
+    }
+
+    async fn get_snapshot(&self, key: &str) -> Result<Option<Snapshot>, StoreError> {
+        self.inner.get_snapshot(key).await
+    }
+
+    async fn log_id(&self) -> Result<[u8; 16], StoreError> {
+        self.inner.log_id().await
+    }
+
+    fn fenced(&self, token: u64) -> Arc<dyn StateStore> {
+        self.inner.fenced(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hanzod_actors::ports::memory::MemoryStateStore;
+
+    fn cfg(name: &str) -> Config {
+        let mut cfg = Config::load(None, |_| None).expect("defaults load");
+        cfg.server.grpc_addr = "127.0.0.1:0".into();
+        cfg.server.metrics_addr = String::new();
+        cfg.state.lease_ttl_ms = 60_000;
+        cfg.state.campaign_ms = 50;
+        cfg.state.replica_id = name.into();
+        cfg.state.advertise = format!("http://{name}:9550");
+        cfg
+    }
+
+    async fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !f() {
+            assert!(start.elapsed() < Duration::from_secs(20), "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// One leader at a time; a clean stop resigns, and the standby takes over without
+    /// waiting for the lease to expire, on the same log.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clean_stop_hands_the_lease_to_the_standby() {
+        let store = Arc::new(MemoryStateStore::new());
+        let (ha, hb) = (Health::new(Role::Standby), Health::new(Role::Standby));
+        let (stop_a, rx_a) = tokio::sync::oneshot::channel::<()>();
+        let a = {
+            let (store, h) = (store.clone(), ha.clone());
+            tokio::spawn(async move {
+                run(&cfg("a"), store, DaemonParts::default(), h, async {
+                    let _ = rx_a.await;
+                })
+                .await
+            })
+        };
+        until("a leads", || ha.role() == Role::Leader).await;
+        let (_stop_b, rx_b) = tokio::sync::oneshot::channel::<()>();
+        let b = {
+            let (store, h) = (store.clone(), hb.clone());
+            tokio::spawn(async move {
+                run(&cfg("b"), store, DaemonParts::default(), h, async {
+                    let _ = rx_b.await;
+                })
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(hb.role(), Role::Standby, "one leader at a time");
+        let lease_a = store.leader().await.unwrap().expect("a's lease");
+        assert!(lease_a.holder.starts_with("a#"), "{lease_a:?}");
+        assert_eq!(lease_a.endpoint, "http://a:9550");
+        assert_eq!(ha.token(), lease_a.token);
+
+        let t = Instant::now();
+        stop_a.send(()).unwrap();
+        assert_eq!(a.await.unwrap().unwrap(), Outcome::Stopped);
+        until("b leads", || hb.role() == Role::Leader).await;
+        let handover = t.elapsed();
+        assert!(
+            handover < Duration::from_secs(30),
+            "the standby must not wait for the 60 s TTL: took {handover:?}"
+        );
+        let lease_b = store.leader().await.unwrap().expect("b's lease");
+        assert!(lease_b.token > lease_a.token);
+        b.abort();
+    }
+
+    /// A leader whose lease is taken stops serving and reports itself deposed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_whose_lease_is_taken_is_deposed() {
+        let store = Arc::new(MemoryStateStore::new());
+        let h = Health::new(Role::Standby);
+        let a = {
+            let (store, h) = (store.clone(), h.clone());
+            tokio::spawn(async move {
+                run(
+                    &cfg("a"),
+                    store,
+                    DaemonParts::default(),
+                    h,
+                    std::future::pending(),
+                )
+                .await
+            })
+        };
+        until("a leads", || h.role() == Role::Leader).await;
+        let lease = store.leader().await.unwrap().expect("a's lease");
+        // Another replica takes the lease (as after a's lease expired while it was paused).
+        store.resign(&lease).await.unwrap();
+        let intruder = store
+            .campaign("intruder", "", 60_000)
+            .await
+            .unwrap()
+            .expect("free");
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(10), a)
+                .await
+                .expect("a stops")
+                .unwrap()
+                .unwrap(),
+            Outcome::Deposed { token: lease.token }
+        );
+        assert_eq!(h.role(), Role::Stopping);
+        assert!(h.ready().is_err());
+        // And its handle can no longer write.
+        assert!(matches!(
+            store
+                .fenced(lease.token)
+                .append(Timestamp(1), hanzod_actors::events::Event::NodeFailed {
+                    node: hanzod_actors::types::NodeId([1; 32]),
+                    kind: hanzod_actors::events::FailureKind::SessionClosed,
+                })
+                .await,
+            Err(StoreError::Fenced { current, .. }) if current == intruder.token
+        ));
+    }
+}
