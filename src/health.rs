@@ -134,7 +134,12 @@ impl Health {
 
     /// The state store's health, when a remote store is watched.
     pub fn store(&self) -> Option<StoreHealth> {
-        let probe = self.0.store.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let probe = self
+            .0
+            .store
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         probe.map(|p| p())
     }
 

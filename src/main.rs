@@ -104,7 +104,9 @@ Examples:
     /// Probe a daemon's metrics listener: `/healthz` (the process runs), or `/readyz` with
     /// --ready (it serves nodes: the leader, or a daemon without replicas). Exit 0 on
     /// HTTP 200, 1 otherwise; for container health checks.
-    #[command(after_help = "Examples:\n  hanzod health\n  hanzod health --ready --addr 10.0.0.2:9551")]
+    #[command(
+        after_help = "Examples:\n  hanzod health\n  hanzod health --ready --addr 10.0.0.2:9551"
+    )]
     Health {
         /// The metrics listener, host:port.
         #[arg(long, default_value = "127.0.0.1:9551")]

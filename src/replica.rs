@@ -134,7 +134,9 @@ where
                 Some(Ok(token)) => {
                     tracing::info!(leader_token = ?token, "another replica leads; standing by")
                 }
-                Some(Err(e)) => tracing::warn!(error = %e, "cannot campaign: state store unreachable; retrying"),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot campaign: state store unreachable; retrying")
+                }
                 None => {}
             }
             seen = summary;
@@ -219,7 +221,10 @@ where
 /// The metrics listener of a standby: `/metrics` (role and store gauges), `/healthz`,
 /// `/readyz` (503). Stopped before the daemon binds the same address.
 struct StandbyExporter {
-    task: Option<(watch::Sender<bool>, tokio::task::JoinHandle<std::io::Result<()>>)>,
+    task: Option<(
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    )>,
 }
 
 impl StandbyExporter {
@@ -323,7 +328,10 @@ mod tests {
     async fn until(what: &str, mut f: impl FnMut() -> bool) {
         let start = Instant::now();
         while !f() {
-            assert!(start.elapsed() < Duration::from_secs(20), "timed out: {what}");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "timed out: {what}"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }

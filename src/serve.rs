@@ -26,10 +26,10 @@ use crate::delta::catalog::ModelCatalog;
 use crate::delta::sink::{Economics, Publication, TrainingSink};
 use crate::delta::store::{BlobError, BlobStore, FsBlobStore, MemoryBlobStore};
 use crate::grpc::node::NodeServiceSettings;
-use crate::health::{Health, Role};
 use crate::grpc::server::{tls_acceptor, GrpcServer, ServeError, ServerSettings};
 use crate::grpc::sessions::{GrpcNodeLink, Sessions};
 use crate::grpc::upload::UploadSettings;
+use crate::health::{Health, Role};
 use crate::identity::Identity;
 use crate::metrics::PrometheusMetrics;
 use crate::publish::{

@@ -66,9 +66,15 @@ async fn core_counters_and_sampled_gauges_reach_the_scrape() {
             let (orch, metrics) = (orch.clone(), m.clone());
             Box::pin(async move { metrics.sample_from(&orch).await })
         };
-        tokio::spawn(serve(listener, metrics.clone(), sampler, async move {
-            let _ = stopped.await;
-        }))
+        tokio::spawn(serve(
+            listener,
+            metrics.clone(),
+            hanzod::health::Health::new(hanzod::health::Role::Single),
+            sampler,
+            async move {
+                let _ = stopped.await;
+            },
+        ))
     };
 
     let (head, body) = get(addr, "/metrics").await;

@@ -267,7 +267,7 @@ mod link_list {
     ) -> Result<S::Ok, S::Error> {
         let mut list: Vec<(NodeId, NodeId, f32)> =
             links.iter().map(|((a, b), m)| (*a, *b, *m)).collect();
-        list.sort_by(|x, y| (x.0, x.1).cmp(&(y.0, y.1)));
+        list.sort_by_key(|x| (x.0, x.1));
         list.serialize(s)
     }
 

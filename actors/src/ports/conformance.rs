@@ -13,7 +13,7 @@ use crate::events::{Event, FailureKind};
 use crate::types::{JobId, NodeId, Timestamp};
 
 fn event(i: u64) -> Event {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         Event::NodeFailed {
             node: NodeId([i as u8; 32]),
             kind: FailureKind::SessionClosed,
