@@ -176,7 +176,8 @@ pub struct StateConfig {
     /// After each append, wait until Valkey has fsync'd it (`WAITAOF 1 0`), so an event is
     /// acknowledged only once it is on disk even under `appendfsync everysec`.
     pub wait_fsync: bool,
-    /// A snapshot of the log's fold is written every this many events (0: never).
+    /// A snapshot of the log's fold is written every this many events (0: never); whether
+    /// one is due is checked every `campaign_ms`.
     pub snapshot_every: u64,
     /// The leader's lease lives this long without renewal, ms: a crashed leader is replaced
     /// after at most this (plus one campaign interval).

@@ -283,6 +283,11 @@ impl StateStore for Watched {
         self.check(r)
     }
 
+    async fn append_once(&self, id: u128, at: Timestamp, event: Event) -> Result<u64, StoreError> {
+        let r = self.inner.append_once(id, at, event).await;
+        self.check(r)
+    }
+
     async fn read_after(&self, after: u64) -> Result<Vec<Record>, StoreError> {
         self.inner.read_after(after).await
     }

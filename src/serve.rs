@@ -163,10 +163,6 @@ pub struct Daemon {
     grace: Duration,
 }
 
-/// How often the daemon checks whether a snapshot of the log is due
-/// (`state.snapshot_every` events since the last).
-const SNAPSHOT_CHECK: Duration = Duration::from_secs(5);
-
 impl std::fmt::Debug for Daemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Daemon")
@@ -536,12 +532,14 @@ impl Daemon {
         let snapshots = {
             let store = store.clone();
             let every = cfg.state.snapshot_every;
+            // As often as the lease is renewed: two reads per check when none is due.
+            let check = Duration::from_millis(cfg.state.campaign_ms);
             let mut stop = shutdown_rx.clone();
             tokio::spawn(async move {
                 if every == 0 {
                     return;
                 }
-                let mut tick = tokio::time::interval(SNAPSHOT_CHECK);
+                let mut tick = tokio::time::interval(check);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {

@@ -54,7 +54,9 @@ impl Fixture {
         self.server.as_ref().expect("server").url()
     }
 
-    /// Settings for this server under a fresh random namespace.
+    /// Settings for this server under a fresh random namespace: the defaults (so
+    /// `wait_fsync = true`), except on a server without WAITAOF (Redis < 7.2, the CI
+    /// fallback), where the tests run with `wait_fsync = false`.
     fn cfg(&self) -> StateConfig {
         let mut c = Config::load(None, |_| None).expect("default config").state;
         c.valkey_url = self.url();
@@ -62,6 +64,11 @@ impl Fixture {
         c.connect_timeout_ms = 1_000;
         c.command_timeout_ms = 1_000;
         c.retry_budget_ms = 5_000;
+        let bin = self.server.as_ref().expect("server").binary();
+        if !bin.supports_waitaof() {
+            eprintln!("{bin} has no WAITAOF: testing with state.wait_fsync = false");
+            c.wait_fsync = false;
+        }
         c
     }
 }

@@ -134,13 +134,20 @@ impl Deps {
         Duration::from_millis(self.cfg.call_timeout_ms)
     }
 
-    /// Appends `event`, retrying an unavailable store up to three times with a short backoff.
-    /// Returns its sequence number once durable.
+    /// Appends `event`, retrying an unavailable store up to three times with a short backoff,
+    /// under one event id so a late attempt is not recorded twice
+    /// ([`StateStore::append_once`]). Returns its sequence number once durable.
     pub async fn persist(&self, event: Event) -> Result<u64, StoreError> {
+        self.persist_once(rand::random(), event).await
+    }
+
+    /// [`Deps::persist`] under the caller's event `id`: an event recorded under it already
+    /// (by an earlier call whose outcome was lost) is not recorded again.
+    pub async fn persist_once(&self, id: u128, event: Event) -> Result<u64, StoreError> {
         let mut delay = Duration::from_millis(20);
         let mut attempt = 0;
         loop {
-            match self.store.append(self.now(), event.clone()).await {
+            match self.store.append_once(id, self.now(), event.clone()).await {
                 Ok(seq) => return Ok(seq),
                 Err(StoreError::Unavailable(reason)) if attempt < 3 => {
                     tracing::warn!(%reason, attempt, "state store unavailable; retrying append");

@@ -103,6 +103,15 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
     /// retry is safe), [`StoreError::Fenced`] (nothing was written).
     async fn append(&self, at: Timestamp, event: Event) -> Result<u64, StoreError>;
 
+    /// Appends like [`StateStore::append`], deduplicated by the caller's `id`: an id already
+    /// recorded (within a day) returns the sequence number it got and writes nothing. A
+    /// caller that retries after [`StoreError::Unavailable`] passes the same id, so an
+    /// attempt that landed late (a paused server runs it when it wakes) is not recorded
+    /// twice; an event that may only ever be recorded once (a delta receipt) takes an id
+    /// derived from its content. A repeated id is answered even when this handle has been
+    /// fenced since: the event was written under a valid token.
+    async fn append_once(&self, id: u128, at: Timestamp, event: Event) -> Result<u64, StoreError>;
+
     /// Every record with `seq > after`, in order.
     async fn read_after(&self, after: u64) -> Result<Vec<Record>, StoreError>;
 

@@ -136,7 +136,7 @@ fn discover() -> Result<ServerBinary, ServerError> {
     }
     Err(ServerError(format!(
         "no Valkey server binary: set VALKEY_SERVER, put valkey-server on PATH, or run \
-         `{INSTALL_HINT}` (or install redis-server 7.2+)"
+         `{INSTALL_HINT}` (or put redis-server 7.2+ on PATH; 7.0 works with state.wait_fsync = false)"
     )))
 }
 

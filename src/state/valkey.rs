@@ -831,6 +831,10 @@ impl StateStore for ValkeyStateStore {
         self.append_with_id(rand::random(), at, &event).await
     }
 
+    async fn append_once(&self, id: u128, at: Timestamp, event: Event) -> Result<u64, StoreError> {
+        self.append_with_id(id, at, &event).await
+    }
+
     async fn read_after(&self, after: u64) -> Result<Vec<Record>, StoreError> {
         let key = self.key("log");
         let mut out = Vec::new();

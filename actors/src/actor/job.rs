@@ -774,9 +774,22 @@ async fn accept_delta(state: &mut JobState, receipt: DeltaReceipt) -> Result<(),
     if check == ReceiptCheck::AlreadyRecorded {
         return Ok(());
     }
+    // One receipt per (job, node, epoch, delta): its id is its content, so a receipt whose
+    // first append landed after its caller gave up is not recorded again on the retry.
+    let id = {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"hanzod.receipt.v1");
+        h.update(receipt.job.0.to_be_bytes());
+        h.update(receipt.node.0);
+        h.update(receipt.epoch.to_be_bytes());
+        h.update(receipt.delta_hash);
+        let d = h.finalize();
+        u128::from_be_bytes(d[..16].try_into().expect("16 bytes"))
+    };
     state
         .deps
-        .persist(Event::DeltaAccepted(receipt.clone()))
+        .persist_once(id, Event::DeltaAccepted(receipt.clone()))
         .await
         .map_err(|e| JobRequestError::Store(e.to_string()))?;
     state.receipts.insert(receipt.node, receipt);

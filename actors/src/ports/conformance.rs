@@ -36,7 +36,8 @@ fn event(i: u64) -> Event {
 /// waited for with `tokio::time::sleep`, so under paused time it costs nothing; on a real
 /// server it costs about a second in all.
 ///
-/// Checks: gapless ordered appends that read back equal; concurrent appends get distinct,
+/// Checks: gapless ordered appends that read back equal; `append_once` records an id
+/// once (also when asked again after a newer lease); concurrent appends get distinct,
 /// gapless sequence numbers; snapshots replace older ones and ignore stale ones; the log
 /// id is stable across handles; one leader at a time, with growing fencing tokens; a
 /// deposed leader's appends and snapshots are refused [`StoreError::Fenced`] and change
@@ -49,6 +50,7 @@ where
     Fut: Future<Output = S>,
 {
     log_order(&fresh().await).await;
+    append_once(&fresh().await).await;
     concurrent_appends(Arc::new(fresh().await)).await;
     snapshots(&fresh().await).await;
     leases_and_fencing(&fresh().await).await;
@@ -86,6 +88,49 @@ async fn log_order<S: StateStore>(s: &S) {
         id,
         "a fenced handle names the same log"
     );
+}
+
+async fn append_once<S: StateStore + LeaderLease>(s: &S) {
+    let id = 0x5eed_u128 << 64 | 7;
+    assert_eq!(s.append_once(id, Timestamp(1), event(1)).await.unwrap(), 1);
+    assert_eq!(
+        s.append_once(id, Timestamp(2), event(1)).await.unwrap(),
+        1,
+        "a repeated id returns its sequence number"
+    );
+    assert_eq!(
+        s.append_once(id + 1, Timestamp(3), event(2)).await.unwrap(),
+        2
+    );
+    assert_eq!(s.last_seq().await.unwrap(), 2, "and writes nothing");
+    // Written under a token that has since been superseded: still answered, not fenced.
+    let a = s.campaign("a", "", 60_000).await.unwrap().expect("won");
+    let writer = s.fenced(a.token);
+    assert_eq!(
+        writer
+            .append_once(id + 2, Timestamp(4), event(3))
+            .await
+            .unwrap(),
+        3
+    );
+    s.resign(&a).await.unwrap();
+    s.campaign("b", "", 60_000).await.unwrap().expect("won");
+    assert_eq!(
+        writer
+            .append_once(id + 2, Timestamp(4), event(3))
+            .await
+            .unwrap(),
+        3,
+        "a retry of a write that landed is answered after a newer lease"
+    );
+    assert!(
+        matches!(
+            writer.append_once(id + 3, Timestamp(5), event(4)).await,
+            Err(StoreError::Fenced { .. })
+        ),
+        "a new write of a deposed leader is fenced"
+    );
+    assert_eq!(s.last_seq().await.unwrap(), 3);
 }
 
 async fn concurrent_appends<S: StateStore>(s: Arc<S>) {

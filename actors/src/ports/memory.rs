@@ -70,6 +70,8 @@ pub struct MemoryStateStore {
 #[derive(Debug)]
 struct MemoryLog {
     log: Mutex<Vec<Record>>,
+    /// Event ids of [`StateStore::append_once`] → their sequence numbers.
+    ids: Mutex<HashMap<u128, u64>>,
     snapshots: Mutex<HashMap<String, Snapshot>>,
     unavailable: AtomicBool,
     log_id: [u8; 16],
@@ -88,6 +90,7 @@ impl Default for MemoryLog {
     fn default() -> Self {
         MemoryLog {
             log: Mutex::default(),
+            ids: Mutex::default(),
             snapshots: Mutex::default(),
             unavailable: AtomicBool::new(false),
             log_id: rand::random(),
@@ -138,6 +141,15 @@ impl MemoryStateStore {
         Ok(write())
     }
 
+    fn push(&self, at: Timestamp, event: Event) -> Result<u64, StoreError> {
+        self.write(|| {
+            let mut log = unpoison(self.inner.log.lock());
+            let seq = log.len() as u64 + 1;
+            log.push(Record { seq, at, event });
+            seq
+        })
+    }
+
     fn lease_book(&self) -> std::sync::MutexGuard<'_, LeaseBook> {
         let mut book = unpoison(self.inner.lease.lock());
         if book
@@ -154,12 +166,18 @@ impl MemoryStateStore {
 #[async_trait]
 impl StateStore for MemoryStateStore {
     async fn append(&self, at: Timestamp, event: Event) -> Result<u64, StoreError> {
-        self.write(|| {
-            let mut log = unpoison(self.inner.log.lock());
-            let seq = log.len() as u64 + 1;
-            log.push(Record { seq, at, event });
-            seq
-        })
+        self.push(at, event)
+    }
+
+    async fn append_once(&self, id: u128, at: Timestamp, event: Event) -> Result<u64, StoreError> {
+        self.check()?;
+        let mut ids = unpoison(self.inner.ids.lock());
+        if let Some(seq) = ids.get(&id) {
+            return Ok(*seq);
+        }
+        let seq = self.push(at, event)?;
+        ids.insert(id, seq);
+        Ok(seq)
     }
 
     async fn read_after(&self, after: u64) -> Result<Vec<Record>, StoreError> {
