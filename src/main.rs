@@ -32,7 +32,9 @@ struct Cli {
 /// How client commands reach the daemon.
 #[derive(Args, Debug, Clone)]
 struct ClientArgs {
-    /// The daemon: http://host:port, or https://host:port for TLS.
+    /// The daemon: http://host:port, or https://host:port for TLS; a comma-separated list
+    /// for replicas (the first that answers is used; node agents move to the next when one
+    /// fails or stands by).
     #[arg(long, env = "HANZOD_ENDPOINT", default_value = "http://127.0.0.1:9550")]
     endpoint: String,
     /// PEM CA of the daemon's certificate.

@@ -612,8 +612,10 @@ impl Daemon {
     /// reconnect elsewhere or later), calls in flight get up to the grace period, then the
     /// orchestrator stops.
     pub async fn stop(self) {
-        let _ = self.shutdown.send(true);
+        // Sessions first (without telling the core: the nodes did not fail, this daemon
+        // stops), then the listeners.
         self.sessions.close_all();
+        let _ = self.shutdown.send(true);
         let abort = self.grpc.abort_handle();
         match tokio::time::timeout(self.grace, self.grpc).await {
             Ok(Ok(Err(e))) => tracing::warn!("gRPC server: {e}"),

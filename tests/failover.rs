@@ -678,10 +678,24 @@ async fn failover(crash: Crash, seed: u64, lease: Lease) -> Outcome {
             *published.entry(*epoch).or_default() += 1;
         }
     }
-    if lost > 0 || !dup.is_empty() || seqs != want || published.values().any(|n| *n > 1) {
+    // No node died: a leader going away (stopped, killed, paused) must not be recorded
+    // as its nodes failing, or the new leader would find its rings empty.
+    let node_failures: Vec<u64> = c
+        .records
+        .iter()
+        .filter(|r| matches!(r.event, Event::NodeFailed { .. }))
+        .map(|r| r.seq)
+        .collect();
+    if lost > 0
+        || !dup.is_empty()
+        || seqs != want
+        || published.values().any(|n| *n > 1)
+        || !node_failures.is_empty()
+    {
         c.fail(&format!(
             "{lost} acknowledged deltas missing from the log; duplicate receipts at {dup:?}; \
-             gapless: {}; checkpoints per epoch {published:?}",
+             gapless: {}; checkpoints per epoch {published:?}; node failures recorded at \
+             {node_failures:?}",
             seqs == want
         ));
     }

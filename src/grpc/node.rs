@@ -602,7 +602,9 @@ impl SessionTask {
         // Release the session and tell the core first: the closing status below must not
         // wait on a node that does not read.
         self.metrics.incr("sessions", "closed", 1);
-        if self.sessions.close(&self.token) {
+        // A session closed because this daemon is stopping is not the node's failure: a
+        // standby that takes over must find the ring as it was (DESIGN §9).
+        if self.sessions.close(&self.token) && !*self.stopping.borrow() {
             self.core.session_closed(self.node, self.core_session);
         }
         if let Verdict::Close(status) = verdict {
