@@ -612,10 +612,10 @@ impl Daemon {
     /// reconnect elsewhere or later), calls in flight get up to the grace period, then the
     /// orchestrator stops.
     pub async fn stop(self) {
-        // Sessions first (without telling the core: the nodes did not fail, this daemon
-        // stops), then the listeners.
-        self.sessions.close_all();
+        // Session streams end on this signal without telling the core: the nodes did not
+        // fail, this daemon stops (a standby must find the rings as they were).
         let _ = self.shutdown.send(true);
+        self.sessions.close_all();
         let abort = self.grpc.abort_handle();
         match tokio::time::timeout(self.grace, self.grpc).await {
             Ok(Ok(Err(e))) => tracing::warn!("gRPC server: {e}"),

@@ -678,6 +678,15 @@ async fn failover(crash: Crash, seed: u64, lease: Lease) -> Outcome {
             *published.entry(*epoch).or_default() += 1;
         }
     }
+    // Every node is still running: a leader going away is never fatal to a node.
+    for (i, n) in c.nodes.iter_mut().enumerate() {
+        if let Ok(Some(st)) = n.0.try_wait() {
+            let log = tail(&c.dir.join(format!("node-{i}.log")), 3);
+            c.fail(&format!(
+                "node {i} exited ({st}) during the failover: {log}"
+            ));
+        }
+    }
     // No node died: a leader going away (stopped, killed, paused) must not be recorded
     // as its nodes failing, or the new leader would find its rings empty.
     let node_failures: Vec<u64> = c
