@@ -72,7 +72,7 @@ impl Default for ClientOptions {
             admin_token: None,
             call_timeout_ms: 10_000,
             connect_timeout_ms: 5_000,
-            keepalive_ms: 10_000,
+            keepalive_ms: 5_000,
         }
     }
 }

@@ -420,8 +420,7 @@ struct NodeArgs {
 }
 
 /// `hanzod serve`: one daemon on the in-memory store, or, with `VALKEY_URL`, one replica
-/// under leader election (exit status 3 when deposed, so a supervisor restarts it as a
-/// standby).
+/// under leader election (`hanzod::replica`).
 async fn serve(cfg: Config) -> ExitCode {
     if cfg.state.valkey_url.is_empty() {
         let daemon = match hanzod::serve::Daemon::start(&cfg).await {
@@ -451,11 +450,7 @@ async fn serve(cfg: Config) -> ExitCode {
     )
     .await;
     match outcome {
-        Ok(hanzod::replica::Outcome::Stopped) => ExitCode::SUCCESS,
-        Ok(hanzod::replica::Outcome::Deposed { token }) => {
-            eprintln!("hanzod: deposed (led under lease token {token}); exiting so a supervisor restarts this replica as a standby");
-            ExitCode::from(3)
-        }
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e),
     }
 }

@@ -9,12 +9,14 @@
 //!   fenced with its token: the actors load the latest snapshot, replay the log after it
 //!   and resume every job where it stood; nodes reconnect and get their ring and epoch
 //!   assignment back as soon as their session opens.
-//! * **Leading.** Renews the lease every `state.campaign_ms`. If the store cannot be reached
-//!   it keeps serving and retrying: nobody else can take the lease meanwhile, and if
-//!   someone does once the store is back, every write of this replica is refused.
-//! * **Deposed.** A renewal that finds the lease taken, or a write refused as fenced,
-//!   stops the daemon at once; [`run`] returns [`Outcome::Deposed`] (`hanzod serve` exits
-//!   with status 3 so that its supervisor restarts it as a standby).
+//! * **Leading.** Renews the lease every `state.campaign_ms` (from the moment it is won,
+//!   while the log is replayed too). While the store cannot be reached it keeps serving and
+//!   retrying, but only as long as the lease is surely its own: once no renewal has
+//!   succeeded for `lease_ttl_ms - campaign_ms`, it steps down before the lease can lapse.
+//! * **Stepping down.** A renewal that finds the lease taken, a write refused as fenced, or
+//!   a lease it can no longer confirm stops the daemon at once (its nodes move to the other
+//!   endpoints) and the replica stands by again; a lone replica whose store comes back
+//!   wins a new lease, replays and resumes.
 //! * **Clean shutdown.** On `stop`, the leader stops the daemon, then resigns the lease, so
 //!   a standby takes over without waiting for the TTL.
 
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use hanzod_actors::events::{Event, Record};
-use hanzod_actors::ports::{LeaderLease, Snapshot, StateStore, StoreError};
+use hanzod_actors::ports::{LeaderLease, Lease, Snapshot, StateStore, StoreError};
 use hanzod_actors::types::Timestamp;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -33,18 +35,6 @@ use crate::config::Config;
 use crate::health::{Health, Role};
 use crate::metrics::PrometheusMetrics;
 use crate::serve::{Daemon, DaemonParts, StartError};
-
-/// How a replica's run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// `stop` resolved: a standby just stopped; a leader stopped its daemon and resigned.
-    Stopped,
-    /// This replica led under `token` and lost the lease to a newer one.
-    Deposed {
-        /// The token it led under.
-        token: u64,
-    },
-}
 
 /// This replica's lease holder name: `state.replica_id` (or the host name) plus a
 /// per-process nonce, so a restarted replica never mistakes an old lease for its own.
@@ -86,20 +76,21 @@ fn host_name() -> String {
         .unwrap_or_else(|| "hanzod".into())
 }
 
-/// Runs one replica on `store` until `stop` resolves or it is deposed (see the module
-/// docs). `parts` are handed to the daemon when this replica leads (its `store` and
-/// `health` are set here); `health` is this replica's, shown on the metrics listener in
-/// both roles.
+/// Runs one replica on `store` until `stop` resolves (see the module docs): stands by,
+/// leads when it wins the lease, steps back to standing by when it loses the lease or
+/// cannot confirm it, and on `stop` stops its daemon and resigns. `parts` are handed to
+/// the daemon each time this replica leads (its `store` and `health` are set here);
+/// `health` is this replica's, shown on the metrics listener in both roles.
 ///
 /// Errors: those of [`Daemon::start_with`] on promotion (the lease is resigned first), and
 /// a metrics listener that cannot be bound while standing by.
 pub async fn run<S>(
     cfg: &Config,
     store: Arc<S>,
-    mut parts: DaemonParts,
+    parts: DaemonParts,
     health: Health,
     stop: impl Future<Output = ()>,
-) -> Result<Outcome, StartError>
+) -> Result<(), StartError>
 where
     S: StateStore + LeaderLease,
 {
@@ -108,114 +99,175 @@ where
     let endpoint = advertised_endpoint(cfg);
     let ttl = cfg.state.lease_ttl_ms;
     let every = Duration::from_millis(cfg.state.campaign_ms);
-    health.set_role(Role::Standby, 0);
-    tracing::info!(%holder, %endpoint, lease_ttl_ms = ttl, "replica standing by");
+    loop {
+        health.set_role(Role::Standby, 0);
+        tracing::info!(%holder, %endpoint, lease_ttl_ms = ttl, "replica standing by");
+        let standby = StandbyExporter::start(cfg, health.clone()).await?;
+        let won = tokio::select! {
+            won = campaign(&*store, &holder, &endpoint, ttl, every) => won,
+            _ = &mut stop => None,
+        };
+        standby.stop().await;
+        let Some((lease, sent)) = won else {
+            return Ok(());
+        };
+        let since_won = Instant::now();
 
-    let standby = StandbyExporter::start(cfg, health.clone()).await?;
+        // The lease is renewed from now on, while the daemon replays the log too.
+        let (lost_tx, mut lost_rx) = watch::channel(None::<String>);
+        let keeper = tokio::spawn(keep_lease(
+            store.clone(),
+            lease.clone(),
+            ttl,
+            every,
+            sent,
+            lost_tx,
+        ));
+        let (fenced_tx, mut fenced_rx) = watch::channel(None::<u64>);
+        let mut leader_parts = parts.clone();
+        leader_parts.store = Some(Arc::new(Watched {
+            inner: store.fenced(lease.token),
+            fenced: fenced_tx,
+        }));
+        leader_parts.health = Some(health.clone());
+        let daemon = match Daemon::start_with(cfg, leader_parts).await {
+            Ok(d) => d,
+            Err(e) => {
+                keeper.abort();
+                health.set_role(Role::Stopping, lease.token);
+                if let Err(r) = store.resign(&lease).await {
+                    tracing::warn!(error = %r, "could not resign the lease after a failed start");
+                }
+                return Err(e);
+            }
+        };
+        health.set_role(Role::Leader, lease.token);
+        tracing::info!(
+            token = lease.token,
+            %holder,
+            took_ms = since_won.elapsed().as_millis() as u64,
+            "leading: won the lease, replayed the log, serving nodes"
+        );
+        let stopping = tokio::select! {
+            why = lost_rx.wait_for(Option::is_some) => {
+                let why = why.map(|w| w.clone().unwrap_or_default()).unwrap_or_else(|_| "the lease keeper stopped".into());
+                tracing::error!(token = lease.token, "stepping down: {why}");
+                false
+            }
+            _ = fenced_rx.changed() => {
+                let current = *fenced_rx.borrow();
+                tracing::error!(token = lease.token, ?current, "stepping down: a write was refused as fenced (a newer leader exists)");
+                false
+            }
+            _ = &mut stop => true,
+        };
+        keeper.abort();
+        health.set_role(Role::Stopping, lease.token);
+        daemon.stop().await;
+        if stopping {
+            match store.resign(&lease).await {
+                Ok(()) => tracing::info!(token = lease.token, "lease resigned"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not resign the lease; a standby takes over when it expires")
+                }
+            }
+            return Ok(());
+        }
+    }
+}
+
+/// Campaigns every `every` until this replica wins; returns the lease and when the
+/// winning campaign was sent (the lease runs from then at the latest). Logs changes of
+/// who leads and of the store's reachability, not every attempt.
+async fn campaign<S: LeaderLease + ?Sized>(
+    store: &S,
+    holder: &str,
+    endpoint: &str,
+    ttl: u64,
+    every: Duration,
+) -> Option<(Lease, Instant)> {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen: Option<Result<Option<u64>, String>> = None;
-    let lease = loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = &mut stop => {
-                standby.stop().await;
-                return Ok(Outcome::Stopped);
-            }
-        }
-        let outcome = store.campaign(&holder, &endpoint, ttl).await;
+    loop {
+        tick.tick().await;
+        let sent = Instant::now();
+        let outcome = store.campaign(holder, endpoint, ttl).await;
         let summary = match &outcome {
-            Ok(Some(_)) => None,
-            Ok(None) => Some(Ok(store.leader().await.ok().flatten().map(|l| l.token))),
-            Err(e) => Some(Err(e.to_string())),
+            Ok(Some(lease)) => return Some((lease.clone(), sent)),
+            Ok(None) => Ok(store.leader().await.ok().flatten().map(|l| l.token)),
+            Err(e) => Err(e.to_string()),
         };
-        if summary.is_some() && summary != seen {
+        if Some(&summary) != seen.as_ref() {
             match &summary {
-                Some(Ok(token)) => {
+                Ok(token) => {
                     tracing::info!(leader_token = ?token, "another replica leads; standing by")
                 }
-                Some(Err(e)) => {
+                Err(e) => {
                     tracing::warn!(error = %e, "cannot campaign: state store unreachable; retrying")
                 }
-                None => {}
             }
-            seen = summary;
+            seen = Some(summary);
         }
-        if let Ok(Some(lease)) = outcome {
-            break lease;
-        }
-    };
-    let won = Instant::now();
-    standby.stop().await;
+    }
+}
 
-    let (fenced_tx, mut fenced_rx) = watch::channel(None::<u64>);
-    parts.store = Some(Arc::new(Watched {
-        inner: store.fenced(lease.token),
-        fenced: fenced_tx,
-    }));
-    parts.health = Some(health.clone());
-    let daemon = match Daemon::start_with(cfg, parts).await {
-        Ok(d) => d,
-        Err(e) => {
-            health.set_role(Role::Stopping, lease.token);
-            if let Err(r) = store.resign(&lease).await {
-                tracing::warn!(error = %r, "could not resign the lease after a failed start");
-            }
-            return Err(e);
-        }
-    };
-    health.set_role(Role::Leader, lease.token);
-    tracing::info!(
-        token = lease.token,
-        %holder,
-        took_ms = won.elapsed().as_millis() as u64,
-        "leading: won the lease, replayed the log, serving nodes"
-    );
-
-    let mut unreachable_since: Option<Instant> = None;
-    let deposed = loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = fenced_rx.changed() => {
-                let current = *fenced_rx.borrow();
-                tracing::error!(token = lease.token, ?current, "a write was refused as fenced: a newer leader exists; stopping");
-                break true;
-            }
-            _ = &mut stop => break false,
-        }
-        match store.renew(&lease, ttl).await {
+/// Renews `lease` every `every` until it is lost, then says why on `lost`. A lease is lost
+/// when a renewal finds it taken, or when no renewal has succeeded for `ttl - every` since
+/// the last successful one was sent: past that the lease may have lapsed and another
+/// replica may lead, so this one must stop serving before that can happen (a leader cut
+/// off from the store would otherwise keep its nodes from the new leader). `won_sent` is
+/// when the winning campaign was sent. Each renewal is bounded by `every`.
+async fn keep_lease<S: LeaderLease + ?Sized>(
+    store: Arc<S>,
+    lease: Lease,
+    ttl: u64,
+    every: Duration,
+    won_sent: Instant,
+    lost: watch::Sender<Option<String>>,
+) {
+    let budget = Duration::from_millis(ttl).saturating_sub(every);
+    let mut last_ok = won_sent;
+    let mut failing: Option<String> = None;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let sent = Instant::now();
+        let result = match tokio::time::timeout(every, store.renew(&lease, ttl)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {} ms", every.as_millis())),
+        };
+        match result {
             Ok(true) => {
-                if let Some(since) = unreachable_since.take() {
+                if failing.take().is_some() {
                     tracing::info!(
-                        after_ms = since.elapsed().as_millis() as u64,
-                        "state store reachable again; lease renewed"
+                        after_ms = sent.duration_since(last_ok).as_millis() as u64,
+                        "lease renewed again"
                     );
                 }
+                last_ok = sent;
             }
             Ok(false) => {
-                let now = store.leader().await.ok().flatten();
-                tracing::error!(token = lease.token, leader = ?now.as_ref().map(|l| (&l.holder, l.token)), "lease lost to another replica; stopping");
-                break true;
+                lost.send_replace(Some("the lease was taken by another replica".into()));
+                return;
             }
             Err(e) => {
-                if unreachable_since.is_none() {
-                    tracing::warn!(error = %e, "cannot renew the lease: state store unreachable; still serving (writes are fenced if another replica takes over)");
-                    unreachable_since = Some(Instant::now());
+                if failing.is_none() {
+                    tracing::warn!(error = %e, "cannot renew the lease; stepping down if it cannot be renewed within {} ms", budget.as_millis());
                 }
+                if Instant::now().duration_since(last_ok) >= budget {
+                    lost.send_replace(Some(format!(
+                        "the lease could not be renewed for {} ms (it may have lapsed): {e}",
+                        Instant::now().duration_since(last_ok).as_millis()
+                    )));
+                    return;
+                }
+                failing = Some(e);
             }
         }
-    };
-    health.set_role(Role::Stopping, lease.token);
-    daemon.stop().await;
-    if deposed {
-        return Ok(Outcome::Deposed { token: lease.token });
     }
-    if let Err(e) = store.resign(&lease).await {
-        tracing::warn!(error = %e, "could not resign the lease; a standby takes over when it expires");
-    } else {
-        tracing::info!(token = lease.token, "lease resigned");
-    }
-    Ok(Outcome::Stopped)
 }
 
 /// The metrics listener of a standby: `/metrics` (role and store gauges), `/healthz`,
@@ -377,7 +429,7 @@ mod tests {
 
         let t = Instant::now();
         stop_a.send(()).unwrap();
-        assert_eq!(a.await.unwrap().unwrap(), Outcome::Stopped);
+        a.await.unwrap().unwrap();
         until("b leads", || hb.role() == Role::Leader).await;
         let handover = t.elapsed();
         assert!(
@@ -389,9 +441,10 @@ mod tests {
         b.abort();
     }
 
-    /// A leader whose lease is taken stops serving and reports itself deposed.
+    /// A leader whose lease is taken stops serving and stands by again; its handle can no
+    /// longer write.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_leader_whose_lease_is_taken_is_deposed() {
+    async fn a_leader_whose_lease_is_taken_steps_down() {
         let store = Arc::new(MemoryStateStore::new());
         let h = Health::new(Role::Standby);
         let a = {
@@ -409,24 +462,19 @@ mod tests {
         };
         until("a leads", || h.role() == Role::Leader).await;
         let lease = store.leader().await.unwrap().expect("a's lease");
-        // Another replica takes the lease (as after a's lease expired while it was paused).
-        store.resign(&lease).await.unwrap();
-        let intruder = store
-            .campaign("intruder", "", 60_000)
-            .await
-            .unwrap()
-            .expect("free");
-        assert_eq!(
-            tokio::time::timeout(Duration::from_secs(10), a)
-                .await
-                .expect("a stops")
-                .unwrap()
-                .unwrap(),
-            Outcome::Deposed { token: lease.token }
-        );
-        assert_eq!(h.role(), Role::Stopping);
+        // Another replica takes the lease (as after a's lease expired while it was
+        // paused). a renews every 50 ms and may re-take its untaken lease in between.
+        let intruder = loop {
+            store.resign(&lease).await.unwrap();
+            if let Some(l) = store.campaign("intruder", "", 60_000).await.unwrap() {
+                break l;
+            }
+        };
+        until("a stands by", || h.role() == Role::Standby).await;
         assert!(h.ready().is_err());
-        // And its handle can no longer write.
+        assert_eq!(h.token(), 0);
+        assert!(!a.is_finished(), "a keeps campaigning");
+        // Its old handle can no longer write.
         assert!(matches!(
             store
                 .fenced(lease.token)
@@ -437,5 +485,41 @@ mod tests {
                 .await,
             Err(StoreError::Fenced { current, .. }) if current == intruder.token
         ));
+        // When the intruder resigns, a leads again under a newer token.
+        store.resign(&intruder).await.unwrap();
+        until("a leads again", || h.role() == Role::Leader).await;
+        assert!(h.token() > intruder.token);
+        a.abort();
+    }
+
+    /// A leader that cannot reach its store steps down before its lease can lapse, and leads
+    /// again once the store is back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_cut_off_from_its_store_steps_down_then_returns() {
+        let store = Arc::new(MemoryStateStore::new());
+        let h = Health::new(Role::Standby);
+        let mut c = cfg("a");
+        c.state.lease_ttl_ms = 1_000;
+        let a = {
+            let (store, h) = (store.clone(), h.clone());
+            tokio::spawn(async move {
+                run(&c, store, DaemonParts::default(), h, std::future::pending()).await
+            })
+        };
+        until("a leads", || h.role() == Role::Leader).await;
+        let first = h.token();
+        store.set_available(false);
+        let cut = Instant::now();
+        until("a steps down", || h.role() != Role::Leader).await;
+        // Its lease lapses at most 1 s after the cut (the last renewal was before it).
+        assert!(
+            cut.elapsed() < Duration::from_millis(1_000 + 200),
+            "stepped down around the lease's end: {:?}",
+            cut.elapsed()
+        );
+        store.set_available(true);
+        until("a leads again", || h.role() == Role::Leader).await;
+        assert!(h.token() >= first);
+        a.abort();
     }
 }

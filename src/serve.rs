@@ -541,12 +541,13 @@ impl Daemon {
                 }
                 let mut tick = tokio::time::interval(check);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut known = None;
                 loop {
                     tokio::select! {
                         _ = tick.tick() => {}
                         _ = crate::grpc::stopped(&mut stop) => return,
                     }
-                    match hanzod_actors::replay::snapshot(&*store, every).await {
+                    match hanzod_actors::replay::snapshot(&*store, every, &mut known).await {
                         Ok(Some(seq)) => tracing::debug!(seq, "snapshot of the event log written"),
                         Ok(None) => {}
                         Err(e) => tracing::debug!(error = %e, "snapshot not written; will retry"),

@@ -104,7 +104,7 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
     async fn append(&self, at: Timestamp, event: Event) -> Result<u64, StoreError>;
 
     /// Appends like [`StateStore::append`], deduplicated by the caller's `id`: an id already
-    /// recorded (within a day) returns the sequence number it got and writes nothing. A
+    /// recorded (within an hour at least) returns the sequence number it got and writes nothing. A
     /// caller that retries after [`StoreError::Unavailable`] passes the same id, so an
     /// attempt that landed late (a paused server runs it when it wakes) is not recorded
     /// twice; an event that may only ever be recorded once (a delta receipt) takes an id

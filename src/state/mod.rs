@@ -17,7 +17,7 @@
 //! |---|---|---|
 //! | `hanzod:{<ns>}:log` | stream | the event log: one entry per event, entry id `<seq>-0` (the sequence number is the id's millisecond part, so `XRANGE log <n> +` reads from seq `n`); fields `e` = the [`Event`](hanzod_actors::events::Event) as JSON, `at` = its timestamp (ms since the Unix epoch), `tok` = the writer's fencing token (`0`: unfenced), `id` = the append's event id (32 hex digits) |
 //! | `hanzod:{<ns>}:seq` | string (integer) | the last sequence number written (absent: 0) |
-//! | `hanzod:{<ns>}:eid:<id>` | string (integer) | deduplication: the sequence number event id `<id>` got; expires 24 h after the last append that carried it |
+//! | `hanzod:{<ns>}:eid:<id>` | string (integer) | deduplication: the sequence number event id `<id>` got; expires 1 h after the last append that carried it (`append_once` ids), or twice the retry budget (the adapter's own ids of plain appends) |
 //! | `hanzod:{<ns>}:snap:<key>` | hash | the snapshot under `<key>`: fields `seq` (decimal) and `state` (bytes) |
 //! | `hanzod:{<ns>}:lease` | hash, with a `PX` time to live | the live leader lease: fields `holder`, `token` (decimal), `endpoint`; absent when nobody leads |
 //! | `hanzod:{<ns>}:token` | string (integer) | the last fencing token granted (absent: 0); fenced writes must carry exactly this token |

@@ -21,9 +21,13 @@ use hanzod_actors::types::Timestamp;
 
 use crate::config::StateConfig;
 
-/// How long the deduplication key of an event id lives after the last append that carried
-/// it, ms (24 h): an append retried later than this would be recorded twice.
-pub const EVENT_ID_TTL_MS: u64 = 86_400_000;
+/// How long the deduplication key of a caller's event id
+/// ([`StateStore::append_once`]) lives after the last append that carried it, ms (1 h: a
+/// node retries a delta upload within its epoch). An append retried later than this would
+/// be recorded twice. The random ids of plain appends, retried only inside the adapter,
+/// live twice the retry budget (at least a minute): one key per event for a day would
+/// fill a Valkey that must not evict.
+pub const EVENT_ID_TTL_MS: u64 = 3_600_000;
 
 /// Records fetched per `XRANGE` by [`StateStore::read_after`].
 pub const READ_PAGE: usize = 1000;
@@ -736,6 +740,17 @@ impl ValkeyStateStore {
         at: Timestamp,
         event: &Event,
     ) -> Result<u64, StoreError> {
+        self.append_for(id, at, event, EVENT_ID_TTL_MS).await
+    }
+
+    /// [`ValkeyStateStore::append_with_id`], remembering `id` for `ttl_ms`.
+    async fn append_for(
+        &self,
+        id: u128,
+        at: Timestamp,
+        event: &Event,
+        ttl_ms: u64,
+    ) -> Result<u64, StoreError> {
         let json = serde_json::to_string(event).map_err(|e| StoreError::Corrupt {
             seq: 0,
             reason: format!("the event does not serialize: {e}"),
@@ -762,7 +777,7 @@ impl ValkeyStateStore {
                 .arg(&json)
                 .arg(at.0)
                 .arg(&id)
-                .arg(EVENT_ID_TTL_MS)
+                .arg(ttl_ms)
                 .invoke_async(&mut c)
                 .await
                 .map_err(|e| redis_error(e, self.fence))?;
@@ -828,7 +843,8 @@ impl StateStore for ValkeyStateStore {
     /// within `state.retry_budget_ms` (each retry deduplicated by the id); with
     /// `state.wait_fsync`, returns once Valkey has fsync'd the event.
     async fn append(&self, at: Timestamp, event: Event) -> Result<u64, StoreError> {
-        self.append_with_id(rand::random(), at, &event).await
+        let ttl = (2 * self.shared.retry_budget.as_millis() as u64).max(60_000);
+        self.append_for(rand::random(), at, &event, ttl).await
     }
 
     async fn append_once(&self, id: u128, at: Timestamp, event: Event) -> Result<u64, StoreError> {

@@ -283,6 +283,11 @@ impl JobState {
     /// delivered its delta (members ignore an epoch they already trained). Undeliverable
     /// assignments are left to the next [`JobMsg::Reassign`].
     async fn assign(&self) {
+        self.assign_to(None).await
+    }
+
+    /// [`JobState::assign`], to `only` that member when given.
+    async fn assign_to(&self, only: Option<NodeId>) {
         let JobPhase::Running { epoch, .. } = self.job.phase else {
             return;
         };
@@ -302,7 +307,7 @@ impl JobState {
         for m in ring
             .members
             .iter()
-            .filter(|m| !self.receipts.contains_key(*m))
+            .filter(|m| !self.receipts.contains_key(*m) && only.is_none_or(|o| o == **m))
         {
             let command = NodeCommand::EpochStart(assignment.clone());
             if let Err(e) = self.deps.link.send(m, command).await {
@@ -634,10 +639,12 @@ impl Actor for JobActor {
                     .as_ref()
                     .is_some_and(|r| r.members.contains(&node))
                 {
+                    // To that node only: after a failover every node returns, and a
+                    // broadcast per return would send N² messages.
                     if let Some(r) = &state.ring_actor {
-                        let _ = r.cast(RingMsg::Resync);
+                        let _ = r.cast(RingMsg::ResyncTo { node });
                     }
-                    state.assign().await;
+                    state.assign_to(Some(node)).await;
                 }
             }
             JobMsg::Delta { receipt, reply } => {

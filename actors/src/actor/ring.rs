@@ -34,6 +34,11 @@ pub enum RingMsg {
     /// Periodic resend of the current ring to its members, so a member that missed an
     /// update (hung, reconnected) converges; members ignore a version they already have.
     Resync,
+    /// Resend the current ring to one member whose session just opened.
+    ResyncTo {
+        /// The member.
+        node: NodeId,
+    },
     /// The current ring.
     Get {
         /// The ring, None before formation.
@@ -143,6 +148,22 @@ impl RingState {
         self.release(removed).await;
         let _ = self.parent.cast(JobMsg::RingChanged { ring });
         Ok(())
+    }
+
+    /// Sends the current ring to `node`, if it is a member.
+    async fn send_to(&self, node: NodeId) {
+        let Some(ring) = &self.ring else { return };
+        if !ring.members.contains(&node) {
+            return;
+        }
+        if let Err(e) = self
+            .deps
+            .link
+            .send(&node, NodeCommand::RingUpdate(ring.clone()))
+            .await
+        {
+            tracing::debug!(node = %node.short(), error = %e, "ring update not delivered");
+        }
     }
 
     async fn broadcast(&self) {
@@ -377,6 +398,7 @@ impl Actor for RingActor {
             }
             RingMsg::Reconfigure => state.reconfigure(&myself).await,
             RingMsg::Resync => state.broadcast().await,
+            RingMsg::ResyncTo { node } => state.send_to(node).await,
             RingMsg::Get { reply } => answer(reply, state.ring.clone()),
             RingMsg::InjectPanic => panic!("injected fault: ring actor panic"),
         }

@@ -290,6 +290,7 @@ async fn lease_expiry<S: StateStore + LeaderLease>(s: &S) {
     const SHORT: u64 = 300;
     let a = s.campaign("a", "", SHORT).await.unwrap().expect("won");
     tokio::time::sleep(Duration::from_millis(SHORT + 200)).await;
+    assert_eq!(s.leader().await.unwrap(), None, "the lease expired");
     assert!(
         s.renew(&a, SHORT).await.unwrap(),
         "an expired lease nobody took is renewed"
