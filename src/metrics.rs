@@ -1251,7 +1251,11 @@ mod tests {
         assert_eq!(status, 404);
         let (status, _, _) = get(addr, "/metrics/extra").await;
         assert_eq!(status, 404);
-        assert_eq!(sampled.load(Ordering::SeqCst), 2, "only /metrics samples");
+        assert_eq!(
+            sampled.load(Ordering::SeqCst),
+            3,
+            "only /metrics samples (three scrapes)"
+        );
 
         stop.send(()).unwrap();
         tokio::time::timeout(Duration::from_secs(5), server)
