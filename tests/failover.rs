@@ -322,6 +322,17 @@ key = "{key}"
         hanzod::health::probe(&addr, true, 1_000).await.is_ok()
     }
 
+    /// Waits until replica `i` answers `/readyz` 200, failing the run after `within`.
+    async fn until_ready(&self, i: usize, within: Duration, what: &str) {
+        let deadline = Instant::now() + within;
+        while !self.ready(i).await {
+            if Instant::now() > deadline {
+                self.fail(what);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn wait<F>(&mut self, what: &str, within: Duration, mut f: F)
     where
         F: for<'a> FnMut(&'a Cluster) -> bool,
@@ -530,15 +541,8 @@ async fn failover(crash: Crash, seed: u64, lease: Lease) -> Outcome {
     let mut c = Cluster::start(&format!("{crash:?}").to_lowercase(), seed, lease).await;
     c.start_replica(0);
     let within = Duration::from_secs(30);
-    {
-        let deadline = Instant::now() + within;
-        while !c.ready(0).await {
-            if Instant::now() > deadline {
-                c.fail("replica a never became ready");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    c.until_ready(0, within, "replica a never became ready")
+        .await;
     c.start_replica(1);
     {
         let deadline = Instant::now() + within;
@@ -592,15 +596,8 @@ async fn failover(crash: Crash, seed: u64, lease: Lease) -> Outcome {
         }
         Crash::Pause => c.replicas[0].proc.as_ref().unwrap().signal("STOP"),
     }
-    {
-        let deadline = Instant::now() + within;
-        while !c.ready(1).await {
-            if Instant::now() > deadline {
-                c.fail("the standby never took over");
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
+    c.until_ready(1, within, "the standby never took over")
+        .await;
     let serving_ms = t0.elapsed().as_millis() as u64;
     c.wait("the new leader resumes the job", within, |c| {
         c.records.iter().any(|r| {
@@ -797,13 +794,7 @@ async fn valkey_outage_is_retried_and_reported() {
     c.replicas.truncate(1);
     c.start_replica(0);
     let within = Duration::from_secs(30);
-    let deadline = Instant::now() + within;
-    while !c.ready(0).await {
-        if Instant::now() > deadline {
-            c.fail("replica never became ready");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    c.until_ready(0, within, "replica never became ready").await;
     c.start_nodes();
     c.submit();
     c.wait(
@@ -843,13 +834,7 @@ async fn valkey_outage_is_retried_and_reported() {
         |c| c.published(),
     )
     .await;
-    let deadline = Instant::now() + within;
-    while !c.ready(0).await {
-        if Instant::now() > deadline {
-            c.fail("/readyz never recovered");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    c.until_ready(0, within, "/readyz never recovered").await;
     let body = metrics(c.replicas[0].metrics).await.unwrap_or_default();
     let samples = hanzod::metrics::parse_samples(&body);
     assert!(

@@ -297,6 +297,22 @@ mod tests {
     use super::*;
     use crate::job::{JobEvent, JobSpec};
 
+    /// A two-epoch job on one or two nodes, with deadlines no test reaches.
+    fn spec() -> JobSpec {
+        JobSpec {
+            name: "j".into(),
+            epochs: 2,
+            min_nodes: 1,
+            max_nodes: 2,
+            min_vram_bytes: 0,
+            pending_deadline_ms: 1_000_000,
+            epoch_deadline_ms: 1_000_000,
+            utility: 1.0,
+            submitter_stake: GymWei::gym(1),
+            training: Default::default(),
+        }
+    }
+
     fn rec(seq: u64, event: Event) -> Record {
         Record {
             seq,
@@ -310,18 +326,7 @@ mod tests {
     #[test]
     fn aggregating_epoch_keeps_its_receipts_and_start_time() {
         let job = JobId(1);
-        let spec = JobSpec {
-            name: "j".into(),
-            epochs: 2,
-            min_nodes: 1,
-            max_nodes: 2,
-            min_vram_bytes: 0,
-            pending_deadline_ms: 1_000_000,
-            epoch_deadline_ms: 1_000_000,
-            utility: 1.0,
-            submitter_stake: GymWei::gym(1),
-            training: Default::default(),
-        };
+        let spec = spec();
         let (a, b) = (NodeId([1; 32]), NodeId([2; 32]));
         let delta = |node, epoch| {
             Event::DeltaAccepted(DeltaReceipt {
@@ -517,18 +522,7 @@ mod tests {
         use crate::ports::memory::MemoryStateStore;
         let store = MemoryStateStore::new();
         let job = JobId(1);
-        let spec = JobSpec {
-            name: "j".into(),
-            epochs: 2,
-            min_nodes: 1,
-            max_nodes: 2,
-            min_vram_bytes: 0,
-            pending_deadline_ms: 1_000_000,
-            epoch_deadline_ms: 1_000_000,
-            utility: 1.0,
-            submitter_stake: GymWei::gym(1),
-            training: Default::default(),
-        };
+        let spec = spec();
         store
             .append(Timestamp(1), Event::JobSubmitted { job, spec })
             .await
