@@ -182,7 +182,8 @@ pub struct StateConfig {
     /// The leader's lease lives this long without renewal, ms: a crashed leader is replaced
     /// after at most this (plus one campaign interval).
     pub lease_ttl_ms: u64,
-    /// The leader renews its lease, and standbys campaign, this often, ms (< lease_ttl_ms).
+    /// The leader renews its lease, and standbys campaign, this often, ms (at most half of
+    /// `lease_ttl_ms`).
     pub campaign_ms: u64,
     /// This replica's name in the lease (`HANZOD_REPLICA_ID`); empty uses the host name.
     /// A per-process nonce is appended, so a restarted replica is a new lease holder.
@@ -531,10 +532,10 @@ impl Config {
                 st.namespace
             ));
         }
-        if st.campaign_ms >= st.lease_ttl_ms {
+        if st.campaign_ms.saturating_mul(2) > st.lease_ttl_ms {
             return Err(format!(
-                "state.campaign_ms ({}) must be less than state.lease_ttl_ms ({}): a leader \
-                 must renew before its lease expires",
+                "state.campaign_ms ({}) must be at most half of state.lease_ttl_ms ({}): a \
+                 leader must get at least two renewals in before its lease expires",
                 st.campaign_ms, st.lease_ttl_ms
             ));
         }

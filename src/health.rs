@@ -145,17 +145,18 @@ impl Health {
 
     /// `Ok` when this replica serves nodes and its store answers; else why not.
     pub fn ready(&self) -> Result<(), String> {
+        // The store first: a replica that stepped down because of it says so.
+        if let Some(s) = self.store().filter(|s| !s.reachable) {
+            return Err(format!(
+                "state store unreachable: {}",
+                s.last_error.as_deref().unwrap_or("no answer")
+            ));
+        }
         let role = self.role();
         if !role.serves() {
             return Err(format!("{role:?} replica: not serving nodes").to_lowercase());
         }
-        match self.store() {
-            Some(s) if !s.reachable => Err(format!(
-                "state store unreachable: {}",
-                s.last_error.as_deref().unwrap_or("no answer")
-            )),
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     /// The `/healthz` body.

@@ -110,9 +110,10 @@ Examples:
         after_help = "Examples:\n  hanzod health\n  hanzod health --ready --addr 10.0.0.2:9551"
     )]
     Health {
-        /// The metrics listener, host:port.
-        #[arg(long, default_value = "127.0.0.1:9551")]
-        addr: String,
+        /// The metrics listener, host:port (default: `server.metrics_addr` of the
+        /// configuration, an unspecified host read as 127.0.0.1).
+        #[arg(long)]
+        addr: Option<String>,
         /// Ask /readyz instead of /healthz.
         #[arg(long)]
         ready: bool,
@@ -524,6 +525,18 @@ fn main() -> ExitCode {
             timeout_ms,
         } => match runtime() {
             Ok(rt) => rt.block_on(async {
+                let addr = match addr {
+                    Some(a) => a,
+                    None if cfg.server.metrics_addr.is_empty() => {
+                        eprintln!("hanzod health: server.metrics_addr is empty (the metrics listener is off); give --addr");
+                        return ExitCode::FAILURE;
+                    }
+                    None => cfg
+                        .server
+                        .metrics_addr
+                        .replace("0.0.0.0:", "127.0.0.1:")
+                        .replace("[::]:", "127.0.0.1:"),
+                };
                 match hanzod::health::probe(&addr, ready, timeout_ms).await {
                     Ok(body) => {
                         println!("{}", body.trim());

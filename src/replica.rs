@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use hanzod_actors::events::{Event, Record};
 use hanzod_actors::ports::{LeaderLease, Lease, Snapshot, StateStore, StoreError};
-use hanzod_actors::types::Timestamp;
+use hanzod_actors::types::{NodeId, Timestamp};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -95,6 +95,21 @@ where
     S: StateStore + LeaderLease,
 {
     tokio::pin!(stop);
+    // A standby that takes over needs what the leader accepted and signed.
+    for (key, v) in [
+        ("deltas.store_dir", &cfg.deltas.store_dir),
+        ("publish.object_dir", &cfg.publish.object_dir),
+        ("orchestrator.key (ORCHESTRATOR_KEY)", &cfg.orchestrator.key),
+    ] {
+        if v.is_empty() {
+            return Err(StartError::Unsupported(format!(
+                "{key} must be set for replicas: they share the event log, so a standby that \
+                 takes over needs the same directories (shared storage) and the same \
+                 orchestrator key"
+            )));
+        }
+    }
+    let me = crate::serve::orchestrator_identity(&cfg.orchestrator.key)?.node_id();
     let holder = holder_name(cfg);
     let endpoint = advertised_endpoint(cfg);
     let ttl = cfg.state.lease_ttl_ms;
@@ -123,10 +138,19 @@ where
             sent,
             lost_tx,
         ));
+        let fenced = store.fenced(lease.token);
+        if let Err(e) = same_orchestrator(&*fenced, me).await {
+            keeper.abort();
+            health.set_role(Role::Stopping, lease.token);
+            if let Err(r) = store.resign(&lease).await {
+                tracing::warn!(error = %r, "could not resign the lease");
+            }
+            return Err(e);
+        }
         let (fenced_tx, mut fenced_rx) = watch::channel(None::<u64>);
         let mut leader_parts = parts.clone();
         leader_parts.store = Some(Arc::new(Watched {
-            inner: store.fenced(lease.token),
+            inner: fenced,
             fenced: fenced_tx,
         }));
         leader_parts.health = Some(health.clone());
@@ -176,6 +200,39 @@ where
     }
 }
 
+/// Where the log keeps the orchestrator id it is written under (a [`Snapshot`] slot whose
+/// `state` is the 32-byte public key).
+pub const ORCHESTRATOR_SLOT: &str = "orchestrator";
+
+/// Checks that `me` is the orchestrator the log was written under, recording it when the
+/// log has none yet. Replicas must share `ORCHESTRATOR_KEY`: the spot-check secrets and the
+/// commitments nodes already hold derive from it.
+async fn same_orchestrator(store: &dyn StateStore, me: NodeId) -> Result<(), StartError> {
+    let store_err = |e: StoreError| StartError::Store(e.to_string());
+    match store
+        .get_snapshot(ORCHESTRATOR_SLOT)
+        .await
+        .map_err(store_err)?
+    {
+        Some(s) if s.state == me.0 => Ok(()),
+        Some(s) => Err(StartError::Material(format!(
+            "this replica's orchestrator key (id {me}) is not the one the event log was \
+             written under (id {}): replicas must share ORCHESTRATOR_KEY; refusing to lead",
+            hex::encode(&s.state)
+        ))),
+        None => store
+            .put_snapshot(
+                ORCHESTRATOR_SLOT,
+                Snapshot {
+                    seq: 0,
+                    state: me.0.to_vec(),
+                },
+            )
+            .await
+            .map_err(store_err),
+    }
+}
+
 /// Campaigns every `every` until this replica wins; returns the lease and when the
 /// winning campaign was sent (the lease runs from then at the latest). Logs changes of
 /// who leads and of the store's reachability, not every attempt.
@@ -188,21 +245,25 @@ async fn campaign<S: LeaderLease + ?Sized>(
 ) -> Option<(Lease, Instant)> {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut seen: Option<Result<Option<u64>, String>> = None;
+    let mut seen: Option<Result<Option<Lease>, String>> = None;
     loop {
         tick.tick().await;
         let sent = Instant::now();
         let outcome = store.campaign(holder, endpoint, ttl).await;
         let summary = match &outcome {
             Ok(Some(lease)) => return Some((lease.clone(), sent)),
-            Ok(None) => Ok(store.leader().await.ok().flatten().map(|l| l.token)),
+            Ok(None) => Ok(store.leader().await.ok().flatten()),
             Err(e) => Err(e.to_string()),
         };
         if Some(&summary) != seen.as_ref() {
             match &summary {
-                Ok(token) => {
-                    tracing::info!(leader_token = ?token, "another replica leads; standing by")
-                }
+                Ok(Some(l)) => tracing::info!(
+                    leader = %l.holder,
+                    endpoint = %l.endpoint,
+                    token = l.token,
+                    "another replica leads; standing by"
+                ),
+                Ok(None) => tracing::info!("the lease is free; campaigning"),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot campaign: state store unreachable; retrying")
                 }
@@ -379,6 +440,11 @@ mod tests {
         cfg.state.campaign_ms = 50;
         cfg.state.replica_id = name.into();
         cfg.state.advertise = format!("http://{name}:9550");
+        cfg.orchestrator.key = "11".repeat(32);
+        let dir =
+            std::env::temp_dir().join(format!("hanzod-replica-{}-{name}", std::process::id()));
+        cfg.deltas.store_dir = dir.join("deltas").display().to_string();
+        cfg.publish.object_dir = dir.join("objects").display().to_string();
         cfg
     }
 
@@ -521,5 +587,38 @@ mod tests {
         until("a leads again", || h.role() == Role::Leader).await;
         assert!(h.token() >= first);
         a.abort();
+    }
+
+    /// A replica whose orchestrator key is not the log's refuses to lead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_with_another_key_refuses_to_lead() {
+        let store = Arc::new(MemoryStateStore::new());
+        let h = Health::new(Role::Standby);
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let a = {
+            let (store, h) = (store.clone(), h.clone());
+            tokio::spawn(async move {
+                run(&cfg("a"), store, DaemonParts::default(), h, async {
+                    let _ = rx.await;
+                })
+                .await
+            })
+        };
+        until("a leads", || h.role() == Role::Leader).await;
+        stop.send(()).unwrap();
+        a.await.unwrap().unwrap();
+        let mut other = cfg("b");
+        other.orchestrator.key = "22".repeat(32);
+        let err = run(
+            &other,
+            store.clone(),
+            DaemonParts::default(),
+            Health::new(Role::Standby),
+            std::future::pending(),
+        )
+        .await
+        .expect_err("another key must not lead");
+        assert!(err.to_string().contains("ORCHESTRATOR_KEY"), "{err}");
+        assert_eq!(store.leader().await.unwrap(), None, "it resigned");
     }
 }

@@ -176,7 +176,7 @@ fn read(path: &str, what: &str) -> Result<Vec<u8>, StartError> {
     std::fs::read(path).map_err(|e| StartError::Material(format!("{what} {path}: {e}")))
 }
 
-fn orchestrator_identity(key: &str) -> Result<Identity, StartError> {
+pub(crate) fn orchestrator_identity(key: &str) -> Result<Identity, StartError> {
     if key.is_empty() {
         return Ok(Identity::generate());
     }
