@@ -145,6 +145,11 @@ where
             if let Err(r) = store.resign(&lease).await {
                 tracing::warn!(error = %r, "could not resign the lease");
             }
+            if let StartError::Store(reason) = &e {
+                // The store failed under us: stand by and campaign again.
+                tracing::warn!(%reason, "could not check the log's orchestrator; standing by");
+                continue;
+            }
             return Err(e);
         }
         let (fenced_tx, mut fenced_rx) = watch::channel(None::<u64>);
