@@ -371,13 +371,17 @@ key = "{key}"
         }
     }
 
-    fn start_nodes(&mut self) {
-        let endpoints = self
-            .replicas
+    /// Every replica's gRPC endpoint, comma-separated (what nodes and clients are given).
+    fn endpoints(&self) -> String {
+        self.replicas
             .iter()
             .map(|r| format!("http://127.0.0.1:{}", r.grpc))
             .collect::<Vec<_>>()
-            .join(",");
+            .join(",")
+    }
+
+    fn start_nodes(&mut self) {
+        let endpoints = self.endpoints();
         for i in 0..NODES {
             let stderr = File::create(self.dir.join(format!("node-{i}.log"))).unwrap();
             let mut child = hanzod()
@@ -422,12 +426,7 @@ key = "{key}"
             ),
         )
         .unwrap();
-        let endpoints = self
-            .replicas
-            .iter()
-            .map(|r| format!("http://127.0.0.1:{}", r.grpc))
-            .collect::<Vec<_>>()
-            .join(",");
+        let endpoints = self.endpoints();
         let out = hanzod()
             .args(["job", "submit"])
             .arg(&spec)
