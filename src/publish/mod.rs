@@ -18,6 +18,12 @@
 //! same traits.
 
 pub mod cid;
+#[cfg(feature = "testkit")]
+pub mod fake_hub;
+pub mod hub;
+#[cfg(feature = "testkit")]
+pub mod ipfs_node;
+pub mod kubo;
 pub mod objects;
 pub mod registry;
 
