@@ -843,7 +843,7 @@ async fn drive(
                 .iter()
                 .filter(|x| x.spot_check.as_ref().is_some_and(|c| !c.passed))
                 .count(),
-            aggregator: r.aggregator.unwrap_or("kept").to_string(),
+            aggregator: r.aggregator.as_deref().unwrap_or("kept").to_string(),
             checkpoint: r.checkpoint.clone(),
             published: r.location.clone(),
             ms: epochs.ms.get(&r.epoch).copied().unwrap_or(0),
@@ -956,7 +956,7 @@ async fn finished_report(
         r.loss_after,
         r.deltas.len(),
         r.deltas.iter().filter(|x| x.rejected.is_some()).count(),
-        r.aggregator.unwrap_or("kept the base")
+        r.aggregator.as_deref().unwrap_or("kept the base")
     ));
     Some(r)
 }

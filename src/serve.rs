@@ -257,9 +257,15 @@ pub async fn blob_store(cfg: &Config) -> Result<Arc<dyn BlobStore>, BlobError> {
 /// The publication ports `publish` asks for: the object store (`object_dir`: an
 /// [`FsObjectStore`] there, else in memory; `objects` when given) and the model registry
 /// (`registry_dir`: a [`FolderRegistry`] there, else none).
+///
+/// Records are signed with `signer` and stamped by `clock`; publications are staged in
+/// `journal` (the daemon's state store) so that one cut short by a crash resumes.
 pub async fn publication(
     cfg: &Config,
     objects: Option<Arc<dyn ObjectStore>>,
+    journal: Arc<dyn StateStore>,
+    signer: Identity,
+    clock: Arc<dyn Clock>,
 ) -> Result<Publication, StartError> {
     let p = &cfg.publish;
     let objects: Arc<dyn ObjectStore> = match objects {
@@ -282,6 +288,9 @@ pub async fn publication(
         registry,
         org: p.org.clone(),
         license: crate::delta::sink::DEFAULT_LICENSE.into(),
+        journal,
+        signer,
+        clock,
     })
 }
 
@@ -435,7 +444,14 @@ impl Daemon {
         }
         let chain = Arc::new(chain);
         let ledger: Arc<dyn Ledger> = chain.clone();
-        let publication = publication(cfg, parts.objects).await?;
+        let publication = publication(
+            cfg,
+            parts.objects,
+            store.clone(),
+            identity.clone(),
+            clock.clone().unwrap_or_else(|| Arc::new(crate::core::ports::SystemClock)),
+        )
+        .await?;
         let objects = publication.objects.clone();
         let sink = TrainingSink::start(
             blobs.clone(),

@@ -186,7 +186,7 @@ async fn honest_epochs_lower_the_validation_loss_and_cheaters_are_caught() {
     }
     // Two of six are suspect (33 % > 30 %): the robust aggregator merged the epoch.
     assert_eq!(r0.suspect, 2);
-    assert_eq!(r0.aggregator, Some("median"));
+    assert_eq!(r0.aggregator.as_deref(), Some("median"));
     // Slashing evidence names the cheaters and carries their signatures.
     assert_eq!(r0.slashes.len(), 2);
     assert_eq!(r0.slashes[0].node, hex::encode(deltas[4].node.0));
@@ -218,7 +218,7 @@ async fn honest_epochs_lower_the_validation_loss_and_cheaters_are_caught() {
     eprintln!("epoch 1: {} → {}", r1.loss_before, r1.loss_after);
     assert_eq!(r1.loss_before, r0.loss_after);
     assert!(r1.loss_after < r1.loss_before);
-    assert_eq!(r1.aggregator, Some("weighted_mean"));
+    assert_eq!(r1.aggregator.as_deref(), Some("weighted_mean"));
     // Epoch 1 has a previous merged delta: convergence is scored.
     assert!(r1
         .deltas
@@ -303,7 +303,7 @@ async fn bad_deltas_are_rejected_with_their_reason_and_an_empty_epoch_keeps_the_
         ["accepted", "signature", "unavailable", "wrong_step"]
     );
     // 3 of 4 suspect: the median of the one accepted delta is that delta.
-    assert_eq!(r.aggregator, Some("median"));
+    assert_eq!(r.aggregator.as_deref(), Some("median"));
     assert!(r.loss_after < r.loss_before);
     // Published once per (job, epoch): a repeated call returns the first checkpoint.
     assert_eq!(cp, f.publish(0, None, &[]).await);
@@ -364,7 +364,7 @@ async fn unchecked_poisoned_deltas_are_suspect_and_the_robust_merge_still_improv
         assert!(d.suspect && d.rejected.is_none());
     }
     assert_eq!(r.suspect, 2);
-    assert_eq!(r.aggregator, Some("median"));
+    assert_eq!(r.aggregator.as_deref(), Some("median"));
     assert!(
         r.loss_after < r.loss_before,
         "{} → {}",
@@ -386,7 +386,7 @@ async fn one_outsized_delta_below_the_robust_threshold_gets_no_weight() {
     deltas.push(f.submit(10, 0, &init, Behaviour::Scales).await);
     f.publish(0, None, &deltas).await;
     let r = f.sink.report(JOB, 0).await.unwrap();
-    assert_eq!(r.aggregator, Some("weighted_mean"));
+    assert_eq!(r.aggregator.as_deref(), Some("weighted_mean"));
     assert_eq!(r.suspect, 1);
     let attacker = &r.deltas[9];
     assert!(

@@ -14,6 +14,7 @@ pub mod events;
 pub mod job;
 pub mod node;
 pub mod orchestrator;
+pub mod publication;
 pub mod ports;
 pub mod replay;
 pub mod rewards;

@@ -23,6 +23,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::publication::{PublicationReceipt, SignedPublication};
 use crate::events::{Event, Record};
 use crate::job::JobSpec;
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
@@ -307,6 +308,21 @@ pub trait Ledger: ChainReader {
 
     /// Every reward batch paid, oldest first (none of them `duplicate`).
     async fn reward_batches(&self) -> Result<Vec<RewardReceipt>, LedgerError>;
+
+    /// Records a signed publication (paper §7.1 step 5, contract
+    /// `MiningPool.recordPublication`), at most once per (job, epoch) of its record.
+    ///
+    /// The ledger stores the record and its signature as given; checking the signature is
+    /// the reader's part (`hanzod verify`), against the orchestrator key it trusts.
+    /// Idempotent per (job, epoch): a second call writes nothing and returns the first
+    /// publication with `duplicate: true`, whatever its content.
+    async fn record_publication(
+        &self,
+        publication: &SignedPublication,
+    ) -> Result<PublicationReceipt, LedgerError>;
+
+    /// Every publication recorded, oldest first.
+    async fn publications(&self) -> Result<Vec<SignedPublication>, LedgerError>;
 }
 
 /// The ordered members of a job's ring at one version (DESIGN §4).

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use hanzod_actors::ports::memory::{MemoryChain, DEFAULT_PENALTY_WINDOW_MS};
 use hanzod_actors::ports::{ChainError, ChainReader, Clock, Ledger, LedgerError};
+use hanzod_actors::publication::{PublicationRecord, SignedPublication};
 use hanzod_actors::types::{GymWei, JobId, NodeId, Timestamp};
 
 /// The fixture clock's time.
@@ -352,4 +353,42 @@ async fn memory_concurrent_distribution_pays_once() {
     }
     assert_eq!(fresh, 1);
     assert_eq!(chain.balance_of(&a).await, Ok(GymWei(100)));
+}
+
+async fn publication_is_recorded_once_per_epoch<L: Ledger>(l: &L) {
+    let record = |job: u64, epoch: u32, cid: &str| SignedPublication {
+        record: PublicationRecord {
+            job: JobId(job),
+            epoch,
+            cid: cid.into(),
+            config_cid: "bafkconfig".into(),
+            card_cid: "bafkcard".into(),
+            hf_repo: format!("org/m-job-{job}-epoch-{epoch}"),
+            quality: 0.25,
+            timestamp: NOW,
+        },
+        signer: [1; 32],
+        signature: [2; 64],
+    };
+    let first = record(1, 0, "bafyfirst");
+    let r = l.record_publication(&first).await.expect("record");
+    assert!(!r.duplicate);
+    assert_eq!(r.publication, first);
+    // Another record for the same (job, epoch) writes nothing and answers the first.
+    let again = l
+        .record_publication(&record(1, 0, "bafysecond"))
+        .await
+        .expect("record again");
+    assert!(again.duplicate);
+    assert_eq!(again.publication, first);
+    // Other epochs and jobs are recorded, in order.
+    let (e1, j2) = (record(1, 1, "bafyepoch1"), record(2, 0, "bafyjob2"));
+    assert!(!l.record_publication(&e1).await.expect("e1").duplicate);
+    assert!(!l.record_publication(&j2).await.expect("j2").duplicate);
+    assert_eq!(l.publications().await, Ok(vec![first, e1, j2]));
+}
+
+#[tokio::test]
+async fn memory_publication_is_recorded_once_per_epoch() {
+    publication_is_recorded_once_per_epoch(&memory_chain()).await;
 }

@@ -23,9 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backon::{ExponentialBuilder, Retryable};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::catalog::ModelCatalog;
 use super::merge::{
@@ -39,15 +38,18 @@ use super::validate::{
     ValidatorPool, Verdict, SUSPECT_LOSS_RISE,
 };
 use crate::core::job::TrainingSpec;
+use crate::core::ports::memory::MemoryStateStore;
 use crate::core::ports::{
-    ChainError, CheckpointError, CheckpointSink, DeltaReceipt, EpochInput, Ledger, Metrics,
+    ChainError, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput, Ledger,
+    Metrics, StateStore, SystemClock,
 };
 use crate::core::rewards::split_rewards;
 use crate::core::types::{GymWei, JobId, NodeId};
+use crate::identity::Identity;
+use crate::publish::publisher::{Checkpoint, Publisher, Staged};
+use crate::publish::record::SignedPublication;
 use crate::publish::registry::Location;
-use crate::publish::{
-    MemoryObjectStore, ModelCard, ModelRegistry, ModelUpload, ObjectStore, RegistryError,
-};
+use crate::publish::{MemoryObjectStore, ModelCard, ModelRegistry, ModelUpload, ObjectStore};
 use crate::train::{self, Dataset, Recipe, Weights};
 
 /// Tunables of the sink.
@@ -76,14 +78,6 @@ impl Default for SinkConfig {
     }
 }
 
-/// Retries of a transient storage or publication failure before the epoch's publication
-/// fails: exponential from 100 ms, 4 retries.
-fn store_backoff() -> ExponentialBuilder {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_times(4)
-}
-
 /// The license the model cards name unless an embedder sets another (SPDX id).
 pub const DEFAULT_LICENSE: &str = "apache-2.0";
 
@@ -104,7 +98,7 @@ pub struct Economics {
 }
 
 /// A reward paid for an epoch.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RewardLine {
     /// The node (hex key).
     pub node: String,
@@ -115,7 +109,7 @@ pub struct RewardLine {
 }
 
 /// A slash applied for an epoch.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SlashLine {
     /// The node (hex key).
     pub node: String,
@@ -128,7 +122,7 @@ pub struct SlashLine {
 }
 
 /// One delta's line in an [`EpochReport`].
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeltaReport {
     /// The node (hex key).
     pub node: String,
@@ -155,7 +149,7 @@ pub struct DeltaReport {
 
 /// What one epoch's aggregation did: every number needed to audit it (DESIGN §6: anyone
 /// holding the revealed secret recomputes the spot-check choice).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EpochReport {
     /// Job id.
     pub job: u64,
@@ -176,7 +170,7 @@ pub struct EpochReport {
     /// Spot-check rate.
     pub spot_check_rate: f64,
     /// The aggregator used, or `None` when the epoch kept the base checkpoint.
-    pub aggregator: Option<&'static str>,
+    pub aggregator: Option<String>,
     /// Why the base checkpoint was kept, when it was.
     pub kept: Option<String>,
     /// Suspect deltas / all deltas.
@@ -200,6 +194,10 @@ pub struct EpochReport {
     /// Why paying or slashing failed, when it did (the checkpoint is published anyway;
     /// the ledger is idempotent per epoch and per evidence, so a retry pays nothing twice).
     pub settlement_error: Option<String>,
+    /// The signed publication record of the checkpoint (DESIGN §7), recorded on the ledger
+    /// with the epoch's rewards.
+    #[serde(default)]
+    pub publication: Option<SignedPublication>,
 }
 
 /// The model state of one job.
@@ -268,6 +266,13 @@ pub struct Publication {
     pub org: String,
     /// The license named in the model cards (SPDX id).
     pub license: String,
+    /// The publication journal (module docs of [`crate::publish::publisher`]): the
+    /// orchestrator's state store.
+    pub journal: Arc<dyn StateStore>,
+    /// The orchestrator key that signs the publication records.
+    pub signer: Identity,
+    /// The clock of the records' timestamps.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Publication {
@@ -278,6 +283,20 @@ impl Publication {
             registry: None,
             org: "hanzo-gym".into(),
             license: DEFAULT_LICENSE.into(),
+            journal: Arc::new(MemoryStateStore::new()),
+            signer: Identity::generate(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The [`Publisher`] over these ports.
+    pub fn publisher(&self) -> Publisher {
+        Publisher {
+            objects: self.objects.clone(),
+            registry: self.registry.clone(),
+            journal: self.journal.clone(),
+            signer: self.signer.clone(),
+            clock: self.clock.clone(),
         }
     }
 }
@@ -478,6 +497,15 @@ fn merge_epoch(
     keep(why)
 }
 
+/// Removes the delta blobs of an epoch already published (logged, never fatal).
+async fn remove_blobs(blobs: &dyn BlobStore, job: JobId, hashes: Vec<[u8; 32]>) {
+    for hash in hashes {
+        if let Err(e) = blobs.remove(&hash).await {
+            tracing::warn!(job = %job, delta = %hex::encode(hash), error = %e, "could not remove a delta blob");
+        }
+    }
+}
+
 impl KeeperState {
     /// The job's model as of `base`, loaded from the blob store when the keeper does not
     /// hold it (a restart) or holds another version.
@@ -538,6 +566,109 @@ impl KeeperState {
         if let Some(r) = self.reports.get(&(job, epoch)) {
             return Ok(r.checkpoint.clone());
         }
+        let publisher = self.deps.publication.publisher();
+        // A publication staged before a crash resumes as staged: the same checkpoint, card
+        // and signed record (module docs of `publish::publisher`).
+        let staged = match publisher.staged(job, epoch).await.map_err(failed)? {
+            Some(staged) => {
+                tracing::info!(job = %job, epoch, checkpoint = %staged.cid(), "resuming a staged publication");
+                self.adopt(job, &training, &deltas, &staged).await?;
+                staged
+            }
+            None => {
+                self.aggregate(job, epoch, &training, base, &deltas, &publisher)
+                    .await?
+            }
+        };
+        let weights = publisher.weights(&staged).await.map_err(failed)?;
+        let published = publisher
+            .complete(&staged, weights)
+            .await
+            .map_err(failed)?;
+        let mut report: EpochReport = serde_json::from_value(staged.report.clone())
+            .map_err(|e| failed(format!("the staged report of epoch {epoch}: {e}")))?;
+        report.checkpoint = staged.cid().to_string();
+        report.publication = Some(staged.publication.clone());
+        match published {
+            None => {}
+            Some(Ok(p)) => {
+                report.repo = Some(p.repo);
+                report.location = Some(match p.location {
+                    Location::Path(path) => path.display().to_string(),
+                    Location::Url(url) => url,
+                });
+            }
+            Some(Err(e)) => {
+                let repo = &staged.publication.record.hf_repo;
+                tracing::warn!(job = %job, epoch, %repo, error = %e, "the model registry refused the checkpoint");
+                self.deps.metrics.incr("registry_refusals", "refused", 1);
+                report.registry_error = Some(format!("{repo}: {e}"));
+            }
+        }
+        if !self.settle(&mut report).await {
+            self.unsettled.insert((job, epoch));
+        }
+        self.count(&report);
+        tracing::info!(
+            job = %job,
+            epoch,
+            checkpoint = %report.checkpoint,
+            loss_before = report.loss_before,
+            loss_after = report.loss_after,
+            deltas = report.deltas.len(),
+            aggregator = report.aggregator.as_deref().unwrap_or("none (kept)"),
+            "epoch aggregated"
+        );
+        let checkpoint = report.checkpoint.clone();
+        self.reports.insert((job, epoch), report);
+        Ok(checkpoint)
+    }
+
+    /// Takes a staged publication's checkpoint as the job's model (a publication resumed
+    /// after a crash): loads its weights and lets this epoch's deltas be collected next
+    /// time, as [`KeeperState::aggregate`] would have.
+    async fn adopt(
+        &mut self,
+        job: JobId,
+        training: &TrainingSpec,
+        deltas: &[DeltaReceipt],
+        staged: &Staged,
+    ) -> Result<(), CheckpointError> {
+        let evidence: std::collections::HashSet<String> = staged
+            .report
+            .get("slashes")
+            .and_then(|s| s.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.get("delta_hash")?.as_str().map(str::to_string))
+            .collect();
+        let this_epoch = deltas
+            .iter()
+            .map(|r| r.delta_hash)
+            .filter(|h| !evidence.contains(&hex::encode(h)))
+            .collect();
+        let retain = self.deps.config.retain_deltas;
+        let blobs = self.deps.blobs.clone();
+        let model = self.model(job, training, Some(staged.cid())).await?;
+        model.last_merged = None;
+        let previous = std::mem::replace(&mut model.collectable, this_epoch);
+        if !retain {
+            remove_blobs(&*blobs, job, previous).await;
+        }
+        Ok(())
+    }
+
+    /// Judges and merges an epoch, updates the job's model, and stages the publication of
+    /// the new checkpoint with its report.
+    async fn aggregate(
+        &mut self,
+        job: JobId,
+        epoch: u32,
+        training: &TrainingSpec,
+        base: Option<String>,
+        deltas: &[DeltaReceipt],
+        publisher: &Publisher,
+    ) -> Result<Staged, CheckpointError> {
         let d = &self.deps;
         let (blobs, pool, data, config, seed) = (
             d.blobs.clone(),
@@ -547,7 +678,7 @@ impl KeeperState {
             d.seed,
         );
         let outer_lr = training.outer_lr as f32;
-        let model = self.model(job, &training, base.as_deref()).await?;
+        let model = self.model(job, training, base.as_deref()).await?;
         let base_weights = model.current.clone();
         let secret = EpochSecret::derive(&seed, job.0, epoch);
         let loss_before = {
@@ -614,7 +745,6 @@ impl KeeperState {
         .name()
             != WeightedMean.name();
         let rejected_all = !judged.is_empty() && inputs.is_empty();
-        let accepted = inputs.len();
         let merged = {
             let (base, data) = (base_weights.clone(), ctx.data.clone());
             blocking(move || {
@@ -642,57 +772,51 @@ impl KeeperState {
             bytes,
         } = merged;
         let bytes = bytes::Bytes::from(bytes);
-        let publication = &self.deps.publication;
-        // A checkpoint that cannot be stored fails the publication; retry transient errors
-        // first (the job actor would otherwise fail the job).
-        let checkpoint = (|| publication.objects.put(bytes.clone()))
-            .retry(
-                store_backoff(),
-            )
-            .notify(|e, d| tracing::warn!(job = %job, epoch, error = %e, retry_in = ?d, "storing the checkpoint"))
-            .await
-            .map_err(failed)?;
-        (|| publication.objects.pin(&checkpoint))
-            .retry(store_backoff())
-            .await
-            .map_err(|e| failed(format!("pinning {checkpoint}: {e}")))?;
-        let published = match &publication.registry {
-            None => None,
-            Some(registry) => {
-                let model_spec = self.deps.catalog.get(&training.model).map_err(failed)?;
-                let upload = ModelUpload {
-                    repo: repo_of(&publication.org, &training.model, job, epoch),
-                    weights: Arc::from(bytes.as_ref()),
-                    config_json: model_config_json(&training.model, model_spec),
-                    card: ModelCard {
-                        cid: checkpoint.clone(),
-                        epoch,
-                        job: job.0,
-                        quality: loss_after,
-                        base_model: base.clone(),
-                        license: publication.license.clone(),
-                        model: training.model.clone(),
-                        dataset: training.dataset.clone(),
-                    },
-                };
-                // Transient failures are retried; a refusal (a conflicting repo left by
-                // an earlier log, a bad name) does not fail the job: the checkpoint is
-                // published by CID either way, and the report says what the registry
-                // refused.
-                let outcome = (|| registry.publish(&upload))
-                    .retry(store_backoff())
-                    .when(|e| matches!(e, RegistryError::Io(_)))
-                    .await;
-                match outcome {
-                    Ok(p) => Some(Ok(p)),
-                    Err(e) => {
-                        tracing::warn!(job = %job, epoch, repo = %upload.repo, error = %e, "the model registry refused the checkpoint");
-                        self.deps.metrics.incr("registry_refusals", "refused", 1);
-                        Some(Err(format!("{}: {e}", upload.repo)))
-                    }
-                }
-            }
+        let cid = {
+            let b = bytes.clone();
+            blocking(move || crate::publish::cid_of(&b).to_string()).await?
         };
+        let report = EpochReport {
+            kept,
+            suspect,
+            ..self.report(
+                &ctx,
+                deltas,
+                &judged,
+                base.clone(),
+                (&cid, loss_after, aggregator),
+            )
+        };
+        let publication = &self.deps.publication;
+        let model_spec = self.deps.catalog.get(&training.model).map_err(failed)?;
+        let checkpoint = Checkpoint {
+            job,
+            epoch,
+            weights: bytes,
+            config_json: model_config_json(&training.model, model_spec),
+            card: ModelCard {
+                cid: String::new(),
+                epoch,
+                job: job.0,
+                quality: loss_after,
+                base_model: base,
+                license: publication.license.clone(),
+                model: training.model.clone(),
+                dataset: training.dataset.clone(),
+            },
+            repo: publication
+                .registry
+                .as_ref()
+                .map(|_| repo_of(&publication.org, &training.model, job, epoch)),
+            report: serde_json::to_value(&report).map_err(failed)?,
+        };
+        let staged = publisher.stage(checkpoint).await.map_err(failed)?;
+        if staged.cid() != cid {
+            // Another staging of this epoch won (module docs of `publish::publisher`): its
+            // checkpoint is the one published.
+            self.adopt(job, training, deltas, &staged).await?;
+            return Ok(staged);
+        }
 
         // Fold the accepted norms into the running average, in delta-hash order so the
         // result does not depend on arrival order.
@@ -709,7 +833,7 @@ impl KeeperState {
             let _ = model.norms.accept(n);
         }
         model.current = next;
-        model.current_ref = Some(checkpoint.clone());
+        model.current_ref = Some(cid);
         // Convergence compares with the last delta actually merged.
         if merged.is_some() {
             model.last_merged = merged;
@@ -731,51 +855,9 @@ impl KeeperState {
             .collect();
         let previous = std::mem::replace(&mut model.collectable, this_epoch);
         if !config.retain_deltas {
-            for hash in previous {
-                if let Err(e) = blobs.remove(&hash).await {
-                    tracing::warn!(job = %job, delta = %hex::encode(hash), error = %e, "could not remove a delta blob");
-                }
-            }
+            remove_blobs(&*blobs, job, previous).await;
         }
-
-        let report = self.report(
-            &ctx,
-            &deltas,
-            &judged,
-            base,
-            (&checkpoint, loss_after, aggregator),
-        );
-        let mut report = EpochReport {
-            kept,
-            suspect,
-            repo: published
-                .as_ref()
-                .and_then(|p| p.as_ref().ok())
-                .map(|p| p.repo.clone()),
-            registry_error: published.as_ref().and_then(|p| p.as_ref().err()).cloned(),
-            location: published.and_then(Result::ok).map(|p| match p.location {
-                Location::Path(path) => path.display().to_string(),
-                Location::Url(url) => url,
-            }),
-            ..report
-        };
-        if !self.settle(&mut report).await {
-            self.unsettled.insert((job, epoch));
-        }
-        self.count(&report);
-        tracing::info!(
-            job = %job,
-            epoch,
-            checkpoint = %checkpoint,
-            loss_before = report.loss_before,
-            loss_after = report.loss_after,
-            accepted,
-            rejected = judged.len() - accepted,
-            aggregator = report.aggregator.unwrap_or("none (kept)"),
-            "epoch aggregated"
-        );
-        self.reports.insert((job, epoch), report);
-        Ok(checkpoint)
+        Ok(staged)
     }
 
     fn report(
@@ -817,7 +899,7 @@ impl KeeperState {
             commitment: hex::encode(ctx.secret.commitment().0),
             secret: ctx.secret.to_hex(),
             spot_check_rate: ctx.config.spot_check_rate,
-            aggregator,
+            aggregator: aggregator.map(str::to_string),
             kept: None,
             suspect: 0,
             deltas: lines,
@@ -832,6 +914,7 @@ impl KeeperState {
             location: None,
             registry_error: None,
             settlement_error: None,
+            publication: None,
         }
     }
 
@@ -855,6 +938,18 @@ impl KeeperState {
         let deadline = tokio::time::Instant::now() + LEDGER_TIMEOUT;
         let bounded = |what: String| format!("{what}: no answer within {LEDGER_TIMEOUT:?}");
         let mut errors = Vec::new();
+        if let Some(publication) = &report.publication {
+            let call = econ.ledger.record_publication(publication);
+            match tokio::time::timeout_at(deadline, call).await {
+                Ok(Ok(r)) if r.duplicate && r.publication != *publication => {
+                    // Not an error to retry: the chain keeps the first record of an epoch.
+                    tracing::warn!(job = %job, epoch = report.epoch, on_chain = %r.publication.record.cid, "the ledger holds another publication record for this epoch");
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => errors.push(format!("publication record: {e}")),
+                Err(_) => errors.push(bounded("publication record".into())),
+            }
+        }
         let mut shares: Vec<(NodeId, f64)> = Vec::new();
         if report.aggregator.is_some() {
             for d in report
@@ -965,7 +1060,7 @@ impl KeeperState {
                 self.deps.metrics.incr("spot_checks", outcome, 1);
             }
         }
-        let merge = report.aggregator.unwrap_or("kept");
+        let merge = report.aggregator.as_deref().unwrap_or("kept");
         self.deps.metrics.incr("merges", merge, 1);
     }
 }

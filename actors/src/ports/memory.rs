@@ -15,6 +15,7 @@ use super::{
     LeaderLease, Lease, Ledger, LedgerError, LinkError, Metrics, NodeCommand, NodeLink,
     RewardReceipt, SlashReceipt, Snapshot, StateStore, StoreError,
 };
+use crate::publication::{PublicationReceipt, SignedPublication};
 use crate::events::{Event, Record};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
@@ -319,6 +320,10 @@ struct LedgerBook {
     evidence: HashMap<[u8; 32], usize>,
     /// Slashes in application order.
     slashes: Vec<SlashReceipt>,
+    /// Index into `publications` per recorded (job, epoch).
+    published: HashMap<(JobId, u32), usize>,
+    /// Publications in recording order.
+    publications: Vec<SignedPublication>,
 }
 
 impl Default for MemoryChain {
@@ -556,6 +561,36 @@ impl Ledger for MemoryChain {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .batches
+            .clone())
+    }
+
+    async fn record_publication(
+        &self,
+        publication: &SignedPublication,
+    ) -> Result<PublicationReceipt, LedgerError> {
+        let mut book = self.ledger.write().unwrap_or_else(|p| p.into_inner());
+        let key = (publication.record.job, publication.record.epoch);
+        if let Some(first) = book.published.get(&key).and_then(|&i| book.publications.get(i)) {
+            return Ok(PublicationReceipt {
+                publication: first.clone(),
+                duplicate: true,
+            });
+        }
+        let i = book.publications.len();
+        book.publications.push(publication.clone());
+        book.published.insert(key, i);
+        Ok(PublicationReceipt {
+            publication: publication.clone(),
+            duplicate: false,
+        })
+    }
+
+    async fn publications(&self) -> Result<Vec<SignedPublication>, LedgerError> {
+        Ok(self
+            .ledger
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .publications
             .clone())
     }
 }

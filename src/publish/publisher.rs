@@ -1,0 +1,386 @@
+//! Publishing one epoch's checkpoint, idempotently and resumably (DESIGN §7, paper §7.1).
+//!
+//! A publication has three durable effects besides the core's own record: the weights in
+//! the object store (IPFS), the repo in the model registry (the Hub), and the signed record
+//! on the ledger (the chain). A crash can fall between any two. The [`Publisher`] makes the
+//! sequence safe to repeat by staging it in a journal first:
+//!
+//! 1. **Stage** ([`Publisher::stage`]): the weights are added to the object store (unpinned,
+//!    as `ipfs add --pin=false`), the model card and the signed [`PublicationRecord`] are
+//!    made, and all of it (with the caller's epoch report) is written to the journal under
+//!    `publication/{job}/{epoch}` in the [`StateStore`]. The first staging of an epoch wins:
+//!    a later one (a resumed epoch whose merge came out different, say) returns the staged
+//!    one instead.
+//! 2. **Complete** ([`Publisher::complete`]): pin the weights, publish the repo. Both are
+//!    idempotent for the same bytes, so a completion retried after a crash writes nothing
+//!    twice.
+//! 3. The caller records the signed publication on its ledger (idempotent per job and
+//!    epoch) with its rewards.
+//!
+//! A publication that crashed after staging resumes from the journal
+//! ([`Publisher::staged`]): the same CID, the same card, the same signed record (same
+//! timestamp), so no second checkpoint, repo commit or record appears for the epoch. One
+//! that crashed before staging left at most an unpinned object, which a garbage collection
+//! may drop, and is redone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use bytes::Bytes;
+use hanzod_actors::ports::{Clock, Snapshot, StateStore, StoreError};
+use hanzod_actors::types::JobId;
+use serde::{Deserialize, Serialize};
+
+use super::cid::cid_of;
+use super::objects::{ObjectError, ObjectStore};
+use super::record::{sign, PublicationRecord, SignedPublication};
+use super::registry::{ModelCard, ModelRegistry, ModelUpload, Published, RegistryError};
+use crate::identity::Identity;
+
+/// Retries of a transient object-store, journal or registry failure: exponential from
+/// 100 ms, 4 retries (≈ 1.5 s in all).
+pub fn store_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_times(4)
+        .with_jitter()
+}
+
+/// Why staging or completing a publication failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PublishError {
+    /// The object store failed (after retries).
+    #[error("object store: {0}")]
+    Objects(#[from] ObjectError),
+    /// The journal (the state store) failed, or refused a deposed leader's write.
+    #[error("publication journal: {0}")]
+    Journal(#[from] StoreError),
+    /// A journal entry does not decode, or the checkpoint cannot be staged as given (a
+    /// `config.json` that is not UTF-8). Carries the reason.
+    #[error("publication journal entry {key}: {why}")]
+    Invalid {
+        /// The journal key.
+        key: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// One epoch's checkpoint, as the caller hands it to [`Publisher::stage`].
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// The job.
+    pub job: JobId,
+    /// The epoch, 0-based.
+    pub epoch: u32,
+    /// The weights: the bytes of `model.safetensors`.
+    pub weights: Bytes,
+    /// The bytes of `config.json` (UTF-8 JSON).
+    pub config_json: Vec<u8>,
+    /// The model card; its `cid` is set by the publisher.
+    pub card: ModelCard,
+    /// The Hugging Face repo id, or `None` to publish by CID only.
+    pub repo: Option<String>,
+    /// The caller's report of the epoch, kept in the journal and handed back on resume.
+    pub report: serde_json::Value,
+}
+
+/// A staged publication: everything needed to complete it, as kept in the journal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Staged {
+    /// The signed record (the weights' CID is `publication.record.cid`).
+    pub publication: SignedPublication,
+    /// The `config.json` published.
+    pub config_json: String,
+    /// The model card, `README.md`, as rendered.
+    pub readme: String,
+    /// The caller's report.
+    pub report: serde_json::Value,
+}
+
+impl Staged {
+    /// The weights' CID.
+    pub fn cid(&self) -> &str {
+        &self.publication.record.cid
+    }
+}
+
+/// The journal entry's format version; entries of another version are refused, not
+/// guessed at.
+const JOURNAL_VERSION: u64 = 1;
+
+/// Stages and completes publications (module docs).
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    /// Where the weights go (IPFS, or the embedded block store).
+    pub objects: Arc<dyn ObjectStore>,
+    /// Where the repo goes (the Hub, or a folder); `None` publishes by CID only.
+    pub registry: Option<Arc<dyn ModelRegistry>>,
+    /// The journal: the orchestrator's state store (fenced when it is a replica's).
+    pub journal: Arc<dyn StateStore>,
+    /// The orchestrator key that signs the records.
+    pub signer: Identity,
+    /// The clock of the records' timestamps.
+    pub clock: Arc<dyn Clock>,
+}
+
+/// The journal key of (`job`, `epoch`): `publication/{job}/{epoch}`.
+pub fn journal_key(job: JobId, epoch: u32) -> String {
+    format!("publication/{}/{epoch}", job.0)
+}
+
+impl Publisher {
+    /// The staged publication of (`job`, `epoch`), if one was staged.
+    ///
+    /// Errors: [`PublishError::Journal`] when the store fails; [`PublishError::Invalid`]
+    /// for an entry that does not decode.
+    pub async fn staged(&self, job: JobId, epoch: u32) -> Result<Option<Staged>, PublishError> {
+        let key = journal_key(job, epoch);
+        let entry = (|| self.journal.get_snapshot(&key))
+            .retry(store_backoff())
+            .when(|e| matches!(e, StoreError::Unavailable(_)))
+            .await?;
+        let Some(entry) = entry else {
+            return Ok(None);
+        };
+        if entry.seq != JOURNAL_VERSION {
+            return Err(PublishError::Invalid {
+                key,
+                why: format!("format version {} (this build reads {JOURNAL_VERSION})", entry.seq),
+            });
+        }
+        serde_json::from_slice(&entry.state)
+            .map(Some)
+            .map_err(|e| PublishError::Invalid {
+                key,
+                why: e.to_string(),
+            })
+    }
+
+    /// Stages `checkpoint` (module docs, step 1) and returns what was staged: this
+    /// checkpoint's staging, or the one staged before for the same (job, epoch).
+    ///
+    /// Errors: [`PublishError::Objects`] / [`PublishError::Journal`] after retries;
+    /// [`PublishError::Invalid`] for a `config.json` that is not UTF-8.
+    pub async fn stage(&self, checkpoint: Checkpoint) -> Result<Staged, PublishError> {
+        let key = journal_key(checkpoint.job, checkpoint.epoch);
+        if let Some(staged) = self.staged(checkpoint.job, checkpoint.epoch).await? {
+            return Ok(staged);
+        }
+        let config_json =
+            String::from_utf8(checkpoint.config_json).map_err(|e| PublishError::Invalid {
+                key: key.clone(),
+                why: format!("config.json is not UTF-8: {e}"),
+            })?;
+        let weights = checkpoint.weights;
+        let cid = (|| self.objects.put(weights.clone()))
+            .retry(store_backoff())
+            .when(|e| matches!(e, ObjectError::Io(_)))
+            .notify(|e, d| tracing::warn!(job = %checkpoint.job, epoch = checkpoint.epoch, error = %e, retry_in = ?d, "storing the checkpoint"))
+            .await?;
+        let card = ModelCard {
+            cid: cid.clone(),
+            ..checkpoint.card
+        };
+        let readme = card.render();
+        let (config_cid, card_cid) = {
+            let (config, readme) = (config_json.clone(), readme.clone());
+            tokio::task::spawn_blocking(move || {
+                (
+                    cid_of(config.as_bytes()).to_string(),
+                    cid_of(readme.as_bytes()).to_string(),
+                )
+            })
+            .await
+            .map_err(|e| ObjectError::Io(format!("hashing task: {e}")))?
+        };
+        let record = PublicationRecord {
+            job: checkpoint.job,
+            epoch: checkpoint.epoch,
+            cid,
+            config_cid,
+            card_cid,
+            hf_repo: checkpoint.repo.unwrap_or_default(),
+            quality: card.quality,
+            timestamp: self.clock.now(),
+        };
+        let staged = Staged {
+            publication: sign(record, &self.signer),
+            config_json,
+            readme,
+            report: checkpoint.report,
+        };
+        let state = serde_json::to_vec(&staged).map_err(|e| PublishError::Invalid {
+            key: key.clone(),
+            why: e.to_string(),
+        })?;
+        let snapshot = Snapshot {
+            seq: JOURNAL_VERSION,
+            state,
+        };
+        (|| self.journal.put_snapshot(&key, snapshot.clone()))
+            .retry(store_backoff())
+            .when(|e| matches!(e, StoreError::Unavailable(_)))
+            .await?;
+        // A concurrent stager of the same epoch (none in one orchestrator; a deposed
+        // leader's write is fenced) would have replaced the entry: what the journal holds
+        // is what is published.
+        Ok(self
+            .staged(staged.publication.record.job, staged.publication.record.epoch)
+            .await?
+            .unwrap_or(staged))
+    }
+
+    /// The staged weights, read back from the object store and checked against their CID.
+    pub async fn weights(&self, staged: &Staged) -> Result<Arc<[u8]>, PublishError> {
+        Ok((|| self.objects.get(staged.cid()))
+            .retry(store_backoff())
+            .when(|e| matches!(e, ObjectError::Io(_)))
+            .await?)
+    }
+
+    /// Completes `staged` (module docs, step 2): pins the weights, then publishes the repo
+    /// when the record names one and a registry is set. Returns the registry's outcome
+    /// (`None` when there is no repo or no registry): a refusal (a conflicting repo, a bad
+    /// name) is returned, not raised, since the checkpoint is published by CID either way.
+    ///
+    /// Errors: [`PublishError::Objects`] when the weights cannot be pinned after retries.
+    pub async fn complete(
+        &self,
+        staged: &Staged,
+        weights: Arc<[u8]>,
+    ) -> Result<Option<Result<Published, RegistryError>>, PublishError> {
+        let cid = staged.cid();
+        (|| self.objects.pin(cid))
+            .retry(store_backoff())
+            .when(|e| matches!(e, ObjectError::Io(_)))
+            .await?;
+        let record = &staged.publication.record;
+        let Some(registry) = self.registry.as_ref().filter(|_| !record.hf_repo.is_empty())
+        else {
+            return Ok(None);
+        };
+        let card = match ModelCard::parse(&staged.readme) {
+            Ok(card) => card,
+            Err(e) => return Ok(Some(Err(e))),
+        };
+        let upload = ModelUpload {
+            repo: record.hf_repo.clone(),
+            weights,
+            config_json: staged.config_json.clone().into_bytes(),
+            card,
+        };
+        let outcome = (|| registry.publish(&upload))
+            .retry(store_backoff())
+            .when(|e| matches!(e, RegistryError::Io(_)))
+            .notify(|e, d| tracing::warn!(repo = %upload.repo, error = %e, retry_in = ?d, "publishing the repo"))
+            .await;
+        Ok(Some(outcome))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::publish::record::check_signature;
+    use crate::publish::{FolderRegistry, MemoryObjectStore};
+    use hanzod_actors::ports::memory::MemoryStateStore;
+    use hanzod_actors::types::Timestamp;
+
+    #[derive(Debug)]
+    struct Fixed(u64);
+    impl Clock for Fixed {
+        fn now(&self) -> Timestamp {
+            Timestamp(self.0)
+        }
+    }
+
+    fn checkpoint(weights: &[u8]) -> Checkpoint {
+        Checkpoint {
+            job: JobId(4),
+            epoch: 1,
+            weights: Bytes::copy_from_slice(weights),
+            config_json: br#"{"model_type":"wine"}"#.to_vec(),
+            card: ModelCard {
+                cid: String::new(),
+                epoch: 1,
+                job: 4,
+                quality: 0.75,
+                base_model: None,
+                license: "apache-2.0".into(),
+                model: "wine".into(),
+                dataset: "wine-quality-red".into(),
+            },
+            repo: Some("org/wine-job-4-epoch-1".into()),
+            report: serde_json::json!({"epoch": 1}),
+        }
+    }
+
+    fn publisher(dir: &std::path::Path, journal: Arc<MemoryStateStore>, now: u64) -> Publisher {
+        Publisher {
+            objects: Arc::new(MemoryObjectStore::new()),
+            registry: Some(Arc::new(FolderRegistry::new(dir))),
+            journal,
+            signer: Identity::from_seed([5; 32]),
+            clock: Arc::new(Fixed(now)),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_first_staging_wins_and_completes_idempotently() {
+        let dir = std::env::temp_dir().join(format!("hanzod-publisher-{}", std::process::id()));
+        let journal = Arc::new(MemoryStateStore::new());
+        let p = publisher(&dir, journal.clone(), 1_000);
+        let first = p.stage(checkpoint(b"weights one")).await.expect("stage");
+        assert_eq!(first.cid(), cid_of(b"weights one").to_string());
+        assert_eq!(check_signature(&first.publication), Ok(()));
+        assert_eq!(
+            first.publication.record.card_cid,
+            cid_of(first.readme.as_bytes()).to_string()
+        );
+
+        // A second staging of the same epoch (other bytes, later clock) returns the first.
+        let later = Publisher {
+            clock: Arc::new(Fixed(2_000)),
+            ..p.clone()
+        };
+        let again = later
+            .stage(checkpoint(b"weights two"))
+            .await
+            .expect("stage again");
+        assert_eq!(again, first);
+        assert_eq!(later.staged(JobId(4), 1).await, Ok(Some(first.clone())));
+
+        let weights = p.weights(&first).await.expect("weights");
+        assert_eq!(&weights[..], b"weights one");
+        let outcome = p.complete(&first, weights.clone()).await.expect("complete");
+        assert!(matches!(outcome, Some(Ok(_))), "{outcome:?}");
+        assert!(p.objects.is_pinned(first.cid()).await.expect("pinned"));
+        // Completing again writes nothing new and succeeds.
+        let outcome = p.complete(&first, weights).await.expect("complete again");
+        assert!(matches!(outcome, Some(Ok(_))), "{outcome:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_journal_entry_of_another_version_is_refused() {
+        let dir = std::env::temp_dir().join(format!("hanzod-publisher-v-{}", std::process::id()));
+        let journal = Arc::new(MemoryStateStore::new());
+        journal
+            .put_snapshot(
+                &journal_key(JobId(4), 1),
+                Snapshot {
+                    seq: 9,
+                    state: b"{}".to_vec(),
+                },
+            )
+            .await
+            .expect("put");
+        let p = publisher(&dir, journal, 1);
+        assert!(matches!(
+            p.stage(checkpoint(b"w")).await,
+            Err(PublishError::Invalid { .. })
+        ));
+    }
+}
