@@ -25,7 +25,10 @@ pub mod hub;
 pub mod ipfs_node;
 pub mod kubo;
 pub mod objects;
+pub mod publisher;
+pub mod record;
 pub mod registry;
+pub mod verify;
 
 pub use self::cid::{cid_of, dag, dag_of_bytes, Block, Cid, Dag};
 pub use self::objects::{FsObjectStore, MemoryObjectStore, ObjectError, ObjectStore};
