@@ -461,6 +461,42 @@ impl Clients {
         Ok(())
     }
 
+    /// The publication records on the daemon's ledger for weights `cid`, or, when none
+    /// names it, for the (job, epoch) of `card` (see [`crate::publish::verify::find_record`]).
+    pub async fn publications(
+        &mut self,
+        cid: &str,
+        card: Option<(u64, u32)>,
+    ) -> anyhow::Result<Vec<crate::publish::record::SignedPublication>> {
+        let mut queries = vec![pb::ListPublicationsRequest {
+            cid: cid.to_string(),
+            ..Default::default()
+        }];
+        if let Some((job, epoch)) = card {
+            queries.push(pb::ListPublicationsRequest {
+                cid: String::new(),
+                job_id: Some(job),
+                epoch: Some(epoch),
+            });
+        }
+        for q in queries {
+            let found = self
+                .admin
+                .list_publications(self.opts.request(q))
+                .await
+                .map_err(status)?
+                .into_inner()
+                .publications;
+            if !found.is_empty() {
+                return found
+                    .into_iter()
+                    .map(|p| crate::grpc::convert::publication_from(p).map_err(anyhow::Error::msg))
+                    .collect();
+            }
+        }
+        Ok(Vec::new())
+    }
+
     /// `hanzod ring`.
     pub async fn ring(&mut self, job: u64, json: bool) -> anyhow::Result<()> {
         let r = self

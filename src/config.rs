@@ -10,6 +10,7 @@
 //! | `IPFS_URL` | `publish.ipfs_url` |
 //! | `VALKEY_URL` | `state.valkey_url` |
 //! | `HF_TOKEN` | `publish.hf_token` |
+//! | `HF_ENDPOINT` | `publish.hf_endpoint` |
 //! | `ORCHESTRATOR_KEY` | `orchestrator.key` |
 //! | `HANZO_LOG` | `log.filter` |
 //! | `HANZO_LOG_FORMAT` | `log.format` |
@@ -199,8 +200,11 @@ pub struct StateConfig {
 pub struct PublishConfig {
     /// Kubo RPC URL (`IPFS_URL`), e.g. `http://ipfs:5001`; empty uses the embedded store.
     pub ipfs_url: String,
-    /// Hugging Face Hub token (`HF_TOKEN`); a secret, never printed.
+    /// Hugging Face Hub token (`HF_TOKEN`); a secret, never printed. When set, checkpoints
+    /// are pushed to the Hub at `hf_endpoint` (and `registry_dir` is not used).
     pub hf_token: String,
+    /// The Hub's base URL (`HF_ENDPOINT`), `http(s)://host[:port]`.
+    pub hf_endpoint: String,
     /// The embedded object store's directory (one file per IPFS block, named by its CID);
     /// empty keeps checkpoints in memory for the life of the process.
     pub object_dir: String,
@@ -396,6 +400,7 @@ impl Config {
             ("IPFS_URL", "publish", "ipfs_url"),
             ("VALKEY_URL", "state", "valkey_url"),
             ("HF_TOKEN", "publish", "hf_token"),
+            ("HF_ENDPOINT", "publish", "hf_endpoint"),
             ("ORCHESTRATOR_KEY", "orchestrator", "key"),
             ("HANZOD_ADMIN_TOKEN", "server", "admin_token"),
             ("HANZOD_REPLICA_ID", "state", "replica_id"),
@@ -515,6 +520,14 @@ impl Config {
         ] {
             if v == 0 {
                 return Err(format!("{key} must be greater than 0"));
+            }
+        }
+        for (key, url) in [
+            ("publish.ipfs_url (IPFS_URL)", &self.publish.ipfs_url),
+            ("publish.hf_endpoint (HF_ENDPOINT)", &self.publish.hf_endpoint),
+        ] {
+            if !url.is_empty() && !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!("{key} {url:?} is not an http:// or https:// URL"));
             }
         }
         crate::publish::registry::validate_repo(&format!("{}/model-epoch-0", self.publish.org))

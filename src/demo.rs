@@ -461,6 +461,23 @@ pub fn demo_config(plan: &DemoPlan) -> Result<Config, DemoError> {
     Ok(cfg)
 }
 
+/// The file in `--out` holding the ledger's signed publication records (a JSON array of
+/// [`crate::publish::record::SignedPublication`]).
+pub const PUBLICATIONS_FILE: &str = "publications.json";
+
+/// Writes every publication record `ledger` holds to `path` as a JSON array.
+async fn export_publications(
+    ledger: &dyn crate::core::ports::Ledger,
+    path: &Path,
+) -> Result<(), DemoError> {
+    let setup = |e: &dyn std::fmt::Display| {
+        DemoError::Setup(format!("writing {}: {e}", path.display()))
+    };
+    let records = ledger.publications().await.map_err(|e| setup(&e))?;
+    let json = serde_json::to_vec_pretty(&records).map_err(|e| setup(&e))?;
+    std::fs::write(path, json).map_err(|e| setup(&e))
+}
+
 /// An event a node process printed (one JSON object per line, `hanzod node --json`).
 struct NodeEvent {
     index: usize,
@@ -484,7 +501,12 @@ pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
         .await
         .map_err(|e| setup("starting the orchestrator", &e))?;
     let result = drive(&plan, &daemon, &keys, &logs).await;
+    // The embedded ledger lives in the daemon: its publication records are written out so
+    // that `hanzod verify <folder> --records <out>/publications.json` can check the
+    // published models after the demo.
+    let exported = export_publications(&*daemon.ledger(), &plan.out.join(PUBLICATIONS_FILE)).await;
     daemon.stop().await;
+    exported?;
     result
 }
 

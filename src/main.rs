@@ -165,6 +165,17 @@ Examples:
     Delta(DeltaCommand),
     /// Print the effective configuration (defaults ← file ← environment) as TOML.
     Config,
+    /// Verify a published checkpoint (DESIGN §7): recompute the CIDs of its files and check
+    /// them against its model card and the signed publication record on the ledger. Exit 0
+    /// when every check passes, 1 when one fails (the verdict says which, expected vs
+    /// found), 2 when it could not be verified (a file, the Hub, IPFS or the ledger could
+    /// not be reached).
+    #[command(after_help = "\
+Examples:
+  hanzod verify hanzod-demo/models/hanzo-gym/wine-mlp-job-1-epoch-2 --records hanzod-demo/publications.json
+  hanzod verify hanzo-gym/wine-mlp-job-1-epoch-2 --orchestrator <hex key>   from the Hub, records from the daemon
+  hanzod verify bafybei… --ipfs-url http://127.0.0.1:5001                  weights by CID from IPFS")]
+    Verify(VerifyArgs),
     /// Run a job on simulated nodes with seeded faults, in simulated time, and report how
     /// failures were detected and rings repaired (the fault-injection harness).
     Sim {
@@ -174,6 +185,39 @@ Examples:
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Args, Debug)]
+struct VerifyArgs {
+    /// A folder of a published repo, a Hub repo id (`org/name`), or the weights' CID.
+    target: String,
+    /// Read the publication records from this JSON file (`hanzod demo` writes
+    /// `publications.json`) instead of asking the daemon at --endpoint.
+    #[arg(long)]
+    records: Option<PathBuf>,
+    /// The orchestrator public key to trust (64 hex digits): records signed by another
+    /// key fail. Without it any valid signature passes, and the verdict names its signer.
+    #[arg(long)]
+    orchestrator: Option<String>,
+    /// The Hub, for a repo id.
+    #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
+    hf_endpoint: String,
+    /// Hub token, for private repos.
+    #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
+    hf_token: Option<String>,
+    /// The Kubo RPC API to fetch a CID from (default: the configured publish.ipfs_url, else
+    /// the local object store publish.object_dir, or --object-dir).
+    #[arg(long, env = "IPFS_URL")]
+    ipfs_url: Option<String>,
+    /// A local object store folder (publish.object_dir) to read a CID from.
+    #[arg(long)]
+    object_dir: Option<PathBuf>,
+    /// Keep the files downloaded from the Hub in this folder (default: a temporary folder,
+    /// removed afterwards).
+    #[arg(long)]
+    download_dir: Option<PathBuf>,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -475,6 +519,198 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// `hanzod verify`: exit 0 verified, 1 a check failed, 2 could not verify.
+async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
+    use hanzod::publish::verify::{self, FetchError, Target};
+    use hanzod::publish::ObjectError;
+    let cannot = |e: &dyn std::fmt::Display| {
+        eprintln!("error: could not verify: {e}");
+        ExitCode::from(2)
+    };
+    let trusted = match args.orchestrator.as_deref().map(parse_key).transpose() {
+        Ok(k) => k,
+        Err(e) => return cannot(&e),
+    };
+    let target = match Target::parse(&args.target) {
+        Ok(t) => t,
+        Err(e) => return cannot(&e),
+    };
+    let mut _tmp = None;
+    let fetched = match &target {
+        Target::Folder(dir) => verify::read_folder(dir).await,
+        Target::Repo(repo) => {
+            let options = hanzod::publish::hub::HubOptions {
+                endpoint: args.hf_endpoint.clone(),
+                token: args.hf_token.clone().filter(|t| !t.trim().is_empty()),
+                ..Default::default()
+            };
+            let hub = match hanzod::publish::hub::HubClient::new(&options) {
+                Ok(h) => h,
+                Err(e) => return cannot(&e),
+            };
+            let dir = match &args.download_dir {
+                Some(d) => d.clone(),
+                None => {
+                    let d = std::env::temp_dir().join(format!(
+                        "hanzod-verify-{}-{}",
+                        std::process::id(),
+                        rand::random::<u32>()
+                    ));
+                    _tmp = Some(TempDir(d.clone()));
+                    d
+                }
+            };
+            if let Err(e) = std::fs::create_dir_all(&dir) {
+                return cannot(&format!("{}: {e}", dir.display()));
+            }
+            let bar = (!args.client.json).then(download_bar);
+            let files = verify::fetch_repo(&hub, repo, &dir, bar.as_ref()).await;
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+            files
+        }
+        Target::Cid(cid) => {
+            let url = args
+                .ipfs_url
+                .clone()
+                .filter(|u| !u.trim().is_empty())
+                .or_else(|| Some(cfg.publish.ipfs_url.clone()).filter(|u| !u.is_empty()));
+            let objects: std::sync::Arc<dyn hanzod::publish::ObjectStore> = match (url, &args.object_dir) {
+                (_, Some(dir)) => match hanzod::publish::FsObjectStore::open(dir).await {
+                    Ok(s) => std::sync::Arc::new(s),
+                    Err(e) => return cannot(&e),
+                },
+                (Some(url), None) => {
+                    match hanzod::publish::kubo::KuboObjectStore::connect(&url, Default::default()).await {
+                        Ok(s) => std::sync::Arc::new(s),
+                        Err(e) => return cannot(&e),
+                    }
+                }
+                (None, None) if !cfg.publish.object_dir.is_empty() => {
+                    match hanzod::publish::FsObjectStore::open(&cfg.publish.object_dir).await {
+                        Ok(s) => std::sync::Arc::new(s),
+                        Err(e) => return cannot(&e),
+                    }
+                }
+                (None, None) => {
+                    return cannot(&"a CID needs --ipfs-url (or IPFS_URL) or --object-dir")
+                }
+            };
+            match verify::fetch_cid(&*objects, cid).await {
+                // Bytes that do not hash to the CID asked for are a failed check, not an
+                // unreachable source.
+                Err(FetchError::Objects(ObjectError::Corrupt { expected, found })) => {
+                    let verdict = verify::Verdict {
+                        cid: found.clone(),
+                        checks: vec![verify::Check {
+                            name: "weights CID",
+                            passed: false,
+                            expected: Some(expected),
+                            found,
+                        }],
+                    };
+                    return print_verdict(&args.target, &verdict, args.client.json);
+                }
+                other => other,
+            }
+        }
+    };
+    let files = match fetched {
+        Ok(f) => f,
+        Err(e) => return cannot(&e),
+    };
+    let weights = files.weights.clone();
+    let cid = match tokio::task::spawn_blocking(move || hanzod::publish::cid_of(&weights).to_string()).await {
+        Ok(c) => c,
+        Err(e) => return cannot(&e),
+    };
+    let card = files.readme.as_deref().and_then(verify::card_epoch);
+    let record = match &args.records {
+        Some(path) => std::fs::read(path)
+            .map_err(|e| format!("{}: {e}", path.display()))
+            .and_then(|b| {
+                serde_json::from_slice::<Vec<hanzod::publish::record::SignedPublication>>(&b)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+            })
+            .map(|all| verify::find_record(&all, &cid, card)),
+        None => match hanzod::cli::Clients::connect(args.client.options()).await {
+            Ok(mut c) => c
+                .publications(&cid, card)
+                .await
+                .map(|all| verify::find_record(&all, &cid, card))
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        },
+    };
+    let verdict = verify::check(&files, &cid, record, trusted);
+    print_verdict(&args.target, &verdict, args.client.json)
+}
+
+/// Removes a temporary folder when dropped.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn download_bar() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "downloading {msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// 64 hex digits → 32 bytes.
+fn parse_key(text: &str) -> Result<[u8; 32], String> {
+    let mut key = [0u8; 32];
+    hex::decode_to_slice(text.trim(), &mut key)
+        .map_err(|_| format!("--orchestrator {text:?}: a public key is 64 hex digits"))?;
+    Ok(key)
+}
+
+fn print_verdict(target: &str, v: &hanzod::publish::verify::Verdict, json: bool) -> ExitCode {
+    let code = if v.verified() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    };
+    if json {
+        let out = serde_json::json!({
+            "target": target,
+            "verified": v.verified(),
+            "cid": v.cid,
+            "checks": v.checks,
+        });
+        println!("{out:#}");
+        return code;
+    }
+    println!("{target}\n  weights CID {}", v.cid);
+    for c in &v.checks {
+        let mark = if c.passed { "ok  " } else { "FAIL" };
+        match (&c.expected, c.passed) {
+            (Some(expected), false) => println!(
+                "  {mark} {:<20} expected {expected}\n       {:<20} found    {}",
+                c.name, "", c.found
+            ),
+            _ => println!("  {mark} {:<20} {}", c.name, c.found),
+        }
+    }
+    if v.verified() {
+        println!("VERIFIED: every check passed");
+    } else {
+        let failed: Vec<&str> = v.failures().map(|c| c.name).collect();
+        println!("NOT VERIFIED: {} failed", failed.join(", "));
+    }
+    code
+}
+
 fn fail(e: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {e}");
     ExitCode::FAILURE
@@ -505,6 +741,10 @@ fn main() -> ExitCode {
     init_logging(&cfg);
     match cli.command {
         Command::Demo { .. } => ExitCode::SUCCESS,
+        Command::Verify(args) => match runtime() {
+            Ok(rt) => rt.block_on(run_verify(&cfg, args)),
+            Err(e) => fail(e),
+        },
         Command::Config => match toml::to_string_pretty(&cfg.redacted()) {
             Ok(s) => {
                 print!("{s}");

@@ -98,7 +98,14 @@ where
     // A standby that takes over needs what the leader accepted and signed.
     for (key, v) in [
         ("deltas.store_dir", &cfg.deltas.store_dir),
-        ("publish.object_dir", &cfg.publish.object_dir),
+        (
+            "publish.object_dir or publish.ipfs_url (IPFS_URL)",
+            if cfg.publish.ipfs_url.is_empty() {
+                &cfg.publish.object_dir
+            } else {
+                &cfg.publish.ipfs_url
+            },
+        ),
         ("orchestrator.key (ORCHESTRATOR_KEY)", &cfg.orchestrator.key),
     ] {
         if v.is_empty() {

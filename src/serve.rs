@@ -32,6 +32,8 @@ use crate::grpc::upload::UploadSettings;
 use crate::health::{Health, Role};
 use crate::identity::Identity;
 use crate::metrics::PrometheusMetrics;
+use crate::publish::hub::{HubOptions, HubRegistry};
+use crate::publish::kubo::{KuboObjectStore, KuboOptions};
 use crate::publish::{
     FolderRegistry, FsObjectStore, MemoryObjectStore, ModelRegistry, ObjectStore,
 };
@@ -254,9 +256,11 @@ pub async fn blob_store(cfg: &Config) -> Result<Arc<dyn BlobStore>, BlobError> {
     Ok(Arc::new(store))
 }
 
-/// The publication ports `publish` asks for: the object store (`object_dir`: an
-/// [`FsObjectStore`] there, else in memory; `objects` when given) and the model registry
-/// (`registry_dir`: a [`FolderRegistry`] there, else none).
+/// The publication ports `publish` asks for: the object store (`objects` when given, else
+/// the IPFS node at `ipfs_url` ([`KuboObjectStore`], checked at start), else an
+/// [`FsObjectStore`] in `object_dir`, else in memory) and the model registry (the Hub at
+/// `hf_endpoint` when `hf_token` is set ([`HubRegistry`]), else a [`FolderRegistry`] in
+/// `registry_dir`, else none).
 ///
 /// Records are signed with `signer` and stamped by `clock`; publications are staged in
 /// `journal` (the daemon's state store) so that one cut short by a crash resumes.
@@ -270,6 +274,13 @@ pub async fn publication(
     let p = &cfg.publish;
     let objects: Arc<dyn ObjectStore> = match objects {
         Some(o) => o,
+        None if !p.ipfs_url.is_empty() => {
+            let kubo = KuboObjectStore::connect(&p.ipfs_url, KuboOptions::default())
+                .await
+                .map_err(|e| StartError::Material(format!("IPFS_URL {}: {e}", p.ipfs_url)))?;
+            tracing::info!(url = %p.ipfs_url, version = %kubo.version(), "checkpoints are added to IPFS");
+            Arc::new(kubo)
+        }
         None if p.object_dir.is_empty() => {
             tracing::info!("checkpoints are kept in memory (publish.object_dir is empty)");
             Arc::new(MemoryObjectStore::new())
@@ -278,7 +289,16 @@ pub async fn publication(
             StartError::Material(format!("publish.object_dir {}: {e}", p.object_dir))
         })?),
     };
-    let registry: Option<Arc<dyn ModelRegistry>> = if p.registry_dir.is_empty() {
+    let registry: Option<Arc<dyn ModelRegistry>> = if !p.hf_token.is_empty() {
+        let hub = HubRegistry::new(HubOptions {
+            endpoint: p.hf_endpoint.clone(),
+            token: Some(p.hf_token.clone()),
+            ..HubOptions::default()
+        })
+        .map_err(|e| StartError::Material(format!("HF_ENDPOINT {}: {e}", p.hf_endpoint)))?;
+        tracing::info!(endpoint = %p.hf_endpoint, org = %p.org, "checkpoints are pushed to the Hugging Face Hub");
+        Some(Arc::new(hub))
+    } else if p.registry_dir.is_empty() {
         None
     } else {
         Some(Arc::new(FolderRegistry::new(&p.registry_dir)))
@@ -311,19 +331,13 @@ impl Daemon {
                     .into(),
             ));
         }
-        for (var, value, what) in [
-            ("HANZO_RPC", &cfg.chain.rpc_url, "EVM chain adapter"),
-            ("IPFS_URL", &cfg.publish.ipfs_url, "IPFS publisher"),
-        ] {
+        for (var, value, what) in [("HANZO_RPC", &cfg.chain.rpc_url, "EVM chain adapter")] {
             if !value.is_empty() {
                 return Err(StartError::Unsupported(format!(
                     "{var} is set, but this build of hanzod has no {what} yet; unset it to \
                      run on the embedded default"
                 )));
             }
-        }
-        if !cfg.publish.hf_token.is_empty() {
-            tracing::warn!("HF_TOKEN is set, but this build does not publish to the Hugging Face Hub yet; checkpoints stay in the embedded store");
         }
         if cfg.nodes.attesters.is_empty() {
             tracing::warn!("DEVELOPMENT MODE: no trusted GPU attesters configured (nodes.attesters); GPU attestations are NOT checked");
@@ -490,6 +504,7 @@ impl Daemon {
                 let sink = sink.clone();
                 Arc::new(move |job, epoch| sink.commitment(job, epoch).0)
             },
+            Some(ledger.clone()),
             shutdown_rx.clone(),
         )
         .await?;

@@ -140,15 +140,8 @@ fn assert_every_variable_is_read(
 
 /// The adapters `hanzod serve` still refuses (src/serve.rs, `Daemon::start_with`): the
 /// variable, the key, and the value it produced. Remove an entry when its adapter lands.
-fn refused_adapters(cfg: &Config) -> [(&'static str, &'static str, &str); 2] {
-    [
-        ("HANZO_RPC", "chain.rpc_url", cfg.chain.rpc_url.as_str()),
-        (
-            "IPFS_URL",
-            "publish.ipfs_url",
-            cfg.publish.ipfs_url.as_str(),
-        ),
-    ]
+fn refused_adapters(cfg: &Config) -> [(&'static str, &'static str, &str); 1] {
+    [("HANZO_RPC", "chain.rpc_url", cfg.chain.rpc_url.as_str())]
 }
 
 fn assert_refused_adapters_off(ctx: &str, cfg: &Config) {
@@ -793,10 +786,15 @@ fn compose_hanzod_environment_loads_and_leaves_refused_adapters_off() {
     let anvil_port: u16 = flag(&command(&c, "anvil"), "--port")
         .map(|p| p.parse().expect("anvil --port"))
         .unwrap_or(8545);
-    for (var, svc, port) in [
-        ("HANZO_RPC", "anvil", Some(anvil_port)),
-        ("IPFS_URL", "ipfs", None),
-    ] {
+    // The Kubo adapter is on: IPFS_URL names the ipfs service's RPC API.
+    let ipfs = dotenv(&env_file)
+        .get("IPFS_URL")
+        .cloned()
+        .unwrap_or_else(|| panic!("{env_file}: IPFS_URL is not set"));
+    let (host, port) = url_host_port(&format!("{env_file}: IPFS_URL"), &ipfs);
+    assert_eq!(host, "ipfs", "{env_file}: IPFS_URL should name the ipfs service");
+    assert_eq!(port, 5001, "{env_file}: IPFS_URL should be Kubo's RPC port 5001");
+    for (var, svc, port) in [("HANZO_RPC", "anvil", Some(anvil_port))] {
         let line = text
             .lines()
             .filter_map(|l| l.trim().strip_prefix('#'))

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use hanzod_actors::actor::Notice;
+use hanzod_actors::ports::Ledger;
 use hanzod_actors::types::{JobId, NodeId};
 use hanzod_actors::OrchestratorHandle;
 use hanzod_proto::v1 as pb;
@@ -243,12 +244,22 @@ fn is_terminal(job: &pb::Job) -> bool {
 pub struct AdminServiceImpl {
     core: OrchestratorHandle,
     sessions: Arc<Sessions>,
+    ledger: Option<Arc<dyn Ledger>>,
 }
 
 impl AdminServiceImpl {
-    /// A service over `core`.
-    pub fn new(core: OrchestratorHandle, sessions: Arc<Sessions>) -> Self {
-        AdminServiceImpl { core, sessions }
+    /// A service over `core`, answering publication queries from `ledger` (none:
+    /// `ListPublications` is UNIMPLEMENTED).
+    pub fn new(
+        core: OrchestratorHandle,
+        sessions: Arc<Sessions>,
+        ledger: Option<Arc<dyn Ledger>>,
+    ) -> Self {
+        AdminServiceImpl {
+            core,
+            sessions,
+            ledger,
+        }
     }
 }
 
@@ -311,5 +322,30 @@ impl AdminService for AdminServiceImpl {
         Ok(Response::new(convert::ring(&ring, |n| {
             self.sessions.endpoint(n)
         })))
+    }
+
+    async fn list_publications(
+        &self,
+        request: Request<pb::ListPublicationsRequest>,
+    ) -> Result<Response<pb::ListPublicationsResponse>, Status> {
+        let Some(ledger) = &self.ledger else {
+            return Err(Status::unimplemented(
+                "this orchestrator keeps no ledger of publications",
+            ));
+        };
+        let q = request.into_inner();
+        let all = ledger.publications().await.map_err(|e| {
+            let status = Status::unavailable(format!("ledger: {e}"));
+            tracing::warn!(error = %e, "listing publications");
+            status
+        })?;
+        let publications = all
+            .iter()
+            .filter(|p| q.cid.is_empty() || p.record.cid == q.cid)
+            .filter(|p| q.job_id.is_none_or(|j| p.record.job.0 == j))
+            .filter(|p| q.epoch.is_none_or(|e| p.record.epoch == e))
+            .map(convert::publication)
+            .collect();
+        Ok(Response::new(pb::ListPublicationsResponse { publications }))
     }
 }

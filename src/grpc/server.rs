@@ -173,7 +173,7 @@ pub struct GrpcServer {
 impl GrpcServer {
     /// Builds the server for `core`, delivering through `sessions`, storing uploaded deltas
     /// in `stores.0` and serving checkpoints from the object store `stores.1`, checking jobs and deltas against `catalog` and showing each running
-    /// epoch's spot-check commitment from `commitments`; long-lived streams end
+    /// epoch's spot-check commitment from `commitments` and the publication records on `ledger`; long-lived streams end
     /// `UNAVAILABLE` when `shutdown` turns true.
     pub async fn new(
         core: OrchestratorHandle,
@@ -182,6 +182,7 @@ impl GrpcServer {
         stores: (Arc<dyn BlobStore>, Arc<dyn crate::publish::ObjectStore>),
         catalog: Arc<ModelCatalog>,
         commitments: super::jobs::Commitments,
+        ledger: Option<Arc<dyn hanzod_actors::ports::Ledger>>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<GrpcServer, ServeError> {
         let max = settings.max_message_bytes;
@@ -217,7 +218,7 @@ impl GrpcServer {
             token.clone(),
         );
         let admin = InterceptedService::new(
-            AdminServiceServer::new(AdminServiceImpl::new(core, sessions))
+            AdminServiceServer::new(AdminServiceImpl::new(core, sessions, ledger))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
             token,

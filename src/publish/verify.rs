@@ -1,1 +1,456 @@
-//! (being written)
+//! Verifying a published checkpoint (DESIGN §7, paper §7.2 "Cross-Verification"): the
+//! checks behind `hanzod verify`.
+//!
+//! Given the files of a published repo (or only the weights, for a checkpoint fetched by
+//! CID) and the signed publication record the ledger holds for it, [`check`] recomputes
+//! every CID and compares:
+//!
+//! | check | passes when |
+//! |---|---|
+//! | `card` | `README.md` parses as a hanzod model card and is byte for byte the card those fields render to |
+//! | `weights CID` | the CID of `model.safetensors` equals the card's `hanzod.cid` |
+//! | `record` | the ledger holds a record for these weights |
+//! | `signature` | the record's Ed25519 signature verifies (and its signer is the trusted orchestrator key, when one is given) |
+//! | `record: weights` | the record's `cid` equals the weights' CID |
+//! | `record: config` | the record's `config_cid` equals the CID of `config.json` |
+//! | `record: card` | the record's `card_cid` equals the CID of `README.md` |
+//! | `record: card fields` | the record's job, epoch and quality equal the card's |
+//! | `record: repo` | the record's `hf_repo` equals the repo the files came from (Hub targets) |
+//!
+//! Every file is covered by a CID in the signed record, so one flipped byte anywhere fails
+//! at least one check.
+
+use serde::Serialize;
+
+use super::cid::cid_of;
+use super::record::{check_signature, SignedPublication};
+use super::registry::ModelCard;
+
+/// The files of a published checkpoint, as fetched or read.
+#[derive(Debug, Clone, Default)]
+pub struct Files {
+    /// The bytes of `model.safetensors`.
+    pub weights: Vec<u8>,
+    /// The bytes of `config.json`, when the target has one (not for a CID).
+    pub config: Option<Vec<u8>>,
+    /// The bytes of `README.md`, when the target has one (not for a CID).
+    pub readme: Option<Vec<u8>>,
+    /// The Hub repo id the files came from, when they came from the Hub.
+    pub repo: Option<String>,
+}
+
+/// One check's outcome.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Check {
+    /// What was checked (the first column of the module's table).
+    pub name: &'static str,
+    /// Whether it passed.
+    pub passed: bool,
+    /// What was expected (the reference value), when there is one.
+    pub expected: Option<String>,
+    /// What was found, or why the check could not be made.
+    pub found: String,
+}
+
+/// The verdict of [`check`]: every check, in the module table's order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// The weights' CID, as recomputed.
+    pub cid: String,
+    /// The checks made.
+    pub checks: Vec<Check>,
+}
+
+impl Verdict {
+    /// Whether every check passed.
+    pub fn verified(&self) -> bool {
+        !self.checks.is_empty() && self.checks.iter().all(|c| c.passed)
+    }
+
+    /// The checks that failed.
+    pub fn failures(&self) -> impl Iterator<Item = &Check> {
+        self.checks.iter().filter(|c| !c.passed)
+    }
+}
+
+fn pass(name: &'static str, found: impl Into<String>) -> Check {
+    Check {
+        name,
+        passed: true,
+        expected: None,
+        found: found.into(),
+    }
+}
+
+fn fail(name: &'static str, found: impl Into<String>) -> Check {
+    Check {
+        name,
+        passed: false,
+        expected: None,
+        found: found.into(),
+    }
+}
+
+/// Compares `expected` with `found`: passes when equal.
+fn compare(name: &'static str, expected: &str, found: &str) -> Check {
+    Check {
+        name,
+        passed: expected == found,
+        expected: Some(expected.to_string()),
+        found: found.to_string(),
+    }
+}
+
+/// Runs the checks of the module table on `files` against `record` (the ledger's record for
+/// these weights: `Ok(None)` when it holds none, `Err` when it could not be asked, with the
+/// reason). `cid` is the weights' CID ([`cid_of`] of `files.weights`, computed once by the
+/// caller, who needs it to find the record). `trusted` is the orchestrator key the reader
+/// trusts, if any. The other CIDs are computed on the calling thread.
+pub fn check(
+    files: &Files,
+    cid: &str,
+    record: Result<Option<SignedPublication>, String>,
+    trusted: Option<[u8; 32]>,
+) -> Verdict {
+    let cid = cid.to_string();
+    let mut checks = Vec::new();
+    let card = files.readme.as_ref().map(|readme| -> Result<ModelCard, String> {
+        let text = std::str::from_utf8(readme).map_err(|e| format!("not UTF-8: {e}"))?;
+        let card = ModelCard::parse(text).map_err(|e| e.to_string())?;
+        if card.render().as_bytes() != readme.as_slice() {
+            return Err("README.md differs from the card its front matter renders to".into());
+        }
+        Ok(card)
+    });
+    match &card {
+        None => {}
+        Some(Ok(card)) => {
+            checks.push(pass("card", format!("job {}, epoch {}", card.job, card.epoch)));
+            checks.push(compare("weights CID", &card.cid, &cid));
+        }
+        Some(Err(why)) => checks.push(fail("card", why.clone())),
+    }
+    let publication = match record {
+        Ok(Some(p)) => {
+            checks.push(pass(
+                "record",
+                format!(
+                    "job {}, epoch {}, signed at {} ms",
+                    p.record.job.0, p.record.epoch, p.record.timestamp.0
+                ),
+            ));
+            p
+        }
+        Ok(None) => {
+            checks.push(fail("record", format!("the ledger holds no record of {cid}")));
+            return Verdict { cid, checks };
+        }
+        Err(why) => {
+            checks.push(fail("record", format!("could not read the ledger: {why}")));
+            return Verdict { cid, checks };
+        }
+    };
+    let signer = hex::encode(publication.signer);
+    checks.push(match (check_signature(&publication), trusted) {
+        (Err(e), _) => fail("signature", format!("{e} (signer {signer})")),
+        (Ok(()), Some(key)) => compare("signature", &hex::encode(key), &signer),
+        (Ok(()), None) => pass(
+            "signature",
+            format!("valid, by {signer} (no trusted key given: pass --orchestrator to pin it)"),
+        ),
+    });
+    let r = &publication.record;
+    checks.push(compare("record: weights", &r.cid, &cid));
+    if let Some(config) = &files.config {
+        checks.push(compare(
+            "record: config",
+            &r.config_cid,
+            &cid_of(config).to_string(),
+        ));
+    }
+    if let Some(readme) = &files.readme {
+        checks.push(compare(
+            "record: card",
+            &r.card_cid,
+            &cid_of(readme).to_string(),
+        ));
+    }
+    if let Some(Ok(card)) = &card {
+        let fields = |job: u64, epoch: u32, quality: f64| {
+            format!("job {job}, epoch {epoch}, quality {quality}")
+        };
+        checks.push(compare(
+            "record: card fields",
+            &fields(r.job.0, r.epoch, r.quality),
+            &fields(card.job, card.epoch, card.quality),
+        ));
+    }
+    if let Some(repo) = &files.repo {
+        checks.push(compare("record: repo", &r.hf_repo, repo));
+    }
+    Verdict { cid, checks }
+}
+
+
+/// What `hanzod verify` was pointed at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A folder of a published repo: `model.safetensors`, `config.json`, `README.md` (the
+    /// last two are checked when present).
+    Folder(std::path::PathBuf),
+    /// A Hugging Face repo id, `{org}/{name}`, downloaded from the Hub.
+    Repo(String),
+    /// The weights' CID, fetched from an object store (IPFS).
+    Cid(String),
+}
+
+impl Target {
+    /// Reads `text` as a target: an existing folder, else a CID, else a repo id.
+    ///
+    /// Errors: the reason `text` is none of them.
+    pub fn parse(text: &str) -> Result<Target, String> {
+        let path = std::path::Path::new(text);
+        if path.is_dir() {
+            return Ok(Target::Folder(path.to_path_buf()));
+        }
+        if super::objects::parse_cid(text).is_ok() {
+            return Ok(Target::Cid(text.to_string()));
+        }
+        match super::registry::validate_repo(text) {
+            Ok(()) => Ok(Target::Repo(text.to_string())),
+            Err(e) => Err(format!(
+                "{text:?} is neither a folder, a CID nor a Hub repo id ({e})"
+            )),
+        }
+    }
+}
+
+/// Why the files could not be read or fetched (the verdict could not be reached: exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// A file of a folder could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The Hub failed or has no such repo or file.
+    #[error(transparent)]
+    Hub(#[from] super::registry::RegistryError),
+    /// The object store failed or has no such CID.
+    #[error(transparent)]
+    Objects(#[from] super::objects::ObjectError),
+}
+
+/// The files of the published repo in `dir`: `model.safetensors` is required, `config.json`
+/// and `README.md` are read when present.
+pub async fn read_folder(dir: &std::path::Path) -> Result<Files, FetchError> {
+    use super::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
+    let read = |name: &str, required: bool| {
+        let path = dir.join(name);
+        async move {
+            match tokio::fs::read(&path).await {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(source) => Err(FetchError::Read {
+                    path: path.display().to_string(),
+                    source,
+                }),
+            }
+        }
+    };
+    Ok(Files {
+        weights: read(WEIGHTS_FILE, true).await?.unwrap_or_default(),
+        config: read(CONFIG_FILE, false).await?,
+        readme: read(CARD_FILE, false).await?,
+        repo: None,
+    })
+}
+
+/// Downloads the three files of Hub repo `repo` into `dir` (the weights streamed to disk,
+/// with a progress bar on `progress`) and reads them.
+pub async fn fetch_repo(
+    hub: &super::hub::HubClient,
+    repo: &str,
+    dir: &std::path::Path,
+    progress: Option<&indicatif::ProgressBar>,
+) -> Result<Files, FetchError> {
+    use super::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
+    let config = hub.fetch_small(repo, CONFIG_FILE).await?;
+    let readme = hub.fetch_small(repo, CARD_FILE).await?;
+    let weights_path = dir.join(WEIGHTS_FILE);
+    hub.download(repo, WEIGHTS_FILE, &weights_path, progress)
+        .await?;
+    let weights = tokio::fs::read(&weights_path)
+        .await
+        .map_err(|source| FetchError::Read {
+            path: weights_path.display().to_string(),
+            source,
+        })?;
+    Ok(Files {
+        weights,
+        config: Some(config),
+        readme: Some(readme),
+        repo: Some(repo.to_string()),
+    })
+}
+
+/// The weights stored under `cid` in `objects` (the store checks them against the CID).
+pub async fn fetch_cid(
+    objects: &dyn super::objects::ObjectStore,
+    cid: &str,
+) -> Result<Files, FetchError> {
+    let weights = objects.get(cid).await?;
+    Ok(Files {
+        weights: weights.to_vec(),
+        ..Files::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Identity;
+    use crate::publish::record::{sign, PublicationRecord};
+    use hanzod_actors::types::{JobId, Timestamp};
+    use proptest::prelude::*;
+
+    const REPO: &str = "org/wine-job-3-epoch-2";
+
+    fn published(weights: &[u8]) -> (Files, SignedPublication, [u8; 32]) {
+        let key = Identity::from_seed([7; 32]);
+        let card = ModelCard {
+            cid: cid_of(weights).to_string(),
+            epoch: 2,
+            job: 3,
+            quality: 0.5,
+            base_model: Some("bafkprevious".into()),
+            license: "apache-2.0".into(),
+            model: "wine".into(),
+            dataset: "wine-quality-red".into(),
+        };
+        let readme = card.render().into_bytes();
+        let config = br#"{"model_type": "wine"}"#.to_vec();
+        let record = PublicationRecord {
+            job: JobId(3),
+            epoch: 2,
+            cid: card.cid.clone(),
+            config_cid: cid_of(&config).to_string(),
+            card_cid: cid_of(&readme).to_string(),
+            hf_repo: REPO.into(),
+            quality: 0.5,
+            timestamp: Timestamp(1_700_000_000_000),
+        };
+        let files = Files {
+            weights: weights.to_vec(),
+            config: Some(config),
+            readme: Some(readme),
+            repo: Some(REPO.into()),
+        };
+        (files, sign(record, &key), key.node_id().0)
+    }
+
+    #[test]
+    fn an_untouched_publication_verifies() {
+        let (files, record, key) = published(&[1, 2, 3, 4]);
+        let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record)), Some(key));
+        assert!(v.verified(), "{v:#?}");
+        assert_eq!(v.checks.len(), 9);
+    }
+
+    #[test]
+    fn a_missing_record_or_unreachable_ledger_fails() {
+        let (files, _, key) = published(&[1]);
+        let v = check(&files, &cid_of(&files.weights).to_string(), Ok(None), Some(key));
+        assert!(!v.verified());
+        assert_eq!(v.failures().next().map(|c| c.name), Some("record"));
+        let v = check(&files, &cid_of(&files.weights).to_string(), Err("connection refused".into()), Some(key));
+        assert!(v
+            .failures()
+            .any(|c| c.name == "record" && c.found.contains("connection refused")));
+    }
+
+    #[test]
+    fn another_signer_fails_when_a_key_is_trusted() {
+        let (files, record, _) = published(&[1]);
+        let other = Identity::from_seed([8; 32]).node_id().0;
+        let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record.clone())), Some(other));
+        assert_eq!(
+            v.failures().map(|c| c.name).collect::<Vec<_>>(),
+            ["signature"]
+        );
+        // Without a trusted key, a valid signature passes and names its signer.
+        let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record)), None);
+        assert!(v.verified());
+    }
+
+    #[test]
+    fn a_record_of_another_repo_fails() {
+        let (mut files, record, key) = published(&[1]);
+        files.repo = Some("org/other-job-3-epoch-2".into());
+        let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record)), Some(key));
+        assert_eq!(
+            v.failures().map(|c| c.name).collect::<Vec<_>>(),
+            ["record: repo"]
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// One flipped bit in any byte of any file, or of the record's signature, fails.
+        #[test]
+        fn one_flipped_byte_anywhere_fails(
+            len in 1usize..600_000,
+            file in 0usize..4,
+            at in any::<prop::sample::Index>(),
+            bit in 0u8..8,
+        ) {
+            let weights: Vec<u8> = (0..len).map(|i| (i * 7 + i / 13) as u8).collect();
+            let (mut files, mut record, key) = published(&weights);
+            let target: &mut Vec<u8> = match file {
+                0 => &mut files.weights,
+                1 => files.config.as_mut().expect("config"),
+                2 => files.readme.as_mut().expect("readme"),
+                _ => {
+                    let i = at.index(64);
+                    record.signature[i] ^= 1 << bit;
+                    let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record)), Some(key));
+                    prop_assert!(!v.verified());
+                    return Ok(());
+                }
+            };
+            let i = at.index(target.len());
+            target[i] ^= 1 << bit;
+            let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record)), Some(key));
+            prop_assert!(!v.verified(), "flipping bit {} of byte {} of file {} went unnoticed", bit, i, file);
+        }
+    }
+}
+
+/// The job and epoch a model card names, if `readme` is one (to find the record of a
+/// checkpoint whose weights no record names).
+pub fn card_epoch(readme: &[u8]) -> Option<(u64, u32)> {
+    let card = ModelCard::parse(std::str::from_utf8(readme).ok()?).ok()?;
+    Some((card.job, card.epoch))
+}
+
+/// The record for weights `cid` among `records`: the one naming `cid`, else the one of the
+/// card's (job, epoch) when given (whose `cid` then disagrees, which [`check`] reports).
+pub fn find_record(
+    records: &[SignedPublication],
+    cid: &str,
+    card: Option<(u64, u32)>,
+) -> Option<SignedPublication> {
+    records
+        .iter()
+        .find(|p| p.record.cid == cid)
+        .or_else(|| {
+            let (job, epoch) = card?;
+            records
+                .iter()
+                .find(|p| p.record.job.0 == job && p.record.epoch == epoch)
+        })
+        .cloned()
+}
