@@ -28,7 +28,7 @@ use hanzod_actors::orchestrator::ActorFault;
 use hanzod_actors::ports::memory::{
     ChannelNodeLink, MemoryChain, MemoryCheckpointSink, MemoryMetrics, MemoryStateStore, TokioClock,
 };
-use hanzod_actors::ports::{Clock, DeltaReceipt, NodeCommand, RingView, StateStore, SystemClock};
+use hanzod_actors::ports::{CheckpointSink, Clock, DeltaReceipt, NodeCommand, RingView, StateStore, SystemClock};
 use hanzod_actors::types::{GpuInfo, GymWei, JobId, LinkProfile, NodeId, NodeInfo, Timestamp};
 use hanzod_actors::{Orchestrator, OrchestratorError, OrchestratorHandle};
 use rand::{Rng, SeedableRng};
@@ -60,6 +60,10 @@ pub struct HarnessConfig {
     pub start_at: Option<Timestamp>,
     /// Print the seed to stderr at start and when a test panics (default true).
     pub print_seed: bool,
+    /// The checkpoint sink the orchestrator publishes through, instead of the harness's
+    /// [`MemoryCheckpointSink`] (which then stays empty): to run real publication ports
+    /// under the harness's faults.
+    pub checkpoint_sink: Option<Arc<dyn CheckpointSink>>,
 }
 
 impl HarnessConfig {
@@ -78,6 +82,7 @@ impl HarnessConfig {
             auto_deltas: true,
             start_at: None,
             print_seed: true,
+            checkpoint_sink: None,
         }
     }
 
@@ -100,6 +105,12 @@ impl HarnessConfig {
     /// Sets the core settings.
     pub fn core(mut self, core: CoreConfig) -> Self {
         self.core = core;
+        self
+    }
+
+    /// Publishes through `sink` (see [`HarnessConfig::checkpoint_sink`]).
+    pub fn checkpoint_sink(mut self, sink: Arc<dyn CheckpointSink>) -> Self {
+        self.checkpoint_sink = Some(sink);
         self
     }
 }
@@ -349,7 +360,10 @@ impl Harness {
             .config(cfg.core.clone())
             .state_store(store.clone())
             .chain(chain.clone())
-            .checkpoint_sink(sink.clone())
+            .checkpoint_sink(match &cfg.checkpoint_sink {
+                Some(custom) => custom.clone(),
+                None => sink.clone(),
+            })
             .node_link(Arc::new(link.clone()))
             .start()
             .await

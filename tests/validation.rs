@@ -50,6 +50,7 @@ enum Behaviour {
 }
 
 struct Fixture {
+    publication: hanzod::delta::sink::Publication,
     blobs: Arc<MemoryBlobStore>,
     objects: Arc<dyn hanzod::publish::ObjectStore>,
     sink: TrainingSink,
@@ -88,7 +89,8 @@ async fn fixture_with(rate: f64, economics: Option<Economics>) -> Fixture {
     .unwrap();
     Fixture {
         blobs,
-        objects: publication.objects,
+        objects: publication.objects.clone(),
+        publication,
         sink,
         metrics,
         data: Dataset::wine_quality().unwrap(),
@@ -500,6 +502,22 @@ impl hanzod::core::ports::Ledger for FlakyLedger {
     ) -> Result<Vec<hanzod::core::ports::RewardReceipt>, hanzod::core::ports::LedgerError> {
         self.inner.reward_batches().await
     }
+    async fn record_publication(
+        &self,
+        publication: &hanzod::publish::record::SignedPublication,
+    ) -> Result<hanzod::publish::record::PublicationReceipt, hanzod::core::ports::LedgerError>
+    {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(hanzod::core::ports::ChainError::Unavailable("rpc down".into()).into());
+        }
+        self.inner.record_publication(publication).await
+    }
+    async fn publications(
+        &self,
+    ) -> Result<Vec<hanzod::publish::record::SignedPublication>, hanzod::core::ports::LedgerError>
+    {
+        self.inner.publications().await
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -545,6 +563,7 @@ async fn rewards_follow_scores_slashes_follow_failed_spot_checks_and_a_failed_se
     );
     assert!(r0.rewards.is_empty());
     assert_eq!(ledger.balance_of(&node(1)).await.unwrap(), GymWei(0));
+    assert_eq!(ledger.publications().await.unwrap(), vec![]);
     assert_eq!(r0.slashed.len(), 1);
     assert_eq!(ledger.stake_of(&node(3)).await.unwrap(), GymWei::gym(9_000));
 
@@ -582,6 +601,15 @@ async fn rewards_follow_scores_slashes_follow_failed_spot_checks_and_a_failed_se
             a.score / b.score
         );
     }
+    // Each epoch's signed publication record is on the ledger once, naming its checkpoint.
+    let records = ledger.publications().await.unwrap();
+    assert_eq!(records.len(), 2);
+    for (epoch, p) in records.iter().enumerate() {
+        let r = f.sink.report(JOB, epoch as u32).await.unwrap();
+        assert_eq!(r.publication.as_ref(), Some(p));
+        assert_eq!(p.record.cid, r.checkpoint);
+        assert_eq!(hanzod::publish::record::check_signature(p), Ok(()));
+    }
     let total =
         ledger.balance_of(&node(1)).await.unwrap().0 + ledger.balance_of(&node(2)).await.unwrap().0;
     assert_eq!(total, 2 * pool.0);
@@ -597,4 +625,67 @@ async fn rewards_follow_scores_slashes_follow_failed_spot_checks_and_a_failed_se
             .count(),
         2
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_staged_before_a_crash_is_adopted_not_merged_again() {
+    use hanzod::publish::publisher::Checkpoint;
+    let f = fixture(0.0).await;
+    let recipe = recipe_of(&spec().training, JOB).unwrap();
+    let init = train::init(&recipe);
+    let mut deltas = Vec::new();
+    for i in 1..=3 {
+        deltas.push(f.submit(i, 0, &init, Behaviour::Honest).await);
+    }
+    // What a crashed orchestrator staged for epoch 0: a checkpoint the deltas would not
+    // give (the initial weights, nudged), with its report.
+    let mut staged_weights = init.clone();
+    staged_weights.data.iter_mut().for_each(|v| *v += 0.001);
+    let publisher = f.publication.publisher();
+    let staged = publisher
+        .stage(Checkpoint {
+            job: JOB,
+            epoch: 0,
+            weights: staged_weights.to_safetensors().into(),
+            config_json: b"{}".to_vec(),
+            card: hanzod::publish::ModelCard {
+                cid: String::new(),
+                epoch: 0,
+                job: JOB.0,
+                quality: 0.5,
+                base_model: None,
+                license: "apache-2.0".into(),
+                model: spec().training.model,
+                dataset: spec().training.dataset,
+            },
+            repo: None,
+            report: serde_json::json!({
+                "job": JOB.0, "epoch": 0, "base": null, "checkpoint": "", "loss_before": 1.0,
+                "loss_after": 0.5, "commitment": "", "secret": "", "spot_check_rate": 0.0,
+                "aggregator": "weighted_mean", "kept": null, "suspect": 0, "deltas": [],
+                "slashes": [], "rewards": [], "slashed": [], "repo": null, "location": null,
+                "registry_error": null, "settlement_error": null
+            }),
+        })
+        .await
+        .unwrap();
+    // The new orchestrator's sink publishes epoch 0: the staged checkpoint, as staged.
+    let cp0 = f.publish(0, None, &deltas).await;
+    assert_eq!(cp0, staged.cid());
+    let r0 = f.sink.report(JOB, 0).await.unwrap();
+    assert_eq!(r0.publication.as_ref(), Some(&staged.publication));
+    assert_eq!(r0.loss_after, 0.5);
+    assert!(f.objects.is_pinned(&cp0).await.unwrap());
+    // Epoch 1 continues from the staged weights.
+    let w0 = f.weights(&cp0).await;
+    assert_eq!(w0.data, staged_weights.data);
+    let mut deltas = Vec::new();
+    for i in 1..=3 {
+        deltas.push(f.submit(i, 1, &w0, Behaviour::Honest).await);
+    }
+    let cp1 = f.publish(1, Some(&cp0), &deltas).await;
+    let r1 = f.sink.report(JOB, 1).await.unwrap();
+    assert_eq!(r1.base.as_deref(), Some(cp0.as_str()));
+    assert_ne!(cp1, cp0);
+    assert!(r1.loss_after < r1.loss_before, "{r1:#?}");
 }
