@@ -524,9 +524,12 @@ impl Config {
         }
         for (key, url) in [
             ("publish.ipfs_url (IPFS_URL)", &self.publish.ipfs_url),
-            ("publish.hf_endpoint (HF_ENDPOINT)", &self.publish.hf_endpoint),
+            (
+                "publish.hf_endpoint (HF_ENDPOINT)",
+                &self.publish.hf_endpoint,
+            ),
         ] {
-            if !url.is_empty() && !(url.starts_with("http://") || url.starts_with("https://")) {
+            if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
                 return Err(format!("{key} {url:?} is not an http:// or https:// URL"));
             }
         }

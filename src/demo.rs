@@ -357,6 +357,8 @@ pub struct DemoSummary {
     pub aggregation_ms_per_delta: Option<f64>,
     /// Where the run's files are.
     pub out: PathBuf,
+    /// The orchestrator's public key (hex): the signer of the publication records.
+    pub orchestrator: String,
 }
 
 impl DemoSummary {
@@ -430,7 +432,9 @@ pub fn node_identity(seed: u64, i: usize) -> Identity {
     Identity::from_seed(h.finalize().into())
 }
 
-fn orchestrator_key(seed: u64) -> String {
+/// The demo orchestrator's secret key for `seed` (64 hex digits): derived from the seed, so
+/// runs of one seed sign with one key.
+pub fn orchestrator_key(seed: u64) -> String {
     let mut h = Sha256::new();
     h.update(b"hanzod-demo-orchestrator");
     h.update(seed.to_le_bytes());
@@ -470,9 +474,8 @@ async fn export_publications(
     ledger: &dyn crate::core::ports::Ledger,
     path: &Path,
 ) -> Result<(), DemoError> {
-    let setup = |e: &dyn std::fmt::Display| {
-        DemoError::Setup(format!("writing {}: {e}", path.display()))
-    };
+    let setup =
+        |e: &dyn std::fmt::Display| DemoError::Setup(format!("writing {}: {e}", path.display()));
     let records = ledger.publications().await.map_err(|e| setup(&e))?;
     let json = serde_json::to_vec_pretty(&records).map_err(|e| setup(&e))?;
     std::fs::write(path, json).map_err(|e| setup(&e))
@@ -884,6 +887,9 @@ async fn drive(
         ring_repair_ms,
         aggregation_ms_per_delta: (agg_deltas > 0).then(|| agg_ms as f64 / agg_deltas as f64),
         out: plan.out.clone(),
+        orchestrator: Identity::from_hex(&orchestrator_key(plan.seed), "the demo key")
+            .map(|k| hex::encode(k.node_id().0))
+            .unwrap_or_default(),
     })
 }
 
@@ -1207,6 +1213,12 @@ pub fn render(s: &DemoSummary) -> String {
     }
     if let Some(last) = s.epochs.last().and_then(|e| e.published.as_ref()) {
         let _ = writeln!(o, "\nlast checkpoint published to {last}");
+        let _ = writeln!(
+            o,
+            "verify it: hanzod verify {last} --records {} --orchestrator {}",
+            s.out.join(PUBLICATIONS_FILE).display(),
+            s.orchestrator
+        );
     }
     let _ = writeln!(
         o,

@@ -576,27 +576,33 @@ async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
                 .clone()
                 .filter(|u| !u.trim().is_empty())
                 .or_else(|| Some(cfg.publish.ipfs_url.clone()).filter(|u| !u.is_empty()));
-            let objects: std::sync::Arc<dyn hanzod::publish::ObjectStore> = match (url, &args.object_dir) {
-                (_, Some(dir)) => match hanzod::publish::FsObjectStore::open(dir).await {
-                    Ok(s) => std::sync::Arc::new(s),
-                    Err(e) => return cannot(&e),
-                },
-                (Some(url), None) => {
-                    match hanzod::publish::kubo::KuboObjectStore::connect(&url, Default::default()).await {
+            let objects: std::sync::Arc<dyn hanzod::publish::ObjectStore> =
+                match (url, &args.object_dir) {
+                    (_, Some(dir)) => match hanzod::publish::FsObjectStore::open(dir).await {
                         Ok(s) => std::sync::Arc::new(s),
                         Err(e) => return cannot(&e),
+                    },
+                    (Some(url), None) => {
+                        match hanzod::publish::kubo::KuboObjectStore::connect(
+                            &url,
+                            Default::default(),
+                        )
+                        .await
+                        {
+                            Ok(s) => std::sync::Arc::new(s),
+                            Err(e) => return cannot(&e),
+                        }
                     }
-                }
-                (None, None) if !cfg.publish.object_dir.is_empty() => {
-                    match hanzod::publish::FsObjectStore::open(&cfg.publish.object_dir).await {
-                        Ok(s) => std::sync::Arc::new(s),
-                        Err(e) => return cannot(&e),
+                    (None, None) if !cfg.publish.object_dir.is_empty() => {
+                        match hanzod::publish::FsObjectStore::open(&cfg.publish.object_dir).await {
+                            Ok(s) => std::sync::Arc::new(s),
+                            Err(e) => return cannot(&e),
+                        }
                     }
-                }
-                (None, None) => {
-                    return cannot(&"a CID needs --ipfs-url (or IPFS_URL) or --object-dir")
-                }
-            };
+                    (None, None) => {
+                        return cannot(&"a CID needs --ipfs-url (or IPFS_URL) or --object-dir")
+                    }
+                };
             match verify::fetch_cid(&*objects, cid).await {
                 // Bytes that do not hash to the CID asked for are a failed check, not an
                 // unreachable source.
@@ -609,6 +615,7 @@ async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
                             expected: Some(expected),
                             found,
                         }],
+                        incomplete: None,
                     };
                     return print_verdict(&args.target, &verdict, args.client.json);
                 }
@@ -621,10 +628,13 @@ async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
         Err(e) => return cannot(&e),
     };
     let weights = files.weights.clone();
-    let cid = match tokio::task::spawn_blocking(move || hanzod::publish::cid_of(&weights).to_string()).await {
-        Ok(c) => c,
-        Err(e) => return cannot(&e),
-    };
+    let cid =
+        match tokio::task::spawn_blocking(move || hanzod::publish::cid_of(&weights).to_string())
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => return cannot(&e),
+        };
     let card = files.readme.as_deref().and_then(verify::card_epoch);
     let record = match &args.records {
         Some(path) => std::fs::read(path)
@@ -678,8 +688,10 @@ fn parse_key(text: &str) -> Result<[u8; 32], String> {
 fn print_verdict(target: &str, v: &hanzod::publish::verify::Verdict, json: bool) -> ExitCode {
     let code = if v.verified() {
         ExitCode::SUCCESS
-    } else {
+    } else if v.refuted() {
         ExitCode::FAILURE
+    } else {
+        ExitCode::from(2)
     };
     if json {
         let out = serde_json::json!({
@@ -704,6 +716,11 @@ fn print_verdict(target: &str, v: &hanzod::publish::verify::Verdict, json: bool)
     }
     if v.verified() {
         println!("VERIFIED: every check passed");
+    } else if !v.refuted() {
+        println!(
+            "NOT VERIFIED: could not read the ledger ({})",
+            v.incomplete.as_deref().unwrap_or("unknown")
+        );
     } else {
         let failed: Vec<&str> = v.failures().map(|c| c.name).collect();
         println!("NOT VERIFIED: {} failed", failed.join(", "));

@@ -26,7 +26,7 @@ use crate::delta::catalog::ModelCatalog;
 use crate::delta::sink::{Economics, Publication, TrainingSink};
 use crate::delta::store::{BlobError, BlobStore, FsBlobStore, MemoryBlobStore};
 use crate::grpc::node::NodeServiceSettings;
-use crate::grpc::server::{tls_acceptor, GrpcServer, ServeError, ServerSettings};
+use crate::grpc::server::{tls_acceptor, GrpcServer, ServeError, ServerPorts, ServerSettings};
 use crate::grpc::sessions::{GrpcNodeLink, Sessions};
 use crate::grpc::upload::UploadSettings;
 use crate::health::{Health, Role};
@@ -463,7 +463,9 @@ impl Daemon {
             parts.objects,
             store.clone(),
             identity.clone(),
-            clock.clone().unwrap_or_else(|| Arc::new(crate::core::ports::SystemClock)),
+            clock
+                .clone()
+                .unwrap_or_else(|| Arc::new(crate::core::ports::SystemClock)),
         )
         .await?;
         let objects = publication.objects.clone();
@@ -498,13 +500,16 @@ impl Daemon {
             core.clone(),
             sessions.clone(),
             &settings,
-            (blobs.clone(), objects.clone()),
+            ServerPorts {
+                blobs: blobs.clone(),
+                objects: objects.clone(),
+                ledger: Some(ledger.clone()),
+            },
             catalog.clone(),
             {
                 let sink = sink.clone();
                 Arc::new(move |job, epoch| sink.commitment(job, epoch).0)
             },
-            Some(ledger.clone()),
             shutdown_rx.clone(),
         )
         .await?;

@@ -28,7 +28,9 @@ use hanzod_actors::orchestrator::ActorFault;
 use hanzod_actors::ports::memory::{
     ChannelNodeLink, MemoryChain, MemoryCheckpointSink, MemoryMetrics, MemoryStateStore, TokioClock,
 };
-use hanzod_actors::ports::{CheckpointSink, Clock, DeltaReceipt, NodeCommand, RingView, StateStore, SystemClock};
+use hanzod_actors::ports::{
+    CheckpointSink, Clock, DeltaReceipt, NodeCommand, RingView, StateStore, SystemClock,
+};
 use hanzod_actors::types::{GpuInfo, GymWei, JobId, LinkProfile, NodeId, NodeInfo, Timestamp};
 use hanzod_actors::{Orchestrator, OrchestratorError, OrchestratorHandle};
 use rand::{Rng, SeedableRng};

@@ -38,6 +38,65 @@ async fn run(plan: DemoPlan) -> DemoSummary {
     s
 }
 
+/// `hanzod verify` on every published epoch: each verifies against the demo's exported
+/// ledger records and key (exit 0); a copy with one flipped byte in any of its three files
+/// fails (exit 1), naming the check; an unknown signer fails; a missing records file cannot
+/// be verified (exit 2).
+fn verify_cli(s: &DemoSummary) {
+    let records = s.out.join(hanzod::demo::PUBLICATIONS_FILE);
+    let verify = |dir: &std::path::Path, key: &str, records: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hanzod"))
+            .arg("verify")
+            .arg(dir)
+            .arg("--records")
+            .arg(records)
+            .args(["--orchestrator", key])
+            .output()
+            .expect("hanzod verify runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    for e in &s.epochs {
+        let dir = PathBuf::from(e.published.as_ref().expect("published"));
+        let (code, text) = verify(&dir, &s.orchestrator, &records);
+        assert_eq!(code, Some(0), "{text}");
+        assert!(
+            text.contains("VERIFIED") && text.contains(&e.checkpoint),
+            "{text}"
+        );
+    }
+    let dir = PathBuf::from(s.epochs[0].published.as_ref().expect("published"));
+    for (file, check) in [
+        ("model.safetensors", "weights CID"),
+        ("config.json", "record: config"),
+        ("README.md", "record: card"),
+    ] {
+        let copy = s.out.join(format!("tampered-{file}"));
+        let _ = std::fs::remove_dir_all(&copy);
+        std::fs::create_dir_all(&copy).unwrap();
+        for f in ["model.safetensors", "config.json", "README.md"] {
+            std::fs::copy(dir.join(f), copy.join(f)).unwrap();
+        }
+        let mut bytes = std::fs::read(copy.join(file)).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x01;
+        std::fs::write(copy.join(file), bytes).unwrap();
+        let (code, text) = verify(&copy, &s.orchestrator, &records);
+        assert_eq!(code, Some(1), "{file}: {text}");
+        assert!(
+            text.contains("NOT VERIFIED") && text.contains(check),
+            "{file}: {text}"
+        );
+    }
+    let stranger = "ab".repeat(32);
+    let (code, text) = verify(&dir, &stranger, &records);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("signature"), "{text}");
+    let (code, text) = verify(&dir, &s.orchestrator, &s.out.join("no-such-file.json"));
+    assert_eq!(code, Some(2), "{text}");
+}
+
 fn wei(s: &str) -> u128 {
     s.parse().expect("a decimal wei amount")
 }
@@ -112,6 +171,7 @@ async fn four_honest_nodes_train_three_epochs_to_published_and_are_paid() {
         let data = train::Dataset::wine_quality().unwrap();
         assert_eq!(train::validation_loss(&w, &data).unwrap(), e.loss_after);
     }
+    verify_cli(&s);
     // The pools are paid in full, to every node; nobody is slashed.
     let paid: u128 = s.nodes.iter().map(|n| wei(&n.rewards_wei)).sum();
     assert_eq!(paid, 3 * POOL);

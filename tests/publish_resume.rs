@@ -19,9 +19,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use hanzod::core::job::JobPhase;
 use hanzod::core::ports::memory::{MemoryChain, MemoryStateStore};
-use hanzod::core::ports::{
-    CheckpointError, CheckpointSink, EpochInput, Ledger, SystemClock,
-};
+use hanzod::core::ports::{CheckpointError, CheckpointSink, EpochInput, Ledger, SystemClock};
 use hanzod::identity::Identity;
 use hanzod::publish::publisher::{Checkpoint, Publisher};
 use hanzod::publish::record::check_signature;
@@ -35,15 +33,15 @@ use tokio::sync::mpsc;
 const MIN: Duration = Duration::from_secs(60);
 const EPOCHS: u32 = 3;
 
-/// Where the orchestrator dies.
+/// Where the orchestrator dies: just after this step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum CrashPoint {
     /// The weights are added to IPFS and the publication staged; the repo is not pushed.
-    AfterIpfsAdd,
+    IpfsAdded,
     /// The repo is pushed; the record is not on the ledger.
-    AfterHubPush,
+    HubPushed,
     /// The record is on the ledger; the core has not logged the checkpoint.
-    AfterRecord,
+    Recorded,
 }
 
 /// The ports that outlive the crash.
@@ -82,7 +80,12 @@ impl CheckpointSink for PublishingSink {
     async fn publish(&self, input: EpochInput<'_>) -> Result<String, CheckpointError> {
         let failed = |e: &dyn std::fmt::Display| CheckpointError::Failed(e.to_string());
         let (job, epoch) = (input.job, input.epoch);
-        let staged = match self.publisher.staged(job, epoch).await.map_err(|e| failed(&e))? {
+        let staged = match self
+            .publisher
+            .staged(job, epoch)
+            .await
+            .map_err(|e| failed(&e))?
+        {
             Some(staged) => staged,
             None => {
                 let nonce: u64 = self.rng.lock().expect("rng").gen();
@@ -116,7 +119,8 @@ impl CheckpointSink for PublishingSink {
                     .map_err(|e| failed(&e))?
             }
         };
-        self.crash_here(CrashPoint::AfterIpfsAdd, epoch, staged.cid()).await;
+        self.crash_here(CrashPoint::IpfsAdded, epoch, staged.cid())
+            .await;
         let weights = self
             .publisher
             .weights(&staged)
@@ -126,12 +130,14 @@ impl CheckpointSink for PublishingSink {
             Ok(Some(Ok(_))) => {}
             other => return Err(failed(&format!("{other:?}"))),
         }
-        self.crash_here(CrashPoint::AfterHubPush, epoch, staged.cid()).await;
+        self.crash_here(CrashPoint::HubPushed, epoch, staged.cid())
+            .await;
         self.ledger
             .record_publication(&staged.publication)
             .await
             .map_err(|e| failed(&e))?;
-        self.crash_here(CrashPoint::AfterRecord, epoch, staged.cid()).await;
+        self.crash_here(CrashPoint::Recorded, epoch, staged.cid())
+            .await;
         Ok(staged.cid().to_string())
     }
 }
@@ -174,7 +180,9 @@ fn repos(root: &Path) -> Vec<String> {
 async fn crash_and_resume(point: CrashPoint) {
     let seed = HarnessConfig::new(4).seed_from_env_or(71).seed;
     let crash_epoch = (seed % u64::from(EPOCHS)) as u32;
-    eprintln!("crash {point:?} in epoch {crash_epoch} (seed {seed}; replay with HANZOD_SEED={seed})");
+    eprintln!(
+        "crash {point:?} in epoch {crash_epoch} (seed {seed}; replay with HANZOD_SEED={seed})"
+    );
     let registry_dir = std::env::temp_dir().join(format!(
         "hanzod-publish-resume-{}-{point:?}-{seed}",
         std::process::id()
@@ -279,15 +287,15 @@ async fn crash_and_resume(point: CrashPoint) {
 
 #[tokio::test(start_paused = true)]
 async fn crash_between_ipfs_add_and_hub_push_resumes_without_duplicates() {
-    crash_and_resume(CrashPoint::AfterIpfsAdd).await;
+    crash_and_resume(CrashPoint::IpfsAdded).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn crash_between_hub_push_and_ledger_record_resumes_without_duplicates() {
-    crash_and_resume(CrashPoint::AfterHubPush).await;
+    crash_and_resume(CrashPoint::HubPushed).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn crash_after_the_record_resumes_without_duplicates() {
-    crash_and_resume(CrashPoint::AfterRecord).await;
+    crash_and_resume(CrashPoint::Recorded).await;
 }

@@ -505,8 +505,7 @@ impl hanzod::core::ports::Ledger for FlakyLedger {
     async fn record_publication(
         &self,
         publication: &hanzod::publish::record::SignedPublication,
-    ) -> Result<hanzod::publish::record::PublicationReceipt, hanzod::core::ports::LedgerError>
-    {
+    ) -> Result<hanzod::publish::record::PublicationReceipt, hanzod::core::ports::LedgerError> {
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(hanzod::core::ports::ChainError::Unavailable("rpc down".into()).into());
         }

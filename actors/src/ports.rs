@@ -23,9 +23,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::publication::{PublicationReceipt, SignedPublication};
 use crate::events::{Event, Record};
 use crate::job::JobSpec;
+use crate::publication::{PublicationReceipt, SignedPublication};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
 pub use memory::TokioClock;

@@ -40,8 +40,8 @@ use super::validate::{
 use crate::core::job::TrainingSpec;
 use crate::core::ports::memory::MemoryStateStore;
 use crate::core::ports::{
-    ChainError, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput, Ledger,
-    Metrics, StateStore, SystemClock,
+    ChainError, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput, Ledger, Metrics,
+    StateStore, SystemClock,
 };
 use crate::core::rewards::split_rewards;
 use crate::core::types::{GymWei, JobId, NodeId};
@@ -581,10 +581,7 @@ impl KeeperState {
             }
         };
         let weights = publisher.weights(&staged).await.map_err(failed)?;
-        let published = publisher
-            .complete(&staged, weights)
-            .await
-            .map_err(failed)?;
+        let published = publisher.complete(&staged, weights).await.map_err(failed)?;
         let mut report: EpochReport = serde_json::from_value(staged.report.clone())
             .map_err(|e| failed(format!("the staged report of epoch {epoch}: {e}")))?;
         report.checkpoint = staged.cid().to_string();

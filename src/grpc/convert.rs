@@ -400,6 +400,54 @@ pub fn node(v: &NodeView, endpoint: String) -> pb::Node {
     }
 }
 
+/// The wire form of a signed publication record.
+pub fn publication(p: &crate::publish::record::SignedPublication) -> pb::Publication {
+    let r = &p.record;
+    pb::Publication {
+        job_id: r.job.0,
+        epoch: r.epoch,
+        cid: r.cid.clone(),
+        config_cid: r.config_cid.clone(),
+        card_cid: r.card_cid.clone(),
+        hf_repo: r.hf_repo.clone(),
+        quality: r.quality,
+        timestamp_ms: r.timestamp.0,
+        signer: p.signer.to_vec(),
+        signature: p.signature.to_vec(),
+    }
+}
+
+/// A signed publication record from its wire form; `Err` names a signer that is not 32
+/// bytes or a signature that is not 64.
+pub fn publication_from(
+    p: pb::Publication,
+) -> Result<crate::publish::record::SignedPublication, String> {
+    let signer: [u8; 32] = p
+        .signer
+        .as_slice()
+        .try_into()
+        .map_err(|_| format!("signer is {} bytes, want 32", p.signer.len()))?;
+    let signature: [u8; 64] = p
+        .signature
+        .as_slice()
+        .try_into()
+        .map_err(|_| format!("signature is {} bytes, want 64", p.signature.len()))?;
+    Ok(crate::publish::record::SignedPublication {
+        record: crate::publish::record::PublicationRecord {
+            job: hanzod_actors::types::JobId(p.job_id),
+            epoch: p.epoch,
+            cid: p.cid,
+            config_cid: p.config_cid,
+            card_cid: p.card_cid,
+            hf_repo: p.hf_repo,
+            quality: p.quality,
+            timestamp: hanzod_actors::types::Timestamp(p.timestamp_ms),
+        },
+        signer,
+        signature,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -546,52 +594,4 @@ mod tests {
             prop_assert_eq!(gym_wei("x", &v.to_string()).unwrap(), GymWei(v));
         }
     }
-}
-
-/// The wire form of a signed publication record.
-pub fn publication(p: &crate::publish::record::SignedPublication) -> pb::Publication {
-    let r = &p.record;
-    pb::Publication {
-        job_id: r.job.0,
-        epoch: r.epoch,
-        cid: r.cid.clone(),
-        config_cid: r.config_cid.clone(),
-        card_cid: r.card_cid.clone(),
-        hf_repo: r.hf_repo.clone(),
-        quality: r.quality,
-        timestamp_ms: r.timestamp.0,
-        signer: p.signer.to_vec(),
-        signature: p.signature.to_vec(),
-    }
-}
-
-/// A signed publication record from its wire form; `Err` names a signer that is not 32
-/// bytes or a signature that is not 64.
-pub fn publication_from(
-    p: pb::Publication,
-) -> Result<crate::publish::record::SignedPublication, String> {
-    let signer: [u8; 32] = p
-        .signer
-        .as_slice()
-        .try_into()
-        .map_err(|_| format!("signer is {} bytes, want 32", p.signer.len()))?;
-    let signature: [u8; 64] = p
-        .signature
-        .as_slice()
-        .try_into()
-        .map_err(|_| format!("signature is {} bytes, want 64", p.signature.len()))?;
-    Ok(crate::publish::record::SignedPublication {
-        record: crate::publish::record::PublicationRecord {
-            job: hanzod_actors::types::JobId(p.job_id),
-            epoch: p.epoch,
-            cid: p.cid,
-            config_cid: p.config_cid,
-            card_cid: p.card_cid,
-            hf_repo: p.hf_repo,
-            quality: p.quality,
-            timestamp: hanzod_actors::types::Timestamp(p.timestamp_ms),
-        },
-        signer,
-        signature,
-    })
 }

@@ -170,23 +170,38 @@ pub struct GrpcServer {
     health: tonic_health::server::HealthReporter,
 }
 
+/// The ports the gRPC services read and write besides the core.
+#[derive(Debug, Clone)]
+pub struct ServerPorts {
+    /// Where uploaded deltas are stored.
+    pub blobs: Arc<dyn BlobStore>,
+    /// Where checkpoints are served from.
+    pub objects: Arc<dyn crate::publish::ObjectStore>,
+    /// Where `ListPublications` reads the publication records (none: UNIMPLEMENTED).
+    pub ledger: Option<Arc<dyn hanzod_actors::ports::Ledger>>,
+}
+
 impl GrpcServer {
-    /// Builds the server for `core`, delivering through `sessions`, storing uploaded deltas
-    /// in `stores.0` and serving checkpoints from the object store `stores.1`, checking jobs and deltas against `catalog` and showing each running
-    /// epoch's spot-check commitment from `commitments` and the publication records on `ledger`; long-lived streams end
-    /// `UNAVAILABLE` when `shutdown` turns true.
+    /// Builds the server for `core`, delivering through `sessions`: uploaded deltas are
+    /// stored in `ports.blobs`, checkpoints served from `ports.objects` and publication
+    /// records from `ports.ledger`; jobs and deltas are checked against `catalog`, and each
+    /// running epoch's spot-check commitment is shown from `commitments`. Long-lived streams
+    /// end `UNAVAILABLE` when `shutdown` turns true.
     pub async fn new(
         core: OrchestratorHandle,
         sessions: Arc<Sessions>,
         settings: &ServerSettings,
-        stores: (Arc<dyn BlobStore>, Arc<dyn crate::publish::ObjectStore>),
+        ports: ServerPorts,
         catalog: Arc<ModelCatalog>,
         commitments: super::jobs::Commitments,
-        ledger: Option<Arc<dyn hanzod_actors::ports::Ledger>>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<GrpcServer, ServeError> {
         let max = settings.max_message_bytes;
-        let (blobs, objects) = stores;
+        let ServerPorts {
+            blobs,
+            objects,
+            ledger,
+        } = ports;
         let uploads = Arc::new(DeltaUploads::new(
             core.clone(),
             sessions.clone(),

@@ -147,7 +147,10 @@ impl Publisher {
         if entry.seq != JOURNAL_VERSION {
             return Err(PublishError::Invalid {
                 key,
-                why: format!("format version {} (this build reads {JOURNAL_VERSION})", entry.seq),
+                why: format!(
+                    "format version {} (this build reads {JOURNAL_VERSION})",
+                    entry.seq
+                ),
             });
         }
         serde_json::from_slice(&entry.state)
@@ -227,7 +230,10 @@ impl Publisher {
         // leader's write is fenced) would have replaced the entry: what the journal holds
         // is what is published.
         Ok(self
-            .staged(staged.publication.record.job, staged.publication.record.epoch)
+            .staged(
+                staged.publication.record.job,
+                staged.publication.record.epoch,
+            )
             .await?
             .unwrap_or(staged))
     }
@@ -257,7 +263,10 @@ impl Publisher {
             .when(|e| matches!(e, ObjectError::Io(_)))
             .await?;
         let record = &staged.publication.record;
-        let Some(registry) = self.registry.as_ref().filter(|_| !record.hf_repo.is_empty())
+        let Some(registry) = self
+            .registry
+            .as_ref()
+            .filter(|_| !record.hf_repo.is_empty())
         else {
             return Ok(None);
         };

@@ -68,7 +68,10 @@ mod tests {
 
         let mut other_signer = signed.clone();
         other_signer.signer = Identity::from_seed([8; 32]).node_id().0;
-        assert_eq!(check_signature(&other_signer), Err(SignatureError::Mismatch));
+        assert_eq!(
+            check_signature(&other_signer),
+            Err(SignatureError::Mismatch)
+        );
 
         let mut flipped = signed;
         flipped.signature[10] ^= 1;

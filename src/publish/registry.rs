@@ -6,6 +6,7 @@
 //! | implementation | where |
 //! |---|---|
 //! | [`FolderRegistry`] | the HF repo layout in a local folder (the embedded default) |
+//! | [`super::hub::HubRegistry`] | the Hugging Face Hub HTTP API (`HF_ENDPOINT`, `HF_TOKEN`) |
 //!
 //! The real adapter (the Hub HTTP API, `HF_ENDPOINT`, `HF_TOKEN`) comes with the publication
 //! issue. The card's YAML is written and read with `serde_yaml_ng` (the maintained fork of
@@ -53,6 +54,21 @@ pub enum RegistryError {
     /// The backing storage or service failed.
     #[error("registry I/O: {0}")]
     Io(String),
+    /// The service refused the credentials (HTTP 401/403 from the Hub: `HF_TOKEN` missing,
+    /// invalid, or without write access to the namespace). Carries the repo, the step and
+    /// the service's message. Not transient: retrying does not help.
+    #[error("registry refused the credentials: {0}")]
+    Unauthorized(String),
+    /// The repo, revision or file does not exist (HTTP 404, or the Hub's `X-Error-Code:
+    /// RepoNotFound`/`RevisionNotFound`/`EntryNotFound`). Carries what was missing and
+    /// where.
+    #[error("not found in the registry: {0}")]
+    NotFound(String),
+    /// The registry adapter is misconfigured (an endpoint that is not an `http(s)` URL, a
+    /// token that is not a valid header value, no CA certificates for `https`). Carries the
+    /// reason.
+    #[error("registry configuration: {0}")]
+    Config(String),
 }
 
 /// The model card of one published checkpoint, rendered as the repo's `README.md`.
@@ -309,7 +325,7 @@ pub trait ModelRegistry: Send + Sync + std::fmt::Debug + 'static {
 }
 
 /// Checks `upload` as [`ModelRegistry::publish`] requires (the CID on a blocking thread).
-async fn validate_upload(upload: &ModelUpload) -> Result<(), RegistryError> {
+pub(crate) async fn validate_upload(upload: &ModelUpload) -> Result<(), RegistryError> {
     validate_repo(&upload.repo)?;
     let suffix = format!("-epoch-{}", upload.card.epoch);
     if !upload.repo.ends_with(&suffix) {

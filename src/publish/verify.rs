@@ -59,6 +59,9 @@ pub struct Verdict {
     pub cid: String,
     /// The checks made.
     pub checks: Vec<Check>,
+    /// Why the verdict is incomplete, when the ledger could not be read (its `record`
+    /// check failed for that reason, not because of what it holds).
+    pub incomplete: Option<String>,
 }
 
 impl Verdict {
@@ -70,6 +73,13 @@ impl Verdict {
     /// The checks that failed.
     pub fn failures(&self) -> impl Iterator<Item = &Check> {
         self.checks.iter().filter(|c| !c.passed)
+    }
+
+    /// Whether a check failed on what the files or the record hold (as opposed to the
+    /// ledger being unreachable): the files are not what was published.
+    pub fn refuted(&self) -> bool {
+        self.failures()
+            .any(|c| !(self.incomplete.is_some() && c.name == "record"))
     }
 }
 
@@ -114,18 +124,24 @@ pub fn check(
 ) -> Verdict {
     let cid = cid.to_string();
     let mut checks = Vec::new();
-    let card = files.readme.as_ref().map(|readme| -> Result<ModelCard, String> {
-        let text = std::str::from_utf8(readme).map_err(|e| format!("not UTF-8: {e}"))?;
-        let card = ModelCard::parse(text).map_err(|e| e.to_string())?;
-        if card.render().as_bytes() != readme.as_slice() {
-            return Err("README.md differs from the card its front matter renders to".into());
-        }
-        Ok(card)
-    });
+    let card = files
+        .readme
+        .as_ref()
+        .map(|readme| -> Result<ModelCard, String> {
+            let text = std::str::from_utf8(readme).map_err(|e| format!("not UTF-8: {e}"))?;
+            let card = ModelCard::parse(text).map_err(|e| e.to_string())?;
+            if card.render().as_bytes() != readme.as_slice() {
+                return Err("README.md differs from the card its front matter renders to".into());
+            }
+            Ok(card)
+        });
     match &card {
         None => {}
         Some(Ok(card)) => {
-            checks.push(pass("card", format!("job {}, epoch {}", card.job, card.epoch)));
+            checks.push(pass(
+                "card",
+                format!("job {}, epoch {}", card.job, card.epoch),
+            ));
             checks.push(compare("weights CID", &card.cid, &cid));
         }
         Some(Err(why)) => checks.push(fail("card", why.clone())),
@@ -142,12 +158,23 @@ pub fn check(
             p
         }
         Ok(None) => {
-            checks.push(fail("record", format!("the ledger holds no record of {cid}")));
-            return Verdict { cid, checks };
+            checks.push(fail(
+                "record",
+                format!("the ledger holds no record of {cid}"),
+            ));
+            return Verdict {
+                cid,
+                checks,
+                incomplete: None,
+            };
         }
         Err(why) => {
             checks.push(fail("record", format!("could not read the ledger: {why}")));
-            return Verdict { cid, checks };
+            return Verdict {
+                cid,
+                checks,
+                incomplete: Some(why),
+            };
         }
     };
     let signer = hex::encode(publication.signer);
@@ -188,9 +215,12 @@ pub fn check(
     if let Some(repo) = &files.repo {
         checks.push(compare("record: repo", &r.hf_repo, repo));
     }
-    Verdict { cid, checks }
+    Verdict {
+        cid,
+        checks,
+        incomplete: None,
+    }
 }
-
 
 /// What `hanzod verify` was pointed at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -309,6 +339,32 @@ pub async fn fetch_cid(
     })
 }
 
+/// The job and epoch a model card names, if `readme` is one (to find the record of a
+/// checkpoint whose weights no record names).
+pub fn card_epoch(readme: &[u8]) -> Option<(u64, u32)> {
+    let card = ModelCard::parse(std::str::from_utf8(readme).ok()?).ok()?;
+    Some((card.job, card.epoch))
+}
+
+/// The record for weights `cid` among `records`: the one naming `cid`, else the one of the
+/// card's (job, epoch) when given (whose `cid` then disagrees, which [`check`] reports).
+pub fn find_record(
+    records: &[SignedPublication],
+    cid: &str,
+    card: Option<(u64, u32)>,
+) -> Option<SignedPublication> {
+    records
+        .iter()
+        .find(|p| p.record.cid == cid)
+        .or_else(|| {
+            let (job, epoch) = card?;
+            records
+                .iter()
+                .find(|p| p.record.job.0 == job && p.record.epoch == epoch)
+        })
+        .cloned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,7 +411,12 @@ mod tests {
     #[test]
     fn an_untouched_publication_verifies() {
         let (files, record, key) = published(&[1, 2, 3, 4]);
-        let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record)), Some(key));
+        let v = check(
+            &files,
+            &cid_of(&files.weights).to_string(),
+            Ok(Some(record)),
+            Some(key),
+        );
         assert!(v.verified(), "{v:#?}");
         assert_eq!(v.checks.len(), 9);
     }
@@ -363,26 +424,48 @@ mod tests {
     #[test]
     fn a_missing_record_or_unreachable_ledger_fails() {
         let (files, _, key) = published(&[1]);
-        let v = check(&files, &cid_of(&files.weights).to_string(), Ok(None), Some(key));
+        let v = check(
+            &files,
+            &cid_of(&files.weights).to_string(),
+            Ok(None),
+            Some(key),
+        );
         assert!(!v.verified());
         assert_eq!(v.failures().next().map(|c| c.name), Some("record"));
-        let v = check(&files, &cid_of(&files.weights).to_string(), Err("connection refused".into()), Some(key));
+        assert!(v.refuted());
+        let v = check(
+            &files,
+            &cid_of(&files.weights).to_string(),
+            Err("connection refused".into()),
+            Some(key),
+        );
         assert!(v
             .failures()
             .any(|c| c.name == "record" && c.found.contains("connection refused")));
+        assert!(!v.verified() && !v.refuted(), "unreachable is not tampered");
     }
 
     #[test]
     fn another_signer_fails_when_a_key_is_trusted() {
         let (files, record, _) = published(&[1]);
         let other = Identity::from_seed([8; 32]).node_id().0;
-        let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record.clone())), Some(other));
+        let v = check(
+            &files,
+            &cid_of(&files.weights).to_string(),
+            Ok(Some(record.clone())),
+            Some(other),
+        );
         assert_eq!(
             v.failures().map(|c| c.name).collect::<Vec<_>>(),
             ["signature"]
         );
         // Without a trusted key, a valid signature passes and names its signer.
-        let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record)), None);
+        let v = check(
+            &files,
+            &cid_of(&files.weights).to_string(),
+            Ok(Some(record)),
+            None,
+        );
         assert!(v.verified());
     }
 
@@ -390,7 +473,12 @@ mod tests {
     fn a_record_of_another_repo_fails() {
         let (mut files, record, key) = published(&[1]);
         files.repo = Some("org/other-job-3-epoch-2".into());
-        let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record)), Some(key));
+        let v = check(
+            &files,
+            &cid_of(&files.weights).to_string(),
+            Ok(Some(record)),
+            Some(key),
+        );
         assert_eq!(
             v.failures().map(|c| c.name).collect::<Vec<_>>(),
             ["record: repo"]
@@ -427,30 +515,4 @@ mod tests {
             prop_assert!(!v.verified(), "flipping bit {} of byte {} of file {} went unnoticed", bit, i, file);
         }
     }
-}
-
-/// The job and epoch a model card names, if `readme` is one (to find the record of a
-/// checkpoint whose weights no record names).
-pub fn card_epoch(readme: &[u8]) -> Option<(u64, u32)> {
-    let card = ModelCard::parse(std::str::from_utf8(readme).ok()?).ok()?;
-    Some((card.job, card.epoch))
-}
-
-/// The record for weights `cid` among `records`: the one naming `cid`, else the one of the
-/// card's (job, epoch) when given (whose `cid` then disagrees, which [`check`] reports).
-pub fn find_record(
-    records: &[SignedPublication],
-    cid: &str,
-    card: Option<(u64, u32)>,
-) -> Option<SignedPublication> {
-    records
-        .iter()
-        .find(|p| p.record.cid == cid)
-        .or_else(|| {
-            let (job, epoch) = card?;
-            records
-                .iter()
-                .find(|p| p.record.job.0 == job && p.record.epoch == epoch)
-        })
-        .cloned()
 }

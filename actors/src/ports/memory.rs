@@ -15,8 +15,8 @@ use super::{
     LeaderLease, Lease, Ledger, LedgerError, LinkError, Metrics, NodeCommand, NodeLink,
     RewardReceipt, SlashReceipt, Snapshot, StateStore, StoreError,
 };
-use crate::publication::{PublicationReceipt, SignedPublication};
 use crate::events::{Event, Record};
+use crate::publication::{PublicationReceipt, SignedPublication};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
 /// A clock that follows tokio's clock: wall time at creation plus the tokio time elapsed
@@ -570,7 +570,11 @@ impl Ledger for MemoryChain {
     ) -> Result<PublicationReceipt, LedgerError> {
         let mut book = self.ledger.write().unwrap_or_else(|p| p.into_inner());
         let key = (publication.record.job, publication.record.epoch);
-        if let Some(first) = book.published.get(&key).and_then(|&i| book.publications.get(i)) {
+        if let Some(first) = book
+            .published
+            .get(&key)
+            .and_then(|&i| book.publications.get(i))
+        {
             return Ok(PublicationReceipt {
                 publication: first.clone(),
                 duplicate: true,
