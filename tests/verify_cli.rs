@@ -1,0 +1,215 @@
+//! `hanzod verify` end to end (DESIGN §7): a checkpoint published to the Hub (the fake Hub,
+//! a test double following the Hub's published API) and to a local object store, its
+//! signed record on a running daemon's ledger; the binary downloads the repo (or reads the
+//! CID), asks the daemon for the record over gRPC (`AdminService.ListPublications`) and
+//! gives its verdict and exit code.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hanzod::config::Config;
+use hanzod::core::ports::memory::MemoryStateStore;
+use hanzod::core::ports::SystemClock;
+use hanzod::identity::Identity;
+use hanzod::publish::fake_hub::FakeHub;
+use hanzod::publish::hub::{HubOptions, HubRegistry};
+use hanzod::publish::publisher::{Checkpoint, Publisher};
+use hanzod::publish::registry::CARD_FILE;
+use hanzod::publish::{FsObjectStore, ModelCard};
+use hanzod::serve::Daemon;
+use hanzod_actors::types::JobId;
+
+const REPO: &str = "hanzo-gym/wine-mlp-job-9-epoch-4";
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hanzod-verify-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `hanzod verify <args…>`; returns the exit code and stdout + stderr.
+async fn verify(args: &[&str]) -> (Option<i32>, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hanzod"))
+        .arg("verify")
+        .args(args)
+        .env_remove("HF_ENDPOINT")
+        .env_remove("HF_TOKEN")
+        .env_remove("IPFS_URL")
+        .env_remove("HANZOD_ENDPOINT")
+        .output()
+        .await
+        .expect("hanzod verify runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text)
+}
+
+fn flip_a_byte(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = bytes.len() / 3;
+    bytes[at] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
+    let mut cfg = Config::load(None, |_| None).unwrap();
+    cfg.server.grpc_addr = "127.0.0.1:0".into();
+    cfg.server.metrics_addr = String::new();
+    let daemon = Daemon::start(&cfg).await.expect("daemon starts");
+    let endpoint = format!("http://{}", daemon.grpc_addr);
+
+    let hub = FakeHub::start().await.expect("fake hub");
+    let objects_dir = scratch("objects");
+    let key = Identity::from_seed([21; 32]);
+    let trusted = hex::encode(key.node_id().0);
+    let publisher = Publisher {
+        objects: Arc::new(FsObjectStore::open(&objects_dir).await.unwrap()),
+        registry: Some(Arc::new(
+            HubRegistry::new(HubOptions {
+                endpoint: hub.url(),
+                token: Some(hub.token().to_string()),
+                ..HubOptions::default()
+            })
+            .unwrap(),
+        )),
+        journal: Arc::new(MemoryStateStore::new()),
+        signer: key.clone(),
+        clock: Arc::new(SystemClock),
+    };
+    // 600 KB of weights: three chunks, a dag-pb root (`bafy…`), LFS on the Hub.
+    let weights: Vec<u8> = (0..600_000u32).map(|i| (i * 13 + i / 7) as u8).collect();
+    let staged = publisher
+        .stage(Checkpoint {
+            job: JobId(9),
+            epoch: 4,
+            weights: Bytes::from(weights),
+            config_json: br#"{"model_type": "wine-mlp"}"#.to_vec(),
+            card: ModelCard {
+                cid: String::new(),
+                epoch: 4,
+                job: 9,
+                quality: 0.61,
+                base_model: Some("bafkreibase".into()),
+                license: "apache-2.0".into(),
+                model: "wine-mlp".into(),
+                dataset: "wine-quality-red".into(),
+            },
+            repo: Some(REPO.into()),
+            report: serde_json::json!({}),
+        })
+        .await
+        .unwrap();
+    let w = publisher.weights(&staged).await.unwrap();
+    let pushed = publisher.complete(&staged, w).await.unwrap();
+    assert!(matches!(pushed, Some(Ok(_))), "{pushed:?}");
+    daemon
+        .ledger()
+        .record_publication(&staged.publication)
+        .await
+        .unwrap();
+    let cid = staged.cid().to_string();
+    let object_dir = objects_dir.display().to_string();
+    let hub_url = hub.url();
+    let from_hub = [
+        REPO,
+        "--hf-endpoint",
+        &hub_url,
+        "--hf-token",
+        hub.token(),
+        "--endpoint",
+        &endpoint,
+        "--orchestrator",
+        &trusted,
+    ];
+
+    // From the Hub, the record from the daemon: verified.
+    let (code, text) = verify(&from_hub).await;
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("VERIFIED") && text.contains(&cid), "{text}");
+    assert!(text.contains("record: repo"), "{text}");
+    // By CID from the object store: verified; --json says the same.
+    let by_cid = [
+        cid.as_str(),
+        "--object-dir",
+        &object_dir,
+        "--endpoint",
+        &endpoint,
+        "--orchestrator",
+        &trusted,
+    ];
+    let (code, text) = verify(&by_cid).await;
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = verify(&[&by_cid[..], &["--json"]].concat()).await;
+    assert_eq!(code, Some(0), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON verdict");
+    assert_eq!(json["verified"], true);
+    assert_eq!(json["cid"], cid.as_str());
+
+    // A daemon that cannot be reached: exit 2 (not verified, not refuted).
+    let (code, text) = verify(&[
+        REPO,
+        "--hf-endpoint",
+        &hub_url,
+        "--hf-token",
+        hub.token(),
+        "--endpoint",
+        "http://127.0.0.1:1",
+    ])
+    .await;
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("could not read the ledger"), "{text}");
+    // Someone pushes another card to the repo: the Hub copy no longer verifies.
+    let mut readme = staged.readme.clone().into_bytes();
+    let at = readme.len() - 10;
+    readme[at] ^= 0x01;
+    hub.seed(REPO, &[(CARD_FILE, &readme)]);
+    let (code, text) = verify(&from_hub).await;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("FAIL") && text.contains("record: card"),
+        "{text}"
+    );
+
+    // A flipped byte in a stored block: the object store refuses it, the verdict names it.
+    let blocks: Vec<PathBuf> = std::fs::read_dir(objects_dir.join("blocks"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("bafk"))
+        })
+        .collect();
+    assert_eq!(blocks.len(), 3, "three raw leaves");
+    flip_a_byte(&blocks[1]);
+    let (code, text) = verify(&by_cid).await;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("weights CID"), "{text}");
+
+    // A target that is nothing: exit 2.
+    let (code, text) = verify(&["not a thing!"]).await;
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("neither a folder, a CID nor a Hub repo id"),
+        "{text}"
+    );
+    // A repo the Hub does not have: exit 2, naming it.
+    let (code, text) = verify(&[
+        "hanzo-gym/missing-epoch-0",
+        "--hf-endpoint",
+        &hub_url,
+        "--hf-token",
+        hub.token(),
+        "--endpoint",
+        &endpoint,
+    ])
+    .await;
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("missing-epoch-0"), "{text}");
+
+    daemon.stop().await;
+    let _ = std::fs::remove_dir_all(&objects_dir);
+}
