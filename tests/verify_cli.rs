@@ -30,7 +30,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 /// Runs `hanzod verify <args…>`; returns the exit code and stdout + stderr.
-async fn verify(args: &[&str]) -> (Option<i32>, String) {
+async fn verify<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hanzod"))
         .arg("verify")
         .args(args)
@@ -113,17 +113,23 @@ async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
     let cid = staged.cid().to_string();
     let object_dir = objects_dir.display().to_string();
     let hub_url = hub.url();
-    let from_hub = [
-        REPO,
-        "--hf-endpoint",
-        &hub_url,
-        "--hf-token",
-        hub.token(),
-        "--endpoint",
-        &endpoint,
-        "--orchestrator",
-        &trusted,
-    ];
+    // `hanzod verify <repo>` on the fake Hub, the record from the daemon at `ledger`.
+    let hub_args = |repo: &str, ledger: &str| -> Vec<String> {
+        [
+            repo,
+            "--hf-endpoint",
+            &hub_url,
+            "--hf-token",
+            hub.token(),
+            "--endpoint",
+            ledger,
+            "--orchestrator",
+            &trusted,
+        ]
+        .map(str::to_string)
+        .to_vec()
+    };
+    let from_hub = hub_args(REPO, &endpoint);
 
     // From the Hub, the record from the daemon: verified.
     let (code, text) = verify(&from_hub).await;
@@ -149,16 +155,7 @@ async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
     assert_eq!(json["cid"], cid.as_str());
 
     // A daemon that cannot be reached: exit 2 (not verified, not refuted).
-    let (code, text) = verify(&[
-        REPO,
-        "--hf-endpoint",
-        &hub_url,
-        "--hf-token",
-        hub.token(),
-        "--endpoint",
-        "http://127.0.0.1:1",
-    ])
-    .await;
+    let (code, text) = verify(&hub_args(REPO, "http://127.0.0.1:1")).await;
     assert_eq!(code, Some(2), "{text}");
     assert!(text.contains("could not read the ledger"), "{text}");
     // Someone pushes another card to the repo: the Hub copy no longer verifies.
@@ -197,16 +194,7 @@ async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
         "{text}"
     );
     // A repo the Hub does not have: exit 2, naming it.
-    let (code, text) = verify(&[
-        "hanzo-gym/missing-epoch-0",
-        "--hf-endpoint",
-        &hub_url,
-        "--hf-token",
-        hub.token(),
-        "--endpoint",
-        &endpoint,
-    ])
-    .await;
+    let (code, text) = verify(&hub_args("hanzo-gym/missing-epoch-0", &endpoint)).await;
     assert_eq!(code, Some(2), "{text}");
     assert!(text.contains("missing-epoch-0"), "{text}");
 

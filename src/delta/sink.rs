@@ -569,18 +569,21 @@ impl KeeperState {
         let publisher = self.deps.publication.publisher();
         // A publication staged before a crash resumes as staged: the same checkpoint, card
         // and signed record (module docs of `publish::publisher`).
-        let staged = match publisher.staged(job, epoch).await.map_err(failed)? {
+        let (staged, weights) = match publisher.staged(job, epoch).await.map_err(failed)? {
             Some(staged) => {
                 tracing::info!(job = %job, epoch, checkpoint = %staged.cid(), "resuming a staged publication");
                 self.adopt(job, &training, &deltas, &staged).await?;
-                staged
+                (staged, None)
             }
             None => {
                 self.aggregate(job, epoch, &training, base, &deltas, &publisher)
                     .await?
             }
         };
-        let weights = publisher.weights(&staged).await.map_err(failed)?;
+        let weights = match weights {
+            Some(w) => w,
+            None => publisher.weights(&staged).await.map_err(failed)?,
+        };
         let published = publisher.complete(&staged, weights).await.map_err(failed)?;
         let mut report: EpochReport = serde_json::from_value(staged.report.clone())
             .map_err(|e| failed(format!("the staged report of epoch {epoch}: {e}")))?;
@@ -656,7 +659,8 @@ impl KeeperState {
     }
 
     /// Judges and merges an epoch, updates the job's model, and stages the publication of
-    /// the new checkpoint with its report.
+    /// the new checkpoint with its report. Returns what was staged, with the weights when
+    /// they are this merge's (`None`: another staging won and was adopted).
     async fn aggregate(
         &mut self,
         job: JobId,
@@ -665,7 +669,7 @@ impl KeeperState {
         base: Option<String>,
         deltas: &[DeltaReceipt],
         publisher: &Publisher,
-    ) -> Result<Staged, CheckpointError> {
+    ) -> Result<(Staged, Option<Arc<[u8]>>), CheckpointError> {
         let d = &self.deps;
         let (blobs, pool, data, config, seed) = (
             d.blobs.clone(),
@@ -789,7 +793,7 @@ impl KeeperState {
         let checkpoint = Checkpoint {
             job,
             epoch,
-            weights: bytes,
+            weights: bytes.clone(),
             config_json: model_config_json(&training.model, model_spec),
             card: ModelCard {
                 cid: String::new(),
@@ -812,7 +816,7 @@ impl KeeperState {
             // Another staging of this epoch won (module docs of `publish::publisher`): its
             // checkpoint is the one published.
             self.adopt(job, training, deltas, &staged).await?;
-            return Ok(staged);
+            return Ok((staged, None));
         }
 
         // Fold the accepted norms into the running average, in delta-hash order so the
@@ -854,7 +858,7 @@ impl KeeperState {
         if !config.retain_deltas {
             remove_blobs(&*blobs, job, previous).await;
         }
-        Ok(staged)
+        Ok((staged, Some(Arc::from(bytes.as_ref()))))
     }
 
     fn report(
