@@ -42,6 +42,11 @@
 //! * `hanzod_heartbeat_handling_seconds`: time the transport spends handling one heartbeat.
 //!   Buckets 10 µs … 10 s.
 //!
+//! * `hanzod_publish_stage_seconds`, `hanzod_publish_push_seconds`,
+//!   `hanzod_publish_record_seconds`: one epoch's publication (DESIGN §7, paper Table
+//!   "Publication"): adding the checkpoint to the object store (IPFS) and staging it; pinning
+//!   it and pushing the repo (the Hub); recording the signed record on the ledger.
+//!
 //! An observation under an undeclared name registers a histogram `hanzod_<name>` with
 //! decade buckets from 1 µs to 100 000 (declared in seconds when the name ends with
 //! `_seconds`). NaN and infinite samples are dropped and counted in

@@ -584,7 +584,11 @@ impl KeeperState {
             Some(w) => w,
             None => publisher.weights(&staged).await.map_err(failed)?,
         };
+        let started = std::time::Instant::now();
         let published = publisher.complete(&staged, weights).await.map_err(failed)?;
+        self.deps
+            .metrics
+            .observe("publish_push_seconds", started.elapsed().as_secs_f64());
         let mut report: EpochReport = serde_json::from_value(staged.report.clone())
             .map_err(|e| failed(format!("the staged report of epoch {epoch}: {e}")))?;
         report.checkpoint = staged.cid().to_string();
@@ -811,7 +815,11 @@ impl KeeperState {
                 .map(|_| repo_of(&publication.org, &training.model, job, epoch)),
             report: serde_json::to_value(&report).map_err(failed)?,
         };
+        let started = std::time::Instant::now();
         let staged = publisher.stage(checkpoint).await.map_err(failed)?;
+        self.deps
+            .metrics
+            .observe("publish_stage_seconds", started.elapsed().as_secs_f64());
         if staged.cid() != cid {
             // Another staging of this epoch won (module docs of `publish::publisher`): its
             // checkpoint is the one published.
@@ -940,8 +948,13 @@ impl KeeperState {
         let bounded = |what: String| format!("{what}: no answer within {LEDGER_TIMEOUT:?}");
         let mut errors = Vec::new();
         if let Some(publication) = &report.publication {
+            let started = std::time::Instant::now();
             let call = econ.ledger.record_publication(publication);
-            match tokio::time::timeout_at(deadline, call).await {
+            let outcome = tokio::time::timeout_at(deadline, call).await;
+            self.deps
+                .metrics
+                .observe("publish_record_seconds", started.elapsed().as_secs_f64());
+            match outcome {
                 Ok(Ok(r)) if r.duplicate && r.publication != *publication => {
                     // Not an error to retry: the chain keeps the first record of an epoch.
                     tracing::warn!(job = %job, epoch = report.epoch, on_chain = %r.publication.record.cid, "the ledger holds another publication record for this epoch");

@@ -4,8 +4,8 @@
 //!
 //! What it needs, found by [`find`]:
 //!
-//! - `node` (Node.js 18 or later; 20 is what CI installs) on `PATH`, or the executable named
-//!   by `HANZOD_NODE`;
+//! - `node` (Node.js 20 or later: the version it is tested on; js-ipfs's dependencies use
+//!   `AbortSignal.any`) on `PATH`, or the executable named by `HANZOD_NODE`;
 //! - the folder `tools/js-ipfs` of this repository (or the one named by `HANZOD_JS_IPFS`)
 //!   with its `daemon.mjs` and the npm packages installed: [`INSTALL_HINT`].
 //!
@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 pub const START_DEADLINE: Duration = Duration::from_secs(90);
 
 /// The command that installs the node's npm packages.
-pub const INSTALL_HINT: &str = "cd tools/js-ipfs && npm ci --no-audit --no-fund";
+pub const INSTALL_HINT: &str =
+    "cd tools/js-ipfs && npm ci --omit=optional --ignore-scripts --no-audit --no-fund";
 
 /// Why the test node could not be found or started.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -69,7 +70,7 @@ fn discover() -> Result<JsIpfs, IpfsNodeError> {
         Some(p) => PathBuf::from(p),
         None => on_path("node").ok_or_else(|| {
             IpfsNodeError(
-                "no `node` on PATH (Node.js 18+ runs the js-ipfs test node; set HANZOD_NODE \
+                "no `node` on PATH (Node.js 20+ runs the js-ipfs test node; set HANZOD_NODE \
                  to use another executable)"
                     .into(),
             )
@@ -85,9 +86,9 @@ fn discover() -> Result<JsIpfs, IpfsNodeError> {
         .and_then(|v| v.split('.').next())
         .and_then(|m| m.parse().ok())
         .unwrap_or(0);
-    if !out.status.success() || major < 18 {
+    if !out.status.success() || major < 20 {
         return Err(IpfsNodeError(format!(
-            "{} --version printed {node_version:?}: Node.js 18 or later is needed",
+            "{} --version printed {node_version:?}: Node.js 20 or later is needed",
             node.display()
         )));
     }
@@ -124,7 +125,7 @@ fn discover() -> Result<JsIpfs, IpfsNodeError> {
 /// The js-ipfs installation the tests use (looked up once per process; the first call
 /// prints it or why there is none).
 ///
-/// Errors: no Node.js 18+, no `daemon.mjs`, or the npm packages not installed (the message
+/// Errors: no Node.js 20+, no `daemon.mjs`, or the npm packages not installed (the message
 /// names [`INSTALL_HINT`]).
 pub fn find() -> Result<JsIpfs, IpfsNodeError> {
     static FOUND: OnceLock<Result<JsIpfs, IpfsNodeError>> = OnceLock::new();

@@ -39,6 +39,8 @@
 //! else of `SSL_CERT_FILE` or the system bundle, using rustls with the `ring` provider
 //! chosen here (no process-wide provider is needed or installed). `http://` needs none.
 //! `user:password@` in the URL is sent as HTTP basic auth (Kubo's `API.Authorizations`).
+//! Proxies from the environment (`HTTP_PROXY`, …) are not used: the node is reached directly.
+//! Redirects are not followed (an RPC API does not redirect; a 3xx is an error).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
