@@ -461,13 +461,17 @@ impl Clients {
         Ok(())
     }
 
-    /// The publication records on the daemon's ledger for weights `cid`, or, when none
-    /// names it, for the (job, epoch) of `card` (see [`crate::publish::verify::find_record`]).
+    /// The publication records on the daemon's ledger for weights `cid` and for the
+    /// (job, epoch) of `card` (both: a kept epoch shares its CID with the epoch before; see
+    /// [`crate::publish::verify::find_record`]), and the daemon's own public key.
     pub async fn publications(
         &mut self,
         cid: &str,
         card: Option<(u64, u32)>,
-    ) -> anyhow::Result<Vec<crate::publish::record::SignedPublication>> {
+    ) -> anyhow::Result<(
+        Vec<crate::publish::record::SignedPublication>,
+        Option<[u8; 32]>,
+    )> {
         let mut queries = vec![pb::ListPublicationsRequest {
             cid: cid.to_string(),
             ..Default::default()
@@ -479,22 +483,24 @@ impl Clients {
                 epoch: Some(epoch),
             });
         }
+        let mut found = Vec::new();
+        let mut orchestrator = None;
         for q in queries {
-            let found = self
+            let answer = self
                 .admin
                 .list_publications(self.opts.request(q))
                 .await
                 .map_err(status)?
-                .into_inner()
-                .publications;
-            if !found.is_empty() {
-                return found
-                    .into_iter()
-                    .map(|p| crate::grpc::convert::publication_from(p).map_err(anyhow::Error::msg))
-                    .collect();
+                .into_inner();
+            orchestrator = answer.orchestrator.as_slice().try_into().ok();
+            for p in answer.publications {
+                let p = crate::grpc::convert::publication_from(p).map_err(anyhow::Error::msg)?;
+                if !found.contains(&p) {
+                    found.push(p);
+                }
             }
         }
-        Ok(Vec::new())
+        Ok((found, orchestrator))
     }
 
     /// `hanzod ring`.

@@ -196,7 +196,8 @@ struct VerifyArgs {
     #[arg(long)]
     records: Option<PathBuf>,
     /// The orchestrator public key to trust (64 hex digits): records signed by another
-    /// key fail. Without it any valid signature passes, and the verdict names its signer.
+    /// key fail. Without it, the key of the daemon at --endpoint is trusted when the records
+    /// come from it; records from a --records file cannot be trusted without it (exit 2).
     #[arg(long)]
     orchestrator: Option<String>,
     /// The Hub, for a repo id.
@@ -636,23 +637,48 @@ async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
             Err(e) => return cannot(&e),
         };
     let card = files.readme.as_deref().and_then(verify::card_epoch);
-    let record = match &args.records {
+    let mut trusted = trusted;
+    let records = match &args.records {
         Some(path) => std::fs::read(path)
             .map_err(|e| format!("{}: {e}", path.display()))
             .and_then(|b| {
                 serde_json::from_slice::<Vec<hanzod::publish::record::SignedPublication>>(&b)
                     .map_err(|e| format!("{}: {e}", path.display()))
-            })
-            .map(|all| verify::find_record(&all, &cid, card)),
-        None => match hanzod::cli::Clients::connect(args.client.options()).await {
-            Ok(mut c) => c
-                .publications(&cid, card)
-                .await
-                .map(|all| verify::find_record(&all, &cid, card))
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        },
+            }),
+        None => {
+            let endpoint = args.client.endpoint.clone();
+            let answer = match hanzod::cli::Clients::connect(args.client.options()).await {
+                Ok(mut c) => c.publications(&cid, card).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            // Without --orchestrator, the daemon the user chose to ask (over TLS when the
+            // endpoint is https) vouches for its own key.
+            let answer = answer.map(|(records, key)| {
+                if trusted.is_none() {
+                    trusted = key;
+                    if let Some(k) = key {
+                        eprintln!(
+                            "trusting the key of the orchestrator at {endpoint}: {}",
+                            hex::encode(k)
+                        );
+                    }
+                }
+                records
+            });
+            answer
+        }
     };
+    let record = records.map(|all| {
+        verify::find_record(
+            &all,
+            verify::Lookup {
+                cid: &cid,
+                card,
+                repo: files.repo.as_deref(),
+                trusted,
+            },
+        )
+    });
     let verdict = verify::check(&files, &cid, record, trusted);
     print_verdict(&args.target, &verdict, args.client.json)
 }
@@ -718,7 +744,7 @@ fn print_verdict(target: &str, v: &hanzod::publish::verify::Verdict, json: bool)
         println!("VERIFIED: every check passed");
     } else if !v.refuted() {
         println!(
-            "NOT VERIFIED: could not read the ledger ({})",
+            "NOT VERIFIED: {}",
             v.incomplete.as_deref().unwrap_or("unknown")
         );
     } else {

@@ -43,6 +43,20 @@ async fn run(plan: DemoPlan) -> DemoSummary {
 /// fails (exit 1), naming the check; an unknown signer fails; a missing records file cannot
 /// be verified (exit 2).
 fn verify_cli(s: &DemoSummary) {
+    // The README's quick start trusts the demo orchestrator's key of the default seed.
+    if s.plan.seed
+        == DemoArgs::default()
+            .plan(PathBuf::from("hanzod"))
+            .expect("plan")
+            .seed
+    {
+        let readme = include_str!("../README.md");
+        assert!(
+            readme.contains(&format!("--orchestrator {}", s.orchestrator)),
+            "README.md's verify example should trust {}",
+            s.orchestrator
+        );
+    }
     let records = s.out.join(hanzod::demo::PUBLICATIONS_FILE);
     let verify = |dir: &std::path::Path, key: &str, records: &std::path::Path| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_hanzod"))

@@ -58,6 +58,8 @@ async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
     let mut cfg = Config::load(None, |_| None).unwrap();
     cfg.server.grpc_addr = "127.0.0.1:0".into();
     cfg.server.metrics_addr = String::new();
+    // The daemon signs with this key: the records below are its own.
+    cfg.orchestrator.key = hex::encode([21u8; 32]);
     let daemon = Daemon::start(&cfg).await.expect("daemon starts");
     let endpoint = format!("http://{}", daemon.grpc_addr);
 
@@ -150,9 +152,39 @@ async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
     assert_eq!(code, Some(0), "{text}");
     let (code, text) = verify(&[&by_cid[..], &["--json"]].concat()).await;
     assert_eq!(code, Some(0), "{text}");
-    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON verdict");
+    let json: serde_json::Value = serde_json::from_str(
+        text.lines()
+            .filter(|l| !l.starts_with("trusting"))
+            .collect::<String>()
+            .as_str(),
+    )
+    .expect("JSON verdict");
     assert_eq!(json["verified"], true);
     assert_eq!(json["cid"], cid.as_str());
+    // Without --orchestrator the daemon asked vouches for its own key, and says so.
+    let (code, text) = verify(&by_cid[..5]).await;
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains(&format!(
+            "trusting the key of the orchestrator at {endpoint}: {trusted}"
+        )),
+        "{text}"
+    );
+    // A records file is trusted only with a key: without one, exit 2.
+    let records_file = objects_dir.join("records.json");
+    let records = daemon.ledger().publications().await.unwrap();
+    std::fs::write(&records_file, serde_json::to_vec(&records).unwrap()).unwrap();
+    let records_path = records_file.display().to_string();
+    let (code, text) = verify(&[
+        cid.as_str(),
+        "--object-dir",
+        &object_dir,
+        "--records",
+        &records_path,
+    ])
+    .await;
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("no orchestrator key is trusted"), "{text}");
 
     // A daemon that cannot be reached: exit 2 (not verified, not refuted).
     let (code, text) = verify(&hub_args(REPO, "http://127.0.0.1:1")).await;

@@ -245,20 +245,24 @@ pub struct AdminServiceImpl {
     core: OrchestratorHandle,
     sessions: Arc<Sessions>,
     ledger: Option<Arc<dyn Ledger>>,
+    orchestrator: [u8; 32],
 }
 
 impl AdminServiceImpl {
     /// A service over `core`, answering publication queries from `ledger` (none:
-    /// `ListPublications` is UNIMPLEMENTED).
+    /// `ListPublications` is UNIMPLEMENTED) with `orchestrator`, this orchestrator's public
+    /// key.
     pub fn new(
         core: OrchestratorHandle,
         sessions: Arc<Sessions>,
         ledger: Option<Arc<dyn Ledger>>,
+        orchestrator: [u8; 32],
     ) -> Self {
         AdminServiceImpl {
             core,
             sessions,
             ledger,
+            orchestrator,
         }
     }
 }
@@ -346,6 +350,9 @@ impl AdminService for AdminServiceImpl {
             .filter(|p| q.epoch.is_none_or(|e| p.record.epoch == e))
             .map(convert::publication)
             .collect();
-        Ok(Response::new(pb::ListPublicationsResponse { publications }))
+        Ok(Response::new(pb::ListPublicationsResponse {
+            publications,
+            orchestrator: self.orchestrator.to_vec(),
+        }))
     }
 }

@@ -233,9 +233,14 @@ impl GrpcServer {
             token.clone(),
         );
         let admin = InterceptedService::new(
-            AdminServiceServer::new(AdminServiceImpl::new(core, sessions, ledger))
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
+            AdminServiceServer::new(AdminServiceImpl::new(
+                core,
+                sessions,
+                ledger,
+                settings.node.orchestrator_key,
+            ))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
             token,
         );
         let (health, health_service) = tonic_health::server::health_reporter();

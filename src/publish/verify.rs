@@ -59,8 +59,9 @@ pub struct Verdict {
     pub cid: String,
     /// The checks made.
     pub checks: Vec<Check>,
-    /// Why the verdict is incomplete, when the ledger could not be read (its `record`
-    /// check failed for that reason, not because of what it holds).
+    /// Why the verdict is incomplete: the ledger could not be read or holds no record (the
+    /// `record` check failed), or no orchestrator key is trusted (the `signature` check
+    /// failed for that reason, not because of what the record holds).
     pub incomplete: Option<String>,
 }
 
@@ -76,10 +77,13 @@ impl Verdict {
     }
 
     /// Whether a check failed on what the files or the record hold (as opposed to the
-    /// ledger being unreachable): the files are not what was published.
+    /// ledger being unreachable, holding no record, or no key being trusted): the files are
+    /// not what was published.
     pub fn refuted(&self) -> bool {
-        self.failures()
-            .any(|c| !(self.incomplete.is_some() && c.name == "record"))
+        self.failures().any(|c| {
+            !(self.incomplete.is_some()
+                && (c.name == "record" || (c.name == "signature" && c.expected.is_none())))
+        })
     }
 }
 
@@ -158,14 +162,14 @@ pub fn check(
             p
         }
         Ok(None) => {
-            checks.push(fail(
-                "record",
-                format!("the ledger holds no record of {cid}"),
-            ));
+            // No record is not proof of tampering (a ledger that lost its records, a
+            // checkpoint not yet recorded): the verdict is incomplete.
+            let why = format!("the ledger holds no record of {cid}");
+            checks.push(fail("record", why.clone()));
             return Verdict {
                 cid,
                 checks,
-                incomplete: None,
+                incomplete: Some(why),
             };
         }
         Err(why) => {
@@ -178,13 +182,17 @@ pub fn check(
         }
     };
     let signer = hex::encode(publication.signer);
+    let mut incomplete = None;
     checks.push(match (check_signature(&publication), trusted) {
         (Err(e), _) => fail("signature", format!("{e} (signer {signer})")),
         (Ok(()), Some(key)) => compare("signature", &hex::encode(key), &signer),
-        (Ok(()), None) => pass(
-            "signature",
-            format!("valid, by {signer} (no trusted key given: pass --orchestrator to pin it)"),
-        ),
+        (Ok(()), None) => {
+            // Anyone can sign a record: a valid signature proves nothing without the key
+            // of the orchestrator the reader trusts.
+            let why = format!("valid, by {signer}, but no orchestrator key is trusted");
+            incomplete = Some(why.clone());
+            fail("signature", why)
+        }
     });
     let r = &publication.record;
     checks.push(compare("record: weights", &r.cid, &cid));
@@ -218,7 +226,7 @@ pub fn check(
     Verdict {
         cid,
         checks,
-        incomplete: None,
+        incomplete,
     }
 }
 
@@ -346,23 +354,53 @@ pub fn card_epoch(readme: &[u8]) -> Option<(u64, u32)> {
     Some((card.job, card.epoch))
 }
 
-/// The record for weights `cid` among `records`: the one naming `cid`, else the one of the
-/// card's (job, epoch) when given (whose `cid` then disagrees, which [`check`] reports).
-pub fn find_record(
-    records: &[SignedPublication],
-    cid: &str,
-    card: Option<(u64, u32)>,
-) -> Option<SignedPublication> {
-    records
-        .iter()
-        .find(|p| p.record.cid == cid)
-        .or_else(|| {
-            let (job, epoch) = card?;
-            records
-                .iter()
-                .find(|p| p.record.job.0 == job && p.record.epoch == epoch)
-        })
-        .cloned()
+/// What [`find_record`] looks for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Lookup<'a> {
+    /// The weights' CID.
+    pub cid: &'a str,
+    /// The (job, epoch) the model card names, when there is a card.
+    pub card: Option<(u64, u32)>,
+    /// The Hub repo the files came from, when they did.
+    pub repo: Option<&'a str>,
+    /// The orchestrator key the reader trusts.
+    pub trusted: Option<[u8; 32]>,
+}
+
+/// The record among `records` that speaks for the checkpoint `lookup` describes.
+///
+/// Only records whose signature verifies and whose signer is the trusted key (when one is
+/// given) are candidates, so a forged record listed first cannot shadow the genuine one;
+/// when none is, the best of all records is returned, so that [`check`] says what is
+/// wrong with it. Among candidates, one naming the CID and the card's (job, epoch) and the
+/// repo beats one naming fewer of them: a kept epoch publishes the previous epoch's weights
+/// again, so its CID alone names two records. A record must name the CID or the card's
+/// (job, epoch) to be returned.
+pub fn find_record(records: &[SignedPublication], lookup: Lookup<'_>) -> Option<SignedPublication> {
+    let score = |p: &SignedPublication| {
+        let r = &p.record;
+        let cid = r.cid == lookup.cid;
+        let epoch = lookup.card == Some((r.job.0, r.epoch));
+        let repo = lookup.repo == Some(r.hf_repo.as_str());
+        (cid || epoch).then_some(4 * u8::from(cid) + 2 * u8::from(epoch) + u8::from(repo))
+    };
+    let trusted = |p: &&SignedPublication| {
+        check_signature(p).is_ok() && lookup.trusted.is_none_or(|k| p.signer == k)
+    };
+    let best = |candidates: &mut dyn Iterator<Item = &SignedPublication>| {
+        candidates
+            .filter_map(|p| Some((score(p)?, p)))
+            // The first of equals: the oldest record.
+            .fold(
+                None::<(u8, &SignedPublication)>,
+                |best, (s, p)| match best {
+                    Some((b, _)) if b >= s => best,
+                    _ => Some((s, p)),
+                },
+            )
+            .map(|(_, p)| p.clone())
+    };
+    best(&mut records.iter().filter(trusted)).or_else(|| best(&mut records.iter()))
 }
 
 #[cfg(test)]
@@ -422,7 +460,7 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_record_or_unreachable_ledger_fails() {
+    fn a_missing_record_or_unreachable_ledger_is_not_verified_nor_refuted() {
         let (files, _, key) = published(&[1]);
         let v = check(
             &files,
@@ -432,7 +470,17 @@ mod tests {
         );
         assert!(!v.verified());
         assert_eq!(v.failures().next().map(|c| c.name), Some("record"));
-        assert!(v.refuted());
+        assert!(!v.refuted(), "no record is not proof of tampering");
+        // Weights that do not match their card are, record or not.
+        let mut tampered = files.clone();
+        tampered.weights[0] ^= 1;
+        let v = check(
+            &tampered,
+            &cid_of(&tampered.weights).to_string(),
+            Ok(None),
+            Some(key),
+        );
+        assert!(v.refuted(), "{v:#?}");
         let v = check(
             &files,
             &cid_of(&files.weights).to_string(),
@@ -446,27 +494,73 @@ mod tests {
     }
 
     #[test]
-    fn another_signer_fails_when_a_key_is_trusted() {
+    fn another_signer_fails_when_a_key_is_trusted_and_no_key_is_incomplete() {
         let (files, record, _) = published(&[1]);
+        let cid = cid_of(&files.weights).to_string();
         let other = Identity::from_seed([8; 32]).node_id().0;
-        let v = check(
-            &files,
-            &cid_of(&files.weights).to_string(),
-            Ok(Some(record.clone())),
-            Some(other),
-        );
+        let v = check(&files, &cid, Ok(Some(record.clone())), Some(other));
         assert_eq!(
             v.failures().map(|c| c.name).collect::<Vec<_>>(),
             ["signature"]
         );
-        // Without a trusted key, a valid signature passes and names its signer.
-        let v = check(
-            &files,
-            &cid_of(&files.weights).to_string(),
-            Ok(Some(record)),
-            None,
+        assert!(v.refuted());
+        // Without a trusted key a valid signature proves nothing: not verified, not refuted.
+        let v = check(&files, &cid, Ok(Some(record)), None);
+        assert!(!v.verified() && !v.refuted(), "{v:#?}");
+    }
+
+    fn lookup<'a>(cid: &'a str, card: Option<(u64, u32)>, trusted: [u8; 32]) -> Lookup<'a> {
+        Lookup {
+            cid,
+            card,
+            repo: Some(REPO),
+            trusted: Some(trusted),
+        }
+    }
+
+    #[test]
+    fn a_forged_record_listed_first_does_not_shadow_the_genuine_one() {
+        let (files, genuine, key) = published(&[1, 2]);
+        let cid = cid_of(&files.weights).to_string();
+        let forger = Identity::from_seed([66; 32]);
+        let mut forged_record = genuine.record.clone();
+        forged_record.quality = 0.01;
+        let forged = sign(forged_record, &forger);
+        let records = [forged.clone(), genuine.clone()];
+        let found = find_record(&records, lookup(&cid, Some((3, 2)), key));
+        assert_eq!(found.as_ref(), Some(&genuine));
+        assert!(check(&files, &cid, Ok(found), Some(key)).verified());
+        // With only the forgery, it is returned and its signer refuted.
+        let found = find_record(&[forged], lookup(&cid, Some((3, 2)), key));
+        assert!(check(&files, &cid, Ok(found), Some(key)).refuted());
+    }
+
+    #[test]
+    fn a_kept_epoch_finds_its_own_record_not_the_previous_epochs() {
+        let (files, kept, key) = published(&[1, 2, 3]);
+        let cid = cid_of(&files.weights).to_string();
+        // Epoch 1 published the same weights; its record comes first.
+        let mut previous = kept.record.clone();
+        previous.epoch = 1;
+        previous.hf_repo = "org/wine-job-3-epoch-1".into();
+        let previous = sign(previous, &Identity::from_seed([7; 32]));
+        let found = find_record(&[previous, kept.clone()], lookup(&cid, Some((3, 2)), key));
+        assert_eq!(found, Some(kept));
+        // A record that names neither the CID nor the card's epoch is not returned.
+        assert_eq!(
+            find_record(
+                &[sign(
+                    PublicationRecord {
+                        cid: "other".into(),
+                        epoch: 9,
+                        ..published(&[1]).1.record
+                    },
+                    &Identity::from_seed([7; 32])
+                )],
+                lookup(&cid, Some((3, 2)), key)
+            ),
+            None
         );
-        assert!(v.verified());
     }
 
     #[test]
