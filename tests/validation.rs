@@ -64,6 +64,14 @@ async fn fixture(rate: f64) -> Fixture {
 }
 
 async fn fixture_with(rate: f64, economics: Option<Economics>) -> Fixture {
+    fixture_on(rate, economics, hanzod::delta::sink::Publication::memory()).await
+}
+
+async fn fixture_on(
+    rate: f64,
+    economics: Option<Economics>,
+    publication: hanzod::delta::sink::Publication,
+) -> Fixture {
     let blobs = Arc::new(MemoryBlobStore::new());
     let metrics = Arc::new(MemoryMetrics::new());
     let seed = [42u8; 32];
@@ -75,7 +83,6 @@ async fn fixture_with(rate: f64, economics: Option<Economics>) -> Fixture {
         workers: 2,
         ..SinkConfig::default()
     };
-    let publication = hanzod::delta::sink::Publication::memory();
     let sink = TrainingSink::start(
         blobs.clone(),
         Arc::new(ModelCatalog::builtin()),
@@ -687,4 +694,73 @@ async fn a_publication_staged_before_a_crash_is_adopted_not_merged_again() {
     assert_eq!(r1.base.as_deref(), Some(cp0.as_str()));
     assert_ne!(cp1, cp0);
     assert!(r1.loss_after < r1.loss_before, "{r1:#?}");
+}
+
+/// A folder registry that fails with an I/O error while `down` is set (the Hub down).
+#[derive(Debug)]
+struct FlakyRegistry {
+    inner: hanzod::publish::FolderRegistry,
+    down: std::sync::atomic::AtomicBool,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl hanzod::publish::ModelRegistry for FlakyRegistry {
+    async fn publish(
+        &self,
+        upload: &hanzod::publish::ModelUpload,
+    ) -> Result<hanzod::publish::Published, hanzod::publish::RegistryError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(hanzod::publish::RegistryError::Io(
+                "503 from the Hub".into(),
+            ));
+        }
+        self.inner.publish(upload).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repo_push_that_failed_transiently_is_pushed_again_later() {
+    use std::sync::atomic::Ordering;
+    let dir = std::env::temp_dir().join(format!("hanzod-flaky-registry-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let registry = Arc::new(FlakyRegistry {
+        inner: hanzod::publish::FolderRegistry::new(&dir),
+        down: true.into(),
+        calls: 0.into(),
+    });
+    let mut publication = hanzod::delta::sink::Publication::memory();
+    publication.registry = Some(registry.clone());
+    let f = fixture_on(0.0, None, publication).await;
+    let init = train::init(&recipe_of(&spec().training, JOB).unwrap());
+    let mut deltas = Vec::new();
+    for i in 1..=2 {
+        deltas.push(f.submit(i, 0, &init, Behaviour::Honest).await);
+    }
+    let cp0 = f.publish(0, None, &deltas).await;
+    // The push failed: the epoch is published by CID, and the report says why.
+    let r0 = f.sink.report(JOB, 0).await.unwrap();
+    assert!(
+        r0.registry_error.as_deref().unwrap().contains("503"),
+        "{r0:?}"
+    );
+    assert_eq!(r0.repo, None);
+    assert!(f.objects.is_pinned(&cp0).await.unwrap());
+    // The Hub is back: the next publication pushes epoch 0's repo first, as staged.
+    registry.down.store(false, Ordering::SeqCst);
+    let w0 = f.weights(&cp0).await;
+    let deltas = vec![f.submit(1, 1, &w0, Behaviour::Honest).await];
+    f.publish(1, Some(&cp0), &deltas).await;
+    let r0 = f.sink.report(JOB, 0).await.unwrap();
+    assert_eq!(r0.registry_error, None, "{r0:?}");
+    let repo = r0.repo.expect("pushed");
+    assert!(repo.ends_with("-epoch-0"), "{repo}");
+    let card = std::fs::read_to_string(dir.join(&repo).join("README.md")).unwrap();
+    assert_eq!(hanzod::publish::ModelCard::parse(&card).unwrap().cid, cp0);
+    let r1 = f.sink.report(JOB, 1).await.unwrap();
+    assert!(r1.repo.is_some() && r1.registry_error.is_none(), "{r1:?}");
+    // One failed call, then one call per epoch: nothing pushed twice.
+    assert_eq!(registry.calls.load(Ordering::SeqCst), 3);
+    let _ = std::fs::remove_dir_all(&dir);
 }

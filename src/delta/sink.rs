@@ -225,7 +225,12 @@ enum KeeperMsg {
         epoch: u32,
         reply: RpcReplyPort<Option<EpochReport>>,
     },
+    /// Settle and push again what failed transiently (sent every [`RETRY_EVERY`]).
+    Retry,
 }
+
+/// How often the keeper retries failed settlements and repo pushes between publications.
+pub const RETRY_EVERY: Duration = Duration::from_secs(30);
 
 struct Keeper;
 
@@ -235,6 +240,9 @@ struct KeeperState {
     reports: BTreeMap<(JobId, u32), EpochReport>,
     /// Epochs whose rewards or slashes could not be recorded yet.
     unsettled: std::collections::BTreeSet<(JobId, u32)>,
+    /// Epochs whose repo push failed transiently (the Hub down); pushed again with the
+    /// pending settlements.
+    unpushed: std::collections::BTreeSet<(JobId, u32)>,
 }
 
 struct KeeperArgs {
@@ -563,6 +571,7 @@ impl KeeperState {
         deltas: Vec<DeltaReceipt>,
     ) -> Result<String, CheckpointError> {
         self.settle_pending().await;
+        self.push_pending().await;
         if let Some(r) = self.reports.get(&(job, epoch)) {
             return Ok(r.checkpoint.clone());
         }
@@ -593,21 +602,8 @@ impl KeeperState {
             .map_err(|e| failed(format!("the staged report of epoch {epoch}: {e}")))?;
         report.checkpoint = staged.cid().to_string();
         report.publication = Some(staged.publication.clone());
-        match published {
-            None => {}
-            Some(Ok(p)) => {
-                report.repo = Some(p.repo);
-                report.location = Some(match p.location {
-                    Location::Path(path) => path.display().to_string(),
-                    Location::Url(url) => url,
-                });
-            }
-            Some(Err(e)) => {
-                let repo = &staged.publication.record.hf_repo;
-                tracing::warn!(job = %job, epoch, %repo, error = %e, "the model registry refused the checkpoint");
-                self.deps.metrics.incr("registry_refusals", "refused", 1);
-                report.registry_error = Some(format!("{repo}: {e}"));
-            }
+        if !self.pushed(&mut report, &staged, published) {
+            self.unpushed.insert((job, epoch));
         }
         if !self.settle(&mut report).await {
             self.unsettled.insert((job, epoch));
@@ -956,8 +952,10 @@ impl KeeperState {
                 .observe("publish_record_seconds", started.elapsed().as_secs_f64());
             match outcome {
                 Ok(Ok(r)) if r.duplicate && r.publication != *publication => {
-                    // Not an error to retry: the chain keeps the first record of an epoch.
-                    tracing::warn!(job = %job, epoch = report.epoch, on_chain = %r.publication.record.cid, "the ledger holds another publication record for this epoch");
+                    // Not an error to retry: the chain keeps the first record of an epoch,
+                    // and the report shows what the chain holds.
+                    tracing::warn!(job = %job, epoch = report.epoch, on_chain = %r.publication.record.cid, staged = %publication.record.cid, "the ledger holds another publication record for this epoch");
+                    report.publication = Some(r.publication);
                 }
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => errors.push(format!("publication record: {e}")),
@@ -1046,6 +1044,83 @@ impl KeeperState {
         false
     }
 
+    /// Writes the registry's outcome for `staged` into `report`; returns `false` when the
+    /// push failed transiently and should be tried again.
+    fn pushed(
+        &self,
+        report: &mut EpochReport,
+        staged: &Staged,
+        outcome: Option<Result<crate::publish::Published, crate::publish::RegistryError>>,
+    ) -> bool {
+        let record = &staged.publication.record;
+        match outcome {
+            None => true,
+            Some(Ok(p)) => {
+                report.repo = Some(p.repo);
+                report.location = Some(match p.location {
+                    Location::Path(path) => path.display().to_string(),
+                    Location::Url(url) => url,
+                });
+                report.registry_error = None;
+                true
+            }
+            Some(Err(e)) => {
+                let repo = &record.hf_repo;
+                let transient = e.is_transient();
+                if transient {
+                    tracing::warn!(job = %record.job, epoch = record.epoch, %repo, error = %e, "pushing the repo failed; retried later");
+                    self.deps.metrics.incr("registry_failures", "transient", 1);
+                } else {
+                    tracing::warn!(job = %record.job, epoch = record.epoch, %repo, error = %e, "the model registry refused the checkpoint");
+                    self.deps.metrics.incr("registry_refusals", "refused", 1);
+                }
+                report.registry_error = Some(format!("{repo}: {e}"));
+                !transient
+            }
+        }
+    }
+
+    /// Pushes again the repos whose push failed transiently ([`KeeperState::pushed`]), from
+    /// their staged publications; stops at the first that fails again.
+    async fn push_pending(&mut self) {
+        let publisher = self.deps.publication.publisher();
+        let pending: Vec<(JobId, u32)> = self.unpushed.iter().copied().collect();
+        for key in pending {
+            let staged = match publisher.staged(key.0, key.1).await {
+                Ok(Some(staged)) => staged,
+                Ok(None) => {
+                    self.unpushed.remove(&key);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(job = %key.0, epoch = key.1, error = %e, "reading a staged publication to push it again");
+                    break;
+                }
+            };
+            let outcome = match publisher.weights(&staged).await {
+                Ok(w) => publisher.complete(&staged, w).await,
+                Err(e) => Err(e),
+            };
+            let outcome = match outcome {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(job = %key.0, epoch = key.1, error = %e, "completing a staged publication again");
+                    break;
+                }
+            };
+            let Some(mut report) = self.reports.get(&key).cloned() else {
+                self.unpushed.remove(&key);
+                continue;
+            };
+            let done = self.pushed(&mut report, &staged, outcome);
+            self.reports.insert(key, report);
+            if !done {
+                break;
+            }
+            self.unpushed.remove(&key);
+        }
+    }
+
     /// Settles again the epochs whose settlement failed ([`KeeperState::settle`]).
     async fn settle_pending(&mut self) {
         let pending: Vec<(JobId, u32)> = self.unsettled.iter().copied().collect();
@@ -1086,14 +1161,17 @@ impl Actor for Keeper {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<KeeperMsg>,
+        myself: ActorRef<KeeperMsg>,
         a: KeeperArgs,
     ) -> Result<KeeperState, ActorProcessingErr> {
+        // Ends with the actor (the handle's task stops when a send fails).
+        let _ = myself.send_interval(RETRY_EVERY, || KeeperMsg::Retry);
         Ok(KeeperState {
             deps: a,
             jobs: HashMap::new(),
             reports: BTreeMap::new(),
             unsettled: Default::default(),
+            unpushed: Default::default(),
         })
     }
 
@@ -1121,6 +1199,10 @@ impl Actor for Keeper {
             KeeperMsg::Report { job, epoch, reply } => {
                 let _ = reply.send(state.reports.get(&(job, epoch)).cloned());
             }
+            KeeperMsg::Retry => {
+                state.settle_pending().await;
+                state.push_pending().await;
+            }
         }
         Ok(())
     }
@@ -1139,6 +1221,7 @@ impl std::fmt::Debug for KeeperMsg {
         f.write_str(match self {
             KeeperMsg::Publish { .. } => "Publish",
             KeeperMsg::Report { .. } => "Report",
+            KeeperMsg::Retry => "Retry",
         })
     }
 }

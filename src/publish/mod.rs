@@ -8,14 +8,15 @@
 //! - [`objects`]: the object-store port [`ObjectStore`] (put a file, get it back verified
 //!   against its CID, pin it). Embedded default: [`MemoryObjectStore`]; [`FsObjectStore`] is a
 //!   local content-addressed block store in a directory.
-//! - [`registry`]: the model-registry port [`ModelRegistry`] (publish a checkpoint as the
-//!   Hugging Face repo `{org}/{model}-epoch-{epoch}` with `model.safetensors`, `config.json`
-//!   and a [`ModelCard`] `README.md` whose YAML front matter carries the CID). Embedded
-//!   default: [`FolderRegistry`], the Hub's repo layout in a local folder.
-//!
-//! The real adapters — Kubo's HTTP RPC (`IPFS_URL`) for objects and the Hub HTTP API
-//! (`HF_ENDPOINT`, `HF_TOKEN`) for the registry — come with the publication issue, behind the
-//! same traits.
+//! - [`registry`]: the model-registry port [`ModelRegistry`] (publish a checkpoint as a
+//!   Hugging Face repo, `{org}/{model}-job-{job}-epoch-{epoch}` for the sink, with
+//!   `model.safetensors`, `config.json` and a [`ModelCard`] `README.md` whose YAML front
+//!   matter carries the CID). Embedded default: [`FolderRegistry`], the Hub's repo layout in
+//!   a local folder.
+//! - [`kubo`]: the object store on an IPFS node's Kubo HTTP RPC API (`IPFS_URL`);
+//!   [`hub`]: the registry on the Hugging Face Hub HTTP API (`HF_ENDPOINT`, `HF_TOKEN`).
+//! - [`record`]: the signed publication record; [`publisher`]: staging and completing a
+//!   publication so that a crash resumes it; [`verify`]: the checks of `hanzod verify`.
 
 pub mod cid;
 #[cfg(feature = "testkit")]
@@ -28,6 +29,7 @@ pub mod objects;
 pub mod publisher;
 pub mod record;
 pub mod registry;
+pub mod tls;
 pub mod verify;
 
 pub use self::cid::{cid_of, dag, dag_of_bytes, Block, Cid, Dag};

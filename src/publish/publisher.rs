@@ -248,8 +248,14 @@ impl Publisher {
 
     /// Completes `staged` (module docs, step 2): pins the weights, then publishes the repo
     /// when the record names one and a registry is set. Returns the registry's outcome
-    /// (`None` when there is no repo or no registry): a refusal (a conflicting repo, a bad
-    /// name) is returned, not raised, since the checkpoint is published by CID either way.
+    /// (`None` when there is no repo or no registry), which is returned, not raised, since
+    /// the checkpoint is published by CID either way: the caller retries a transient failure
+    /// ([`RegistryError::is_transient`]) later and reports a refusal. The registry call is
+    /// not retried here: the Hub adapter retries each request itself.
+    ///
+    /// `weights` are the staged weights: when the object store no longer has them (a
+    /// garbage collection between the unpinned add and the pin), they are added again
+    /// (they have the staged CID, which the store checks) and pinned.
     ///
     /// Errors: [`PublishError::Objects`] when the weights cannot be pinned after retries.
     pub async fn complete(
@@ -258,10 +264,30 @@ impl Publisher {
         weights: Arc<[u8]>,
     ) -> Result<Option<Result<Published, RegistryError>>, PublishError> {
         let cid = staged.cid();
-        (|| self.objects.pin(cid))
-            .retry(store_backoff())
-            .when(|e| matches!(e, ObjectError::Io(_)))
-            .await?;
+        let pin = || async {
+            (|| self.objects.pin(cid))
+                .retry(store_backoff())
+                .when(|e| matches!(e, ObjectError::Io(_)))
+                .await
+        };
+        match pin().await {
+            Err(ObjectError::NotFound(missing)) => {
+                tracing::warn!(%cid, %missing, "the staged checkpoint left the object store before it was pinned; adding it again");
+                let bytes = Bytes::copy_from_slice(&weights);
+                let again = (|| self.objects.put(bytes.clone()))
+                    .retry(store_backoff())
+                    .when(|e| matches!(e, ObjectError::Io(_)))
+                    .await?;
+                if again != cid {
+                    return Err(PublishError::Objects(ObjectError::Corrupt {
+                        expected: cid.to_string(),
+                        found: again,
+                    }));
+                }
+                pin().await?;
+            }
+            other => other?,
+        }
         let record = &staged.publication.record;
         let Some(registry) = self
             .registry
@@ -280,12 +306,7 @@ impl Publisher {
             config_json: staged.config_json.clone().into_bytes(),
             card,
         };
-        let outcome = (|| registry.publish(&upload))
-            .retry(store_backoff())
-            .when(|e| matches!(e, RegistryError::Io(_)))
-            .notify(|e, d| tracing::warn!(repo = %upload.repo, error = %e, retry_in = ?d, "publishing the repo"))
-            .await;
-        Ok(Some(outcome))
+        Ok(Some(registry.publish(&upload).await))
     }
 }
 
@@ -369,6 +390,39 @@ mod tests {
         // Completing again writes nothing new and succeeds.
         let outcome = p.complete(&first, weights).await.expect("complete again");
         assert!(matches!(outcome, Some(Ok(_))), "{outcome:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn weights_collected_before_the_pin_are_added_again() {
+        let dir = std::env::temp_dir().join(format!("hanzod-publisher-gc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let objects = crate::publish::FsObjectStore::open(dir.join("objects"))
+            .await
+            .expect("open");
+        let p = Publisher {
+            objects: Arc::new(objects.clone()),
+            registry: None,
+            ..publisher(&dir, Arc::new(MemoryStateStore::new()), 1)
+        };
+        let weights = vec![3u8; 300_000];
+        let staged = p.stage(checkpoint(&weights)).await.expect("stage");
+        // A garbage collection between the unpinned add and the pin.
+        for block in std::fs::read_dir(dir.join("objects/blocks"))
+            .expect("blocks")
+            .flatten()
+        {
+            std::fs::remove_file(block.path()).expect("collect");
+        }
+        assert!(!p.objects.contains(staged.cid()).await.expect("contains"));
+        p.complete(&staged, Arc::from(weights.as_slice()))
+            .await
+            .expect("complete");
+        assert!(p.objects.is_pinned(staged.cid()).await.expect("pinned"));
+        assert_eq!(
+            &p.weights(&staged).await.expect("weights")[..],
+            &weights[..]
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

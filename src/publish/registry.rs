@@ -1,5 +1,6 @@
 //! The model-registry port (DESIGN §7, §11): each epoch's merged checkpoint published as a
-//! Hugging Face model repository `{org}/{model}-epoch-{epoch}` holding `model.safetensors`,
+//! Hugging Face model repository `{org}/{name}-epoch-{epoch}` (the sink names them
+//! `{org}/{model}-job-{job}-epoch-{epoch}`) holding `model.safetensors`,
 //! `config.json` and a `README.md` model card whose YAML front matter carries the
 //! checkpoint's IPFS CID.
 //!
@@ -8,9 +9,8 @@
 //! | [`FolderRegistry`] | the HF repo layout in a local folder (the embedded default) |
 //! | [`super::hub::HubRegistry`] | the Hugging Face Hub HTTP API (`HF_ENDPOINT`, `HF_TOKEN`) |
 //!
-//! The real adapter (the Hub HTTP API, `HF_ENDPOINT`, `HF_TOKEN`) comes with the publication
-//! issue. The card's YAML is written and read with `serde_yaml_ng` (the maintained fork of
-//! the archived `serde_yaml`).
+//! The card's YAML is written and read with `serde_yaml_ng` (the maintained fork of the
+//! archived `serde_yaml`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,6 +90,14 @@ pub struct ModelCard {
     pub model: String,
     /// The training data set's name (HF `datasets`).
     pub dataset: String,
+}
+
+impl RegistryError {
+    /// Whether a later attempt may succeed ([`RegistryError::Io`]: the service or storage
+    /// failed); every other error is a refusal that repeats.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, RegistryError::Io(_))
+    }
 }
 
 /// The `hanzod:` map of the front matter.
