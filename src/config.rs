@@ -530,7 +530,11 @@ impl Config {
             ),
         ] {
             if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
-                return Err(format!("{key} {url:?} is not an http:// or https:// URL"));
+                // Only the scheme is named: the URL may carry credentials.
+                let scheme = url.split_once("://").map_or("none", |(s, _)| s);
+                return Err(format!(
+                    "{key} is not an http:// or https:// URL (scheme: {scheme})"
+                ));
             }
         }
         crate::publish::registry::validate_repo(&format!("{}/model-epoch-0", self.publish.org))

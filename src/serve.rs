@@ -277,8 +277,12 @@ pub async fn publication(
         None if !p.ipfs_url.is_empty() => {
             let kubo = KuboObjectStore::connect(&p.ipfs_url, KuboOptions::default())
                 .await
-                .map_err(|e| StartError::Material(format!("IPFS_URL {}: {e}", p.ipfs_url)))?;
-            tracing::info!(url = %p.ipfs_url, version = %kubo.version(), "checkpoints are added to IPFS");
+                .map_err(|e| {
+                    // The URL may carry credentials: name it redacted.
+                    let url = cfg.redacted().publish.ipfs_url;
+                    StartError::Material(format!("IPFS_URL {url}: {e}"))
+                })?;
+            tracing::info!(url = %kubo.url(), version = %kubo.version(), "checkpoints are added to IPFS");
             Arc::new(kubo)
         }
         None if p.object_dir.is_empty() => {
