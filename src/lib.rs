@@ -35,6 +35,8 @@ pub mod sim;
 pub mod state;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+#[cfg(feature = "testkit")]
+mod testkit_process;
 pub mod train;
 
 pub use hanzod_actors as core;

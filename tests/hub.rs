@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hanzod::publish::fake_hub::{
-    find_olah, git_available, write_git_mirror, FakeHub, Fault, MirrorFile, OlahServer,
-    OLAH_INSTALL_HINT,
+    olah_skip_reason, write_git_mirror, FakeHub, Fault, MirrorFile, OlahServer, OLAH_INSTALL_HINT,
 };
 use hanzod::publish::hub::{
     git_blob_oid, sha256_hex, HubClient, HubOptions, HubRegistry, RetryPolicy,
@@ -21,6 +20,9 @@ use hanzod::publish::hub::{
 use hanzod::publish::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
 use hanzod::publish::{cid_of, Location, ModelCard, ModelRegistry, ModelUpload, RegistryError};
 use rand::{Rng, SeedableRng};
+
+#[path = "support/test_tls.rs"]
+mod test_tls;
 
 /// Random bytes from a printed seed.
 fn random_bytes(len: usize, what: &str) -> Vec<u8> {
@@ -443,16 +445,9 @@ async fn downloads_stream_the_published_files() {
 /// offline (the weights as an LFS object, the rest as regular blobs).
 #[tokio::test]
 async fn olah_serves_what_the_client_downloads() {
-    let ci = std::env::var_os("CI").is_some();
-    let missing = match find_olah() {
-        Err(e) => Some(e),
-        Ok(_) if !git_available() => Some("git is not installed".to_string()),
-        Ok(_) => None,
-    };
+    let missing = olah_skip_reason()
+        .unwrap_or_else(|e| panic!("{e} (under CI olah is required: `{OLAH_INSTALL_HINT}`)"));
     if let Some(why) = missing {
-        if ci {
-            panic!("{why} (under CI olah is required: `{OLAH_INSTALL_HINT}`)");
-        }
         eprintln!(
             "\n*** SKIPPED olah_serves_what_the_client_downloads: {why}; \
              install it with `{OLAH_INSTALL_HINT}` ***\n"
@@ -534,44 +529,11 @@ async fn olah_serves_what_the_client_downloads() {
 /// certificate is refused.
 #[tokio::test]
 async fn https_endpoints_use_the_ring_tls_configuration() {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    };
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let dir = scratch("tls");
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "hanzod hub test CA");
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_key = KeyPair::generate().unwrap();
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-    let mut leaf = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    leaf.distinguished_name
-        .push(DnType::CommonName, "localhost");
-    let leaf_key = KeyPair::generate().unwrap();
-    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
     let ca_file = dir.join("ca.pem");
-    std::fs::write(&ca_file, ca_cert.pem()).unwrap();
-
-    let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![leaf_cert.der().clone()],
-        rustls::pki_types::PrivatePkcs8KeyDer::from(leaf_key.serialize_der()).into(),
-    )
-    .unwrap();
-    server.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let acceptor = test_tls::localhost_acceptor("hanzod hub test CA", &ca_file, &[b"http/1.1"]);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let served = tokio::spawn(async move {
@@ -629,4 +591,41 @@ async fn https_endpoints_use_the_ring_tls_configuration() {
     }
     served.abort();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A measurement, not a check of speed (run by hand: `cargo test --test hub -- --ignored
+/// --nocapture publication_timings`): [`HubRegistry::publish`] of checkpoints of 1, 64 and
+/// 256 MiB of random weights to the fake Hub (in memory, on loopback), the weights through
+/// LFS. The time includes the adapter's checks ([`cid_of`] of the weights against the card,
+/// sha256 and git blob ids) and the fake Hub's own sha256 of the upload. It asserts only
+/// that each publication took the LFS path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn publication_timings() {
+    let hub = FakeHub::start().await.unwrap();
+    let reg = HubRegistry::new(HubOptions {
+        timeout: Duration::from_secs(600),
+        ..options(&hub.url(), Some(hub.token()))
+    })
+    .unwrap();
+    println!(
+        "publication_timings: HubRegistry::publish to the fake Hub at {}",
+        hub.url()
+    );
+    println!("{:>8} | {:>26}", "size", "publish");
+    for (epoch, mib) in [1usize, 64, 256].into_iter().enumerate() {
+        let len = mib << 20;
+        let weights = random_bytes(len, "weights");
+        let up = upload(&weights, epoch as u32);
+        let t = Instant::now();
+        reg.publish(&up).await.unwrap();
+        let took = t.elapsed();
+        let lfs_put = format!("PUT /lfs-upload/{}/{} 200", up.repo, sha256_hex(&weights));
+        assert!(calls(&hub).contains(&lfs_put), "{mib} MiB not through LFS");
+        println!(
+            "{mib:>4} MiB | {:>8.3} s ({:>7.1} MB/s)",
+            took.as_secs_f64(),
+            len as f64 / 1e6 / took.as_secs_f64().max(1e-9)
+        );
+    }
 }

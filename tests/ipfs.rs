@@ -4,7 +4,8 @@
 //! `cd tools/js-ipfs && npm ci`). Without it a test prints a SKIP banner and passes, unless
 //! `CI` is set: then it fails.
 //!
-//! - the object-store conformance suite of tests/publish.rs;
+//! - the object-store conformance suite ([`hanzod::publish::objects::conformance`]), as
+//!   tests/publish.rs runs it on the embedded stores;
 //! - the CID cross-check: the node's `add --cid-version=1 --raw-leaves` CID equals
 //!   [`cid_of`] and its root block equals [`dag`]'s, for seeded random sizes (the seed is
 //!   printed; `HANZOD_SEED` replays one), the chunk and layer boundaries and a ~50 MB file;
@@ -24,9 +25,14 @@ use bytes::Bytes;
 use hanzod::publish::cid::{CHUNK_SIZE, MAX_LINKS};
 use hanzod::publish::ipfs_node::{skip_reason, IpfsNode};
 use hanzod::publish::kubo::{KuboObjectStore, KuboOptions};
+use hanzod::publish::objects::conformance::{self, pattern};
+use hanzod::publish::tls::{self, Alpn};
 use hanzod::publish::{cid_of, dag, Cid, ObjectError, ObjectStore};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+#[path = "support/test_tls.rs"]
+mod test_tls;
 
 /// The node-side bound on lookups in these tests: a missing block is reported within it.
 const LOOKUP: Duration = Duration::from_secs(2);
@@ -58,13 +64,6 @@ async fn node_or_skip(test: &str) -> Option<IpfsNode> {
     }
 }
 
-/// The deterministic pattern of tests/publish.rs's reference vectors.
-fn pattern(len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i.wrapping_mul(31).wrapping_add(i / 251)) as u8)
-        .collect()
-}
-
 /// The seed of this run: `HANZOD_SEED`, else random; printed either way.
 fn seed(test: &str) -> u64 {
     let seed = std::env::var("HANZOD_SEED")
@@ -76,17 +75,10 @@ fn seed(test: &str) -> u64 {
 }
 
 /// A plain HTTP client for talking to the node directly (reqwest needs a TLS backend even
-/// for http: rustls with ring, no roots).
+/// for http: the adapters' rustls configuration, without roots).
 fn http_client() -> reqwest::Client {
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(rustls::RootCertStore::empty())
-    .with_no_client_auth();
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
+    tls::client_builder(false, None, Alpn::Http1)
+        .expect("TLS configuration")
         .no_proxy()
         .timeout(Duration::from_secs(120))
         .build()
@@ -140,65 +132,6 @@ async fn node_block(client: &reqwest::Client, url: &str, cid: &Cid) -> Bytes {
         .expect("block bytes")
 }
 
-/// The object-store contract of tests/publish.rs.
-async fn conformance(store: &dyn ObjectStore) {
-    // Round trip of a multi-chunk file; the CID is Kubo's.
-    let data = pattern(1_048_576);
-    let cid = store.put(Bytes::from(data.clone())).await.expect("put");
-    assert_eq!(
-        cid,
-        "bafybeihrgkmwnypyfsnqusee77xnrtloggqf5f2e2rfoui2aswitt5gcuq"
-    );
-    assert_eq!(&store.get(&cid).await.expect("get")[..], &data[..]);
-    assert!(store.contains(&cid).await.expect("contains"));
-
-    // Idempotent put.
-    assert_eq!(store.put(Bytes::from(data)).await.expect("put again"), cid);
-
-    // Single-block files, the empty one included.
-    for small in [Vec::new(), b"hello".to_vec()] {
-        let c = store
-            .put(Bytes::from(small.clone()))
-            .await
-            .expect("put small");
-        assert!(c.starts_with("bafk"), "{c}");
-        assert_eq!(&store.get(&c).await.expect("get small")[..], &small[..]);
-    }
-
-    // Absent, malformed and foreign CIDs.
-    let absent = cid_of(b"never stored").to_string();
-    assert_eq!(
-        store.get(&absent).await,
-        Err(ObjectError::NotFound(absent.clone()))
-    );
-    assert!(!store.contains(&absent).await.expect("contains absent"));
-    assert!(matches!(
-        store.get("bafy-not-a-cid").await,
-        Err(ObjectError::BadCid(_))
-    ));
-    assert!(matches!(
-        store.contains("").await,
-        Err(ObjectError::BadCid(_))
-    ));
-    // A CIDv1 with the identity hash (0x00) is not one this store holds.
-    assert!(matches!(
-        store.get("bafkqaaa").await,
-        Err(ObjectError::BadCid(_))
-    ));
-
-    // Pins.
-    assert!(!store.is_pinned(&cid).await.expect("is_pinned"));
-    store.pin(&cid).await.expect("pin");
-    store.pin(&cid).await.expect("pin is idempotent");
-    assert!(store.is_pinned(&cid).await.expect("is_pinned"));
-    assert_eq!(store.pins().await.expect("pins"), vec![cid.clone()]);
-    assert_eq!(
-        store.pin(&absent).await,
-        Err(ObjectError::NotFound(absent.clone()))
-    );
-    assert!(!store.is_pinned(&absent).await.expect("is_pinned absent"));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubo_store_conforms() {
     let Some(node) = node_or_skip("kubo_store_conforms").await else {
@@ -211,22 +144,14 @@ async fn kubo_store_conforms() {
     assert!(!store.version().is_empty());
     assert_eq!(store.url(), node.url());
     let started = Instant::now();
-    conformance(&store).await;
+    conformance::object_store(&store).await;
     eprintln!(
         "conformance against {}: {:?}",
         node.url(),
         started.elapsed()
     );
-
     // A file of two layers round-trips through add and cat; the CID is the reference one.
-    let data = pattern(MAX_LINKS * CHUNK_SIZE + 1);
-    let cid = store.put(Bytes::from(data.clone())).await.expect("put");
-    assert_eq!(
-        cid,
-        "bafybeifqqoascfh7imu7gome742sztv7cea5cenyshi56err7vcj77ajce"
-    );
-    assert!(store.contains(&cid).await.expect("contains"));
-    assert!(store.get(&cid).await.expect("get")[..] == data[..]);
+    conformance::two_layer_file(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -525,44 +450,11 @@ async fn errors_are_precise_and_bounded() {
 /// that CA its certificate is refused, and an unreadable `ca_file` is a clear error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_uses_the_ring_tls_configuration() {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    };
-
     let Some(node) = node_or_skip("https_uses_the_ring_tls_configuration").await else {
         return;
     };
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "hanzod ipfs test CA");
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_key = KeyPair::generate().expect("CA key");
-    let ca_cert = ca.self_signed(&ca_key).expect("CA cert");
-    let issuer = Issuer::new(ca, ca_key);
-    let mut leaf = CertificateParams::new(vec!["localhost".to_string()]).expect("leaf params");
-    leaf.distinguished_name
-        .push(DnType::CommonName, "localhost");
-    let leaf_key = KeyPair::generate().expect("leaf key");
-    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).expect("leaf cert");
     let ca_file = node.dir().join("test-ca.pem");
-    std::fs::write(&ca_file, ca_cert.pem()).expect("write the CA");
-
-    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![leaf_cert.der().clone()],
-        rustls::pki_types::PrivatePkcs8KeyDer::from(leaf_key.serialize_der()).into(),
-    )
-    .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let acceptor = test_tls::localhost_acceptor("hanzod ipfs test CA", &ca_file, &[]);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -615,4 +507,73 @@ async fn https_uses_the_ring_tls_configuration() {
         other => panic!("a missing CA file gave {other:?}"),
     }
     terminator.abort();
+}
+
+/// `len` bytes in `d`, as `seconds (MB/s)` (MB: 10^6 bytes).
+fn timing(len: usize, d: Duration) -> String {
+    format!(
+        "{:>8.3} s ({:>7.1} MB/s)",
+        d.as_secs_f64(),
+        len as f64 / 1e6 / d.as_secs_f64().max(1e-9)
+    )
+}
+
+/// A measurement, not a check of speed (run by hand: `cargo test --test ipfs -- --ignored
+/// --nocapture publication_timings`): against the js-ipfs node, for checkpoints of 1, 64
+/// and 256 MiB of seeded random bytes, the time of [`KuboObjectStore`]'s `put` (which
+/// includes the adapter's own [`cid_of`] to check the node's CID), `pin` (the `refs` walk,
+/// then `pin/add`) and `get` (root, `refs`, streamed `cat`, [`cid_of`] of the result), and
+/// of [`cid_of`] alone on the same bytes. It asserts only that the bytes round-trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn publication_timings() {
+    let Some(node) = node_or_skip("publication_timings").await else {
+        return;
+    };
+    let store = KuboObjectStore::connect(
+        &node.url(),
+        KuboOptions {
+            timeout: Duration::from_secs(1800),
+            lookup_timeout: Duration::from_secs(300),
+            ..options()
+        },
+    )
+    .await
+    .expect("connect");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed("publication_timings"));
+    println!("publication_timings: {} on {}", node.version(), node.url());
+    println!(
+        "{:>8} | {:>26} | {:>26} | {:>26} | {:>26}",
+        "size", "put", "pin", "get", "cid_of"
+    );
+    for mib in [1usize, 64, 256] {
+        let len = mib << 20;
+        let mut data = vec![0u8; len];
+        rng.fill_bytes(&mut data);
+        let bytes = Bytes::from(data);
+
+        let t = Instant::now();
+        let cid = store.put(bytes.clone()).await.expect("put");
+        let put = t.elapsed();
+        let t = Instant::now();
+        store.pin(&cid).await.expect("pin");
+        let pin = t.elapsed();
+        let t = Instant::now();
+        let got = store.get(&cid).await.expect("get");
+        let get = t.elapsed();
+        assert!(got[..] == bytes[..], "{mib} MiB read back differ");
+        drop(got);
+        let t = Instant::now();
+        let ours = cid_of(&bytes);
+        let hashed = t.elapsed();
+        assert_eq!(ours.to_string(), cid);
+        println!(
+            "{:>4} MiB | {} | {} | {} | {}",
+            mib,
+            timing(len, put),
+            timing(len, pin),
+            timing(len, get),
+            timing(len, hashed)
+        );
+    }
 }

@@ -1,5 +1,7 @@
-//! The publication ports (DESIGN §7): Kubo-identical CIDs against reference vectors, one
-//! conformance suite for both object stores, and the folder model registry.
+//! The publication ports (DESIGN §7): Kubo-identical CIDs against reference vectors (of
+//! [`pattern`]), the object-store conformance suite
+//! ([`hanzod::publish::objects::conformance`]) on both embedded stores, and the folder model
+//! registry.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,19 +9,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use hanzod::publish::cid::{CHUNK_SIZE, MAX_LINKS};
+use hanzod::publish::objects::conformance::{self, pattern};
 use hanzod::publish::registry::{validate_repo, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
 use hanzod::publish::{
     cid_of, dag, FolderRegistry, FsObjectStore, Location, MemoryObjectStore, ModelCard,
     ModelRegistry, ModelUpload, ObjectError, ObjectStore, RegistryError,
 };
 use proptest::prelude::*;
-
-/// The deterministic pattern of the reference vectors: byte `i` is `(i·31 + ⌊i/251⌋) mod 256`.
-fn pattern(len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i.wrapping_mul(31).wrapping_add(i / 251)) as u8)
-        .collect()
-}
 
 /// Reference CIDs of `pattern(len)`, with the root block's length and the root's Tsize.
 ///
@@ -124,75 +120,16 @@ impl Drop for TempDir {
     }
 }
 
-/// The object-store contract, run against every implementation.
-async fn conformance(store: &dyn ObjectStore) {
-    // Round trip of a multi-chunk file; the CID is Kubo's.
-    let data = pattern(1_048_576);
-    let cid = store.put(Bytes::from(data.clone())).await.expect("put");
-    assert_eq!(
-        cid,
-        "bafybeihrgkmwnypyfsnqusee77xnrtloggqf5f2e2rfoui2aswitt5gcuq"
-    );
-    assert_eq!(&store.get(&cid).await.expect("get")[..], &data[..]);
-    assert!(store.contains(&cid).await.expect("contains"));
-
-    // Idempotent put.
-    assert_eq!(store.put(Bytes::from(data)).await.expect("put again"), cid);
-
-    // Single-block files, the empty one included.
-    for small in [Vec::new(), b"hello".to_vec()] {
-        let c = store
-            .put(Bytes::from(small.clone()))
-            .await
-            .expect("put small");
-        assert!(c.starts_with("bafk"), "{c}");
-        assert_eq!(&store.get(&c).await.expect("get small")[..], &small[..]);
-    }
-
-    // Absent, malformed and foreign CIDs.
-    let absent = cid_of(b"never stored").to_string();
-    assert_eq!(
-        store.get(&absent).await,
-        Err(ObjectError::NotFound(absent.clone()))
-    );
-    assert!(!store.contains(&absent).await.expect("contains absent"));
-    assert!(matches!(
-        store.get("bafy-not-a-cid").await,
-        Err(ObjectError::BadCid(_))
-    ));
-    assert!(matches!(
-        store.contains("").await,
-        Err(ObjectError::BadCid(_))
-    ));
-    // A CIDv1 with the identity hash (0x00) is not one this store holds.
-    assert!(matches!(
-        store.get("bafkqaaa").await,
-        Err(ObjectError::BadCid(_))
-    ));
-
-    // Pins.
-    assert!(!store.is_pinned(&cid).await.expect("is_pinned"));
-    store.pin(&cid).await.expect("pin");
-    store.pin(&cid).await.expect("pin is idempotent");
-    assert!(store.is_pinned(&cid).await.expect("is_pinned"));
-    assert_eq!(store.pins().await.expect("pins"), vec![cid.clone()]);
-    assert_eq!(
-        store.pin(&absent).await,
-        Err(ObjectError::NotFound(absent.clone()))
-    );
-    assert!(!store.is_pinned(&absent).await.expect("is_pinned absent"));
-}
-
 #[tokio::test]
 async fn memory_store_conforms() {
-    conformance(&MemoryObjectStore::new()).await;
+    conformance::object_store(&MemoryObjectStore::new()).await;
 }
 
 #[tokio::test]
 async fn fs_store_conforms() {
     let dir = TempDir::new("fs");
     let store = FsObjectStore::open(&dir.0).await.expect("open");
-    conformance(&store).await;
+    conformance::object_store(&store).await;
     // Blocks are files named by their CIDs, and a reopened store still has them and the pins.
     let cid = cid_of(&pattern(1_048_576));
     assert!(store.block_path(&cid).is_file());

@@ -1165,7 +1165,7 @@ impl Actor for Keeper {
         a: KeeperArgs,
     ) -> Result<KeeperState, ActorProcessingErr> {
         // Ends with the actor (the handle's task stops when a send fails).
-        let _ = myself.send_interval(RETRY_EVERY, || KeeperMsg::Retry);
+        let _ticker = myself.send_interval(RETRY_EVERY, || KeeperMsg::Retry);
         Ok(KeeperState {
             deps: a,
             jobs: HashMap::new(),

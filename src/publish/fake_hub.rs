@@ -18,9 +18,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -31,6 +31,7 @@ use bytes::Bytes;
 
 use super::hub::{git_blob_oid, sha256_hex, LFS_MEDIA_TYPE, NDJSON_MEDIA_TYPE};
 use super::registry::validate_repo;
+use crate::testkit_process::{on_free_ports, on_path, ServerProcess};
 
 /// The write token a [`FakeHub`] accepts (`Authorization: Bearer hf_fake_write_token`).
 pub const FAKE_TOKEN: &str = "hf_fake_write_token";
@@ -671,6 +672,21 @@ fn route(
 /// A refusal, boxed (a [`Response`] is large).
 type Refused = Box<Response>;
 
+/// The `Ok` value of a `Result<_, Refused>`, or (from the handler) the refusal's response.
+macro_rules! or_refuse {
+    ($result:expr) => {
+        match $result {
+            Ok(v) => v,
+            Err(refused) => return *refused,
+        }
+    };
+}
+
+/// `value[key]`, when it is a string.
+fn str_field<'v>(value: &'v serde_json::Value, key: &str) -> Option<&'v str> {
+    value.get(key).and_then(|v| v.as_str())
+}
+
 fn parse_json(body: &[u8]) -> Result<serde_json::Value, Refused> {
     serde_json::from_slice(body).map_err(|e| Box::new(bad_request(format!("invalid JSON: {e}"))))
 }
@@ -680,18 +696,12 @@ fn create(s: &Shared, hub: &mut Hub, who: Caller, body: &[u8]) -> Response {
     if who != Caller::Writer {
         return write_refused();
     }
-    let v = match parse_json(body) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
-    let Some(name) = v.get("name").and_then(|n| n.as_str()) else {
+    let v = or_refuse!(parse_json(body));
+    let Some(name) = str_field(&v, "name") else {
         return bad_request("`name` is required");
     };
-    let org = v
-        .get("organization")
-        .and_then(|o| o.as_str())
-        .unwrap_or("fake-user");
-    if let Some(t) = v.get("type").and_then(|t| t.as_str()) {
+    let org = str_field(&v, "organization").unwrap_or("fake-user");
+    if let Some(t) = str_field(&v, "type") {
         if t != "model" {
             return bad_request(format!("the fake Hub only has model repos, not {t:?}"));
         }
@@ -746,22 +756,17 @@ fn check_revision(rev: &str) -> Result<(), Refused> {
 
 /// `POST /api/models/{repo}/preupload/{rev}`.
 fn preupload(hub: &mut Hub, who: Caller, repo: &str, rev: &str, body: &[u8]) -> Response {
-    if let Err(r) = writable(hub, who, repo).map(drop).and(check_revision(rev)) {
-        return *r;
-    }
-    let v = match parse_json(body) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
+    or_refuse!(writable(hub, who, repo).map(drop).and(check_revision(rev)));
+    let v = or_refuse!(parse_json(body));
     let Some(files) = v.get("files").and_then(|f| f.as_array()) else {
         return bad_request("`files` is required");
     };
     let mut out = Vec::new();
     for f in files {
         let (Some(path), Some(size), Some(sample)) = (
-            f.get("path").and_then(|p| p.as_str()),
+            str_field(f, "path"),
             f.get("size").and_then(|p| p.as_u64()),
-            f.get("sample").and_then(|p| p.as_str()),
+            str_field(f, "sample"),
         ) else {
             return bad_request("each file needs `path`, `size` and `sample`");
         };
@@ -799,15 +804,9 @@ fn batch(
             "Accept must be application/vnd.git-lfs+json",
         );
     }
-    let r = match writable(hub, who, repo) {
-        Ok(r) => r,
-        Err(resp) => return *resp,
-    };
-    let v = match parse_json(body) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
-    if v.get("operation").and_then(|o| o.as_str()) != Some("upload") {
+    let r = or_refuse!(writable(hub, who, repo));
+    let v = or_refuse!(parse_json(body));
+    if str_field(&v, "operation") != Some("upload") {
         return bad_request("the fake Hub's batch API only does `upload`");
     }
     if let Some(t) = v.get("transfers").and_then(|t| t.as_array()) {
@@ -819,7 +818,7 @@ fn batch(
             );
         }
     }
-    if let Some(a) = v.get("hash_algo").and_then(|a| a.as_str()) {
+    if let Some(a) = str_field(&v, "hash_algo") {
         if a != "sha256" {
             return hub_error(StatusCode::CONFLICT, None, "unsupported hash algorithm");
         }
@@ -829,7 +828,7 @@ fn batch(
     };
     let mut out = Vec::new();
     for o in objects {
-        let oid = o.get("oid").and_then(|x| x.as_str()).unwrap_or_default();
+        let oid = str_field(o, "oid").unwrap_or_default();
         let size = o.get("size").and_then(|x| x.as_u64());
         let valid = oid.len() == 64 && oid.bytes().all(|b| b.is_ascii_hexdigit());
         let Some(size) = size.filter(|_| valid) else {
@@ -918,16 +917,10 @@ fn lfs_verify(
     if headers.get("x-fake-verify").is_none() {
         return bad_request("send the verify action's header");
     }
-    let r = match writable(hub, who, repo) {
-        Ok(r) => r,
-        Err(resp) => return *resp,
-    };
-    let v = match parse_json(body) {
-        Ok(v) => v,
-        Err(r) => return *r,
-    };
+    let r = or_refuse!(writable(hub, who, repo));
+    let v = or_refuse!(parse_json(body));
     let size = v.get("size").and_then(|x| x.as_u64());
-    if v.get("oid").and_then(|x| x.as_str()) != Some(oid) {
+    if str_field(&v, "oid") != Some(oid) {
         return bad_request("the body's oid is not the href's");
     }
     match r.lfs.get(oid) {
@@ -952,13 +945,8 @@ fn commit(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    if let Err(r) = check_revision(rev) {
-        return *r;
-    }
-    let r = match writable(hub, who, repo) {
-        Ok(r) => r,
-        Err(resp) => return *resp,
-    };
+    or_refuse!(check_revision(rev));
+    let r = or_refuse!(writable(hub, who, repo));
     let ndjson = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -976,18 +964,18 @@ fn commit(
             Ok(v) => v,
             Err(e) => return bad_request(format!("line {}: {e}", i + 1)),
         };
-        let key = v.get("key").and_then(|k| k.as_str()).unwrap_or_default();
+        let key = str_field(&v, "key").unwrap_or_default();
         let value = v.get("value").cloned().unwrap_or_default();
-        let path = value.get("path").and_then(|p| p.as_str());
+        let path = str_field(&value, "path");
         match (i, key) {
             (0, "header") => {
-                let Some(s) = value.get("summary").and_then(|s| s.as_str()) else {
+                let Some(s) = str_field(&value, "summary") else {
                     return bad_request("the header needs a `summary`");
                 };
                 if s.trim().is_empty() {
                     return bad_request("empty commit summary");
                 }
-                if let Some(parent) = value.get("parentCommit").and_then(|p| p.as_str()) {
+                if let Some(parent) = str_field(&value, "parentCommit") {
                     if r.head().map(|c| c.oid.as_str()) != Some(parent) {
                         return hub_error(
                             StatusCode::PRECONDITION_FAILED,
@@ -1003,12 +991,10 @@ fn commit(
                 let Some(path) = path else {
                     return bad_request("a file needs a `path`");
                 };
-                if value.get("encoding").and_then(|e| e.as_str()) != Some("base64") {
+                if str_field(&value, "encoding") != Some("base64") {
                     return bad_request(format!("{path}: encoding must be base64"));
                 }
-                let content = value
-                    .get("content")
-                    .and_then(|c| c.as_str())
+                let content = str_field(&value, "content")
                     .and_then(|c| base64::engine::general_purpose::STANDARD.decode(c).ok());
                 let Some(content) = content else {
                     return bad_request(format!("{path}: content is not base64"));
@@ -1026,13 +1012,10 @@ fn commit(
                 let Some(path) = path else {
                     return bad_request("an lfsFile needs a `path`");
                 };
-                if value.get("algo").and_then(|a| a.as_str()) != Some("sha256") {
+                if str_field(&value, "algo") != Some("sha256") {
                     return bad_request(format!("{path}: algo must be sha256"));
                 }
-                let oid = value
-                    .get("oid")
-                    .and_then(|o| o.as_str())
-                    .unwrap_or_default();
+                let oid = str_field(&value, "oid").unwrap_or_default();
                 let Some(stored) = r.lfs.get(oid) else {
                     return bad_request(format!(
                         "{path}: LFS object {oid} was not uploaded to {repo}"
@@ -1088,13 +1071,8 @@ fn tree(
     rev: &str,
     query: Option<&str>,
 ) -> Response {
-    let r = match readable(hub, who, repo) {
-        Ok(r) => r,
-        Err(resp) => return *resp,
-    };
-    if let Err(resp) = check_revision(rev) {
-        return *resp;
-    }
+    let r = or_refuse!(readable(hub, who, repo));
+    or_refuse!(check_revision(rev));
     let entries: Vec<serde_json::Value> = r
         .head()
         .map(|c| {
@@ -1143,13 +1121,8 @@ fn tree(
 /// `GET /{repo}/resolve/{rev}/{file}`: a regular file's bytes, or a 302 to the object
 /// for an LFS file (as the Hub redirects to its CDN).
 fn resolve(s: &Shared, hub: &Hub, who: Caller, repo: &str, rev: &str, file: &str) -> Response {
-    let r = match readable(hub, who, repo) {
-        Ok(r) => r,
-        Err(resp) => return *resp,
-    };
-    if let Err(resp) = check_revision(rev) {
-        return *resp;
-    }
+    let r = or_refuse!(readable(hub, who, repo));
+    or_refuse!(check_revision(rev));
     let Some(head) = r.head() else {
         return hub_error(
             StatusCode::NOT_FOUND,
@@ -1213,11 +1186,7 @@ pub fn find_olah() -> Result<Vec<OsString>, String> {
             Path::new(&p).display()
         ));
     }
-    if let Some(p) = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("olah-cli"))
-            .find(|p| p.is_file())
-    }) {
+    if let Some(p) = on_path("olah-cli") {
         return Ok(vec![p.into_os_string()]);
     }
     let importable = Command::new("python3")
@@ -1232,6 +1201,21 @@ pub fn find_olah() -> Result<Vec<OsString>, String> {
     Err(format!(
         "olah (a Hub-compatible mirror server) is not installed: run `{OLAH_INSTALL_HINT}`"
     ))
+}
+
+/// Whether a test may skip for want of olah ([`find_olah`]) or git ([`git_available`]):
+/// only when one is missing *and* the environment variable `CI` is unset. `Ok(None)`: run
+/// olah; `Ok(Some(reason))`: skip, saying why; `Err`: fail (under `CI` a missing olah is an
+/// error, not a skip).
+pub fn olah_skip_reason() -> Result<Option<String>, String> {
+    let found = find_olah().and_then(|_| {
+        if git_available() {
+            Ok(())
+        } else {
+            Err("git is not installed".to_string())
+        }
+    });
+    crate::testkit_process::skip_reason(found)
 }
 
 /// Whether `git` runs.
@@ -1330,9 +1314,8 @@ pub fn write_git_mirror(
 /// dropped.
 #[derive(Debug)]
 pub struct OlahServer {
-    child: Child,
+    process: ServerProcess,
     port: u16,
-    dir: PathBuf,
 }
 
 #[derive(serde::Serialize)]
@@ -1359,8 +1342,10 @@ struct OlahConfigFile {
 impl OlahServer {
     /// Starts olah ([`find_olah`]) with its files (`olah.toml`, `olah.out`, `logs/`,
     /// `repos/`) in `dir` (created if missing), serving the git mirrors under `mirrors`
-    /// (see [`write_git_mirror`]) with `offline = true`, and waits (at most
-    /// [`OLAH_START_DEADLINE`]) until it accepts connections.
+    /// (see [`write_git_mirror`]) with `offline = true`, on a free loopback port (up to three
+    /// tried, as one found free may be taken before olah binds it), and waits (at most
+    /// [`OLAH_START_DEADLINE`]) until it accepts connections. Its output is appended to
+    /// `olah.out`.
     ///
     /// The configuration (`olah -c olah.toml --log-path logs`):
     ///
@@ -1380,72 +1365,50 @@ impl OlahServer {
     pub async fn start(mirrors: &Path, dir: &Path) -> Result<OlahServer, String> {
         let argv = find_olah()?;
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let port = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| format!("no free loopback port: {e}"))?;
-        let config = OlahConfigFile {
-            basic: OlahBasic {
-                host: "127.0.0.1".to_string(),
-                port,
-                repos_path: dir.join("repos").display().to_string(),
-                mirrors_path: vec![mirrors.display().to_string()],
-            },
-            accessibility: OlahAccessibility { offline: true },
-        };
-        let toml_text =
-            toml::to_string(&config).map_err(|e| format!("writing olah's config: {e}"))?;
-        let toml_path = dir.join("olah.toml");
-        std::fs::write(&toml_path, toml_text)
-            .map_err(|e| format!("writing {}: {e}", toml_path.display()))?;
-        let out_path = dir.join("olah.out");
-        let out = std::fs::File::create(&out_path)
-            .map_err(|e| format!("creating {}: {e}", out_path.display()))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| format!("opening {}: {e}", out_path.display()))?;
         let (program, args) = argv
             .split_first()
             .ok_or_else(|| "empty olah command".to_string())?;
-        let child = Command::new(program)
-            .args(args)
-            .arg("-c")
-            .arg(&toml_path)
-            .arg("--log-path")
-            .arg(dir.join("logs"))
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("starting olah ({}): {e}", Path::new(program).display()))?;
-        let mut server = OlahServer {
-            child,
-            port,
-            dir: dir.to_path_buf(),
-        };
-        let deadline = Instant::now() + OLAH_START_DEADLINE;
-        loop {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(format!(
-                    "olah exited ({status}) before listening: {}",
-                    server.output_tail()
-                ));
-            }
-            if tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
+        let program = Path::new(program);
+        on_free_ports(3, |port, _| async move {
+            let config = OlahConfigFile {
+                basic: OlahBasic {
+                    host: "127.0.0.1".to_string(),
+                    port,
+                    repos_path: dir.join("repos").display().to_string(),
+                    mirrors_path: vec![mirrors.display().to_string()],
+                },
+                accessibility: OlahAccessibility { offline: true },
+            };
+            let toml_text =
+                toml::to_string(&config).map_err(|e| format!("writing olah's config: {e}"))?;
+            let toml_path = dir.join("olah.toml");
+            std::fs::write(&toml_path, toml_text)
+                .map_err(|e| format!("writing {}: {e}", toml_path.display()))?;
+            let mut cmd = Command::new(program);
+            cmd.args(args)
+                .arg("-c")
+                .arg(&toml_path)
+                .arg("--log-path")
+                .arg(dir.join("logs"))
+                .current_dir(dir)
+                .stdin(Stdio::null());
+            let shown = format!("olah ({})", program.display());
+            let process = ServerProcess::spawn(&mut cmd, &dir.join("olah.out"), &shown)?;
+            let ready = process.wait_ready(
+                OLAH_START_DEADLINE,
+                Duration::from_millis(100),
+                "TCP connections",
+                || async move {
+                    let tcp = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await;
+                    tcp.ok().map(drop)
+                },
+            );
+            let (process, ()) = ready
                 .await
-                .is_ok()
-            {
-                return Ok(server);
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "olah did not listen on 127.0.0.1:{port} within {OLAH_START_DEADLINE:?}: {}",
-                    server.output_tail()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+                .map_err(|e| format!("{shown} on port {port} {e}"))?;
+            Ok(OlahServer { process, port })
+        })
+        .await
     }
 
     /// Its endpoint, `http://127.0.0.1:{port}` (an `HF_ENDPOINT`).
@@ -1455,16 +1418,7 @@ impl OlahServer {
 
     /// The end of its output (`olah.out`), for error messages.
     pub fn output_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.dir.join("olah.out")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
-    }
-}
-
-impl Drop for OlahServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.log_tail()
     }
 }
 

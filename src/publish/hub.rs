@@ -44,10 +44,11 @@
 //! commit whose answer is lost is not repeated: before retrying a commit, the tree is read
 //! again, and a tree already holding the files ends the publication.
 //!
-//! TLS: the client is built on a rustls configuration made with ring
-//! (`rustls::crypto::ring::default_provider()`), never a process-wide default provider; the
-//! trusted roots are read from [`HubOptions::ca_file`], else `SSL_CERT_FILE`, else the
-//! system bundle (`/etc/ssl/certs/ca-certificates.crt` and the other usual places).
+//! TLS ([`super::tls`], ALPN `h2` then `http/1.1`): the client is built on a rustls
+//! configuration made with ring (`rustls::crypto::ring::default_provider()`), never a
+//! process-wide default provider; the trusted roots are read from [`HubOptions::ca_file`],
+//! else `SSL_CERT_FILE`, else the system bundle (`/etc/ssl/certs/ca-certificates.crt` and
+//! the other usual places, [`super::tls::SYSTEM_BUNDLES`]).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -69,6 +70,7 @@ use super::registry::{
     validate_repo, validate_upload, Location, ModelRegistry, ModelUpload, Published, RegistryError,
     CARD_FILE, CONFIG_FILE, WEIGHTS_FILE,
 };
+use super::tls::{self, Alpn};
 
 /// The Hub's public endpoint, used when `HF_ENDPOINT` is unset.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -175,16 +177,37 @@ impl Default for HubOptions {
     }
 }
 
+/// The fields [`HubOptions`] and [`HubClient`] show, the token redacted.
+fn debug_hub<'a, 'b>(
+    f: &'a mut std::fmt::Formatter<'b>,
+    name: &str,
+    endpoint: &str,
+    token: bool,
+    timeout: &Duration,
+    retry: &RetryPolicy,
+) -> std::fmt::DebugStruct<'a, 'b> {
+    let mut d = f.debug_struct(name);
+    d.field("endpoint", &endpoint)
+        .field("token", &token.then_some("<redacted>"))
+        .field("timeout", timeout)
+        .field("retry", retry);
+    d
+}
+
 impl std::fmt::Debug for HubOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HubOptions")
-            .field("endpoint", &self.endpoint)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("timeout", &self.timeout)
-            .field("retry", &self.retry)
-            .field("private", &self.private)
-            .field("ca_file", &self.ca_file)
-            .finish()
+        let token = self.token.is_some();
+        debug_hub(
+            f,
+            "HubOptions",
+            &self.endpoint,
+            token,
+            &self.timeout,
+            &self.retry,
+        )
+        .field("private", &self.private)
+        .field("ca_file", &self.ca_file)
+        .finish()
     }
 }
 
@@ -516,7 +539,16 @@ struct Step<'a> {
     url: String,
 }
 
-impl Step<'_> {
+impl<'a> Step<'a> {
+    fn new(what: &'static str, subject: &'a str, method: Method, url: &dyn ToString) -> Step<'a> {
+        Step {
+            what,
+            subject,
+            method,
+            url: url.to_string(),
+        }
+    }
+
     fn error(&self, failure: Failure, attempts: u32) -> RegistryError {
         let ctx = format!(
             "{} {} ({} {})",
@@ -629,58 +661,6 @@ struct CommitAnswer {
     commit_url: Option<String>,
 }
 
-/// Builds the rustls client configuration: ring, the safe default protocol versions, the
-/// trusted roots (only required for `https`), ALPN `h2` then `http/1.1`.
-fn tls_config(https: bool, ca_file: Option<&Path>) -> Result<rustls::ClientConfig, RegistryError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    let bundle = ca_file.map(Path::to_path_buf).or_else(|| {
-        std::env::var_os("SSL_CERT_FILE")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                [
-                    "/etc/ssl/certs/ca-certificates.crt",
-                    "/etc/pki/tls/certs/ca-bundle.crt",
-                    "/etc/ssl/ca-bundle.pem",
-                    "/etc/ssl/cert.pem",
-                ]
-                .iter()
-                .map(PathBuf::from)
-                .find(|p| p.is_file())
-            })
-    });
-    if https || ca_file.is_some() {
-        let Some(bundle) = bundle else {
-            return Err(RegistryError::Config(
-                "no CA certificates for https: install ca-certificates, or set SSL_CERT_FILE"
-                    .to_string(),
-            ));
-        };
-        use rustls::pki_types::pem::PemObject;
-        let certs = rustls::pki_types::CertificateDer::pem_file_iter(&bundle).map_err(|e| {
-            RegistryError::Config(format!("reading CA bundle {}: {e}", bundle.display()))
-        })?;
-        for cert in certs.flatten() {
-            // A certificate rustls cannot use is skipped, as a system bundle may hold some.
-            let _ = roots.add(cert);
-        }
-        if roots.is_empty() {
-            return Err(RegistryError::Config(format!(
-                "CA bundle {} holds no usable certificate",
-                bundle.display()
-            )));
-        }
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| RegistryError::Config(format!("TLS configuration: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
-}
-
 /// Parses and checks an endpoint: `http` or `https`, a host, no query or fragment.
 fn parse_endpoint(endpoint: &str) -> Result<Url, RegistryError> {
     let bad = |why: String| {
@@ -759,12 +739,16 @@ pub struct HubClient {
 
 impl std::fmt::Debug for HubClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HubClient")
-            .field("endpoint", &self.base)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("timeout", &self.timeout)
-            .field("retry", &self.retry)
-            .finish()
+        let token = self.token.is_some();
+        debug_hub(
+            f,
+            "HubClient",
+            &self.base,
+            token,
+            &self.timeout,
+            &self.retry,
+        )
+        .finish()
     }
 }
 
@@ -788,12 +772,15 @@ impl HubClient {
                 Some(v)
             }
         };
-        let tls = tls_config(endpoint.scheme() == "https", options.ca_file.as_deref())?;
-        let mut builder = reqwest::Client::builder()
-            .tls_backend_preconfigured(tls)
-            .connect_timeout(options.timeout)
-            .redirect(reqwest::redirect::Policy::limited(10))
-            .user_agent(concat!("hanzod/", env!("CARGO_PKG_VERSION")));
+        let mut builder = tls::client_builder(
+            endpoint.scheme() == "https",
+            options.ca_file.as_deref(),
+            Alpn::H2OrHttp1,
+        )
+        .map_err(|e| RegistryError::Config(format!("TLS for {ENDPOINT_ENV} {endpoint}: {e}")))?
+        .connect_timeout(options.timeout)
+        .redirect(reqwest::redirect::Policy::limited(10))
+        .user_agent(concat!("hanzod/", env!("CARGO_PKG_VERSION")));
         let host = endpoint.host_str().unwrap_or_default();
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let loopback = host == "localhost"
@@ -831,6 +818,13 @@ impl HubClient {
     /// (each path part percent-encoded).
     pub fn file_url(&self, repo: &str, file: &str) -> String {
         self.resolve_url(repo, file).to_string()
+    }
+
+    /// Checks `repo` and `file`: the file's resolve URL and `repo/file` (for messages).
+    fn resolve_target(&self, repo: &str, file: &str) -> Result<(Url, String), RegistryError> {
+        validate_repo(repo)?;
+        validate_file(file)?;
+        Ok((self.resolve_url(repo, file), format!("{repo}/{file}")))
     }
 
     fn resolve_url(&self, repo: &str, file: &str) -> Url {
@@ -931,12 +925,7 @@ impl HubClient {
         let mut url = self.api_url(repo, "tree");
         let mut entries = Vec::new();
         for _ in 0..MAX_TREE_PAGES {
-            let step = Step {
-                what: "reading the tree of",
-                subject: repo,
-                method: Method::GET,
-                url: url.to_string(),
-            };
+            let step = Step::new("reading the tree of", repo, Method::GET, &url);
             let page = self
                 .retrying(&step, || async {
                     let req = self.request(Method::GET, url.clone()).timeout(self.timeout);
@@ -1007,16 +996,8 @@ impl HubClient {
         dest: &Path,
         progress: Option<&indicatif::ProgressBar>,
     ) -> Result<u64, RegistryError> {
-        validate_repo(repo)?;
-        validate_file(file)?;
-        let url = self.resolve_url(repo, file);
-        let subject = format!("{repo}/{file}");
-        let step = Step {
-            what: "downloading",
-            subject: &subject,
-            method: Method::GET,
-            url: url.to_string(),
-        };
+        let (url, subject) = self.resolve_target(repo, file)?;
+        let step = Step::new("downloading", &subject, Method::GET, &url);
         let part = part_path(dest);
         let written = self
             .retrying(&step, || self.download_once(url.clone(), &part, progress))
@@ -1103,16 +1084,8 @@ impl HubClient {
     /// Endpoint: `GET /{repo}/resolve/main/{file}`. Errors: as [`HubClient::download`];
     /// [`RegistryError::Io`] when the file is larger than [`MAX_SMALL_FILE`].
     pub async fn fetch_small(&self, repo: &str, file: &str) -> Result<Vec<u8>, RegistryError> {
-        validate_repo(repo)?;
-        validate_file(file)?;
-        let url = self.resolve_url(repo, file);
-        let subject = format!("{repo}/{file}");
-        let step = Step {
-            what: "fetching",
-            subject: &subject,
-            method: Method::GET,
-            url: url.to_string(),
-        };
+        let (url, subject) = self.resolve_target(repo, file)?;
+        let step = Step::new("fetching", &subject, Method::GET, &url);
         self.retrying(&step, || async {
             let req = self.request(Method::GET, url.clone()).timeout(self.timeout);
             let resp = self.execute(req).await?;
@@ -1219,12 +1192,7 @@ impl HubRegistry {
         let c = &self.client;
         let (org, name) = repo.split_once('/').unwrap_or(("", repo));
         let url = join_segments(&c.endpoint, ["api", "repos", "create"]);
-        let step = Step {
-            what: "creating repo",
-            subject: repo,
-            method: Method::POST,
-            url: url.to_string(),
-        };
+        let step = Step::new("creating repo", repo, Method::POST, &url);
         let body = serde_json::json!({
             "name": name,
             "organization": org,
@@ -1261,12 +1229,7 @@ impl HubRegistry {
     async fn preupload(&self, repo: &str, files: &[LocalFile]) -> Result<Vec<bool>, RegistryError> {
         let c = &self.client;
         let url = c.api_url(repo, "preupload");
-        let step = Step {
-            what: "preuploading to",
-            subject: repo,
-            method: Method::POST,
-            url: url.to_string(),
-        };
+        let step = Step::new("preuploading to", repo, Method::POST, &url);
         let body = serde_json::json!({
             "files": files.iter().map(|f| serde_json::json!({
                 "path": f.path,
@@ -1325,12 +1288,7 @@ impl HubRegistry {
         }
         let c = &self.client;
         let url = c.lfs_batch_url(repo);
-        let step = Step {
-            what: "LFS batch for",
-            subject: repo,
-            method: Method::POST,
-            url: url.to_string(),
-        };
+        let step = Step::new("LFS batch for", repo, Method::POST, &url);
         let body = serde_json::json!({
             "operation": "upload",
             "transfers": ["basic"],
@@ -1444,6 +1402,37 @@ impl HubRegistry {
         Ok(url)
     }
 
+    /// Runs one batch action of `file` under the retry policy: the request `build` makes
+    /// from the action's URL (its href joined to the endpoint, http(s) only) and headers.
+    /// Errors name the step as `what` the file, with the URL without its query (pre-signed
+    /// URLs carry credentials there).
+    async fn lfs_action<F>(
+        &self,
+        what: &'static str,
+        method: Method,
+        repo: &str,
+        file: &LocalFile,
+        action: &BatchAction,
+        build: F,
+    ) -> Result<(), RegistryError>
+    where
+        F: Fn(Url, HeaderMap) -> reqwest::RequestBuilder,
+    {
+        let c = &self.client;
+        let subject = format!("{repo}/{}", file.path);
+        let mut step = Step::new(what, &subject, method, &action.href);
+        let url = Self::action_url(&step, &c.endpoint, &action.href)?;
+        let mut shown = url.clone();
+        shown.set_query(None);
+        step.url = shown.to_string();
+        let headers = Self::action_headers(&step, action)?;
+        c.retrying(&step, || async {
+            let req = build(url.clone(), headers.clone());
+            c.execute(req).await.map(drop)
+        })
+        .await
+    }
+
     /// `PUT` the object to the upload href, with the action's headers and no token.
     async fn lfs_put(
         &self,
@@ -1452,19 +1441,6 @@ impl HubRegistry {
         action: &BatchAction,
     ) -> Result<(), RegistryError> {
         let c = &self.client;
-        let subject = format!("{repo}/{}", file.path);
-        let mut step = Step {
-            what: "uploading the LFS object of",
-            subject: &subject,
-            method: Method::PUT,
-            url: action.href.clone(),
-        };
-        let url = Self::action_url(&step, &c.endpoint, &action.href)?;
-        // Pre-signed URLs carry credentials in their query: name only the path.
-        let mut shown = url.clone();
-        shown.set_query(None);
-        step.url = shown.to_string();
-        let headers = Self::action_headers(&step, action)?;
         let timeout = c.timeout + Duration::from_secs(file.bytes.len() as u64 / MIN_UPLOAD_RATE);
         tracing::info!(
             repo,
@@ -1472,14 +1448,13 @@ impl HubRegistry {
             bytes = file.bytes.len(),
             "uploading to LFS"
         );
-        c.retrying(&step, || async {
-            let req = c
-                .http
-                .put(url.clone())
-                .headers(headers.clone())
+        let what = "uploading the LFS object of";
+        self.lfs_action(what, Method::PUT, repo, file, action, |url, headers| {
+            c.http
+                .put(url)
+                .headers(headers)
                 .timeout(timeout)
-                .body(file.bytes.clone());
-            c.execute(req).await.map(drop)
+                .body(file.bytes.clone())
         })
         .await
     }
@@ -1492,28 +1467,18 @@ impl HubRegistry {
         action: &BatchAction,
     ) -> Result<(), RegistryError> {
         let c = &self.client;
-        let subject = format!("{repo}/{}", file.path);
-        let step = Step {
-            what: "verifying the LFS object of",
-            subject: &subject,
-            method: Method::POST,
-            url: action.href.clone(),
-        };
-        let url = Self::action_url(&step, &c.endpoint, &action.href)?;
-        let headers = Self::action_headers(&step, action)?;
         let body = Bytes::from(
             serde_json::to_vec(&serde_json::json!({"oid": file.sha256, "size": file.bytes.len()}))
                 .unwrap_or_default(),
         );
-        c.retrying(&step, || async {
-            let req = c
-                .request(Method::POST, url.clone())
-                .headers(headers.clone())
+        let what = "verifying the LFS object of";
+        self.lfs_action(what, Method::POST, repo, file, action, |url, headers| {
+            c.request(Method::POST, url)
+                .headers(headers)
                 .header(ACCEPT, LFS_MEDIA_TYPE)
                 .header(CONTENT_TYPE, LFS_MEDIA_TYPE)
                 .timeout(c.timeout)
-                .body(body.clone());
-            c.execute(req).await.map(drop)
+                .body(body.clone())
         })
         .await
     }
@@ -1530,12 +1495,7 @@ impl HubRegistry {
     ) -> Result<(), RegistryError> {
         let c = &self.client;
         let url = c.api_url(repo, "commit");
-        let step = Step {
-            what: "committing to",
-            subject: repo,
-            method: Method::POST,
-            url: url.to_string(),
-        };
+        let step = Step::new("committing to", repo, Method::POST, &url);
         let commit_files: Vec<CommitFile<'_>> = files
             .iter()
             .zip(lfs)
@@ -1944,12 +1904,12 @@ mod tests {
 
     #[test]
     fn errors_name_the_step_repo_and_url() {
-        let step = Step {
-            what: "creating repo",
-            subject: "o/m-epoch-1",
-            method: Method::POST,
-            url: "http://h/api/repos/create".into(),
-        };
+        let step = Step::new(
+            "creating repo",
+            "o/m-epoch-1",
+            Method::POST,
+            &"http://h/api/repos/create",
+        );
         let status = |s: u16, code: Option<&str>| Failure {
             kind: FailureKind::Status {
                 status: StatusCode::from_u16(s).unwrap(),

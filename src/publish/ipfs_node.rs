@@ -14,12 +14,14 @@
 //! this process dies without dropping the [`IpfsNode`].
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::testkit_process::{found_once, on_free_ports, on_path, ServerProcess};
 
 /// How long [`IpfsNode::start`] waits for `/api/v0/version` to answer (js-ipfs loads ~1,000
 /// npm modules first: ~3 s alone on a small machine, more when tests start several at once).
@@ -55,14 +57,6 @@ impl std::fmt::Display for JsIpfs {
             self.node.display()
         )
     }
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
 }
 
 fn discover() -> Result<JsIpfs, IpfsNodeError> {
@@ -129,44 +123,24 @@ fn discover() -> Result<JsIpfs, IpfsNodeError> {
 /// names [`INSTALL_HINT`]).
 pub fn find() -> Result<JsIpfs, IpfsNodeError> {
     static FOUND: OnceLock<Result<JsIpfs, IpfsNodeError>> = OnceLock::new();
-    FOUND
-        .get_or_init(|| {
-            let found = discover();
-            match &found {
-                Ok(j) => eprintln!("test IPFS node: {j}"),
-                Err(e) => eprintln!("test IPFS node: {e}"),
-            }
-            found
-        })
-        .clone()
+    found_once(&FOUND, "test IPFS node", discover)
 }
 
 /// Whether a test may skip for want of a node: only when [`find`] fails *and* the
 /// environment variable `CI` is unset. `Ok(None)`: start one; `Ok(Some(reason))`: skip,
 /// saying why; `Err`: fail (under `CI` a missing node is an error, not a skip).
 pub fn skip_reason() -> Result<Option<String>, IpfsNodeError> {
-    match find() {
-        Ok(_) => Ok(None),
-        Err(e) if std::env::var_os("CI").is_none() => Ok(Some(e.0)),
-        Err(e) => Err(IpfsNodeError(format!("CI is set and {e}"))),
-    }
+    crate::testkit_process::skip_reason(find()).map_err(IpfsNodeError)
 }
 
 /// A js-ipfs node on `127.0.0.1` with a repo in a temporary directory. Killed (SIGKILL)
 /// and its directory removed when dropped.
 #[derive(Debug)]
 pub struct IpfsNode {
-    child: Option<Child>,
+    process: Option<ServerProcess>,
     port: u16,
     dir: PathBuf,
     version: String,
-}
-
-fn free_port() -> Result<u16, IpfsNodeError> {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| IpfsNodeError(format!("no free loopback port: {e}")))
 }
 
 /// `POST /api/v0/version` over a plain socket: the `Version` when the node answers 200.
@@ -210,74 +184,22 @@ impl IpfsNode {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| IpfsNodeError(format!("cannot create {}: {e}", dir.display())))?;
+        // Dropped if no attempt starts, which removes the directory.
         let mut node = IpfsNode {
-            child: None,
+            process: None,
             port: 0,
             dir,
             version: String::new(),
         };
-        let mut last = None;
-        // A port found free may be taken before the node binds it: try a few.
-        for attempt in 0..3 {
-            node.port = free_port()?;
-            match node.spawn_and_wait(&js, attempt).await {
-                Ok(()) => return Ok(node),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| IpfsNodeError("the IPFS node did not start".into())))
-    }
-
-    async fn spawn_and_wait(&mut self, js: &JsIpfs, attempt: u32) -> Result<(), IpfsNodeError> {
-        let repo = self.dir.join(format!("repo-{attempt}"));
-        let log_path = self.dir.join("daemon.log");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| IpfsNodeError(format!("{}: {e}", log_path.display())))?;
-        let log2 = log
-            .try_clone()
-            .map_err(|e| IpfsNodeError(format!("{}: {e}", log_path.display())))?;
-        let child = Command::new(&js.node)
-            .arg(js.dir.join("daemon.mjs"))
-            .arg(&repo)
-            .arg(self.port.to_string())
-            .current_dir(&js.dir)
-            .stdin(Stdio::piped())
-            .stdout(log)
-            .stderr(log2)
-            .spawn()
-            .map_err(|e| IpfsNodeError(format!("cannot run {js}: {e}")))?;
-        self.child = Some(child);
-        let deadline = Instant::now() + START_DEADLINE;
-        loop {
-            let port = self.port;
-            if let Ok(Ok(Some(v))) = tokio::task::spawn_blocking(move || version(port)).await {
-                self.version = v;
-                return Ok(());
-            }
-            let exited = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
-            if exited.is_some() || Instant::now() >= deadline {
-                self.kill();
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(20).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                return Err(IpfsNodeError(format!(
-                    "{js} on port {} {}; its log ends:\n{}",
-                    self.port,
-                    match exited {
-                        Some(st) => format!("exited ({st})"),
-                        None => format!("did not answer /api/v0/version within {START_DEADLINE:?}"),
-                    },
-                    tail.join("\n")
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let (js, dir) = (&js, node.dir.as_path());
+        let (port, process, version) =
+            on_free_ports(3, |port, attempt| launch(js, dir, port, attempt))
+                .await
+                .map_err(IpfsNodeError)?;
+        node.port = port;
+        node.process = Some(process);
+        node.version = version;
+        Ok(node)
     }
 
     /// `http://127.0.0.1:<port>`: the `IPFS_URL` of this node.
@@ -303,16 +225,46 @@ impl IpfsNode {
 
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.as_ref().map(ServerProcess::pid)
     }
 
     /// Kills the process (SIGKILL) and waits for it. Does nothing when it is not running.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut process) = self.process.take() {
+            process.kill();
         }
     }
+}
+
+/// Runs `js` on `port` with the repo `dir/repo-{attempt}` and its output in
+/// `dir/daemon.log`, and waits (at most [`START_DEADLINE`]) until `/api/v0/version`
+/// answers: the port, the process and the version it reported.
+async fn launch(
+    js: &JsIpfs,
+    dir: &Path,
+    port: u16,
+    attempt: u32,
+) -> Result<(u16, ServerProcess, String), String> {
+    let mut cmd = Command::new(&js.node);
+    cmd.arg(js.dir.join("daemon.mjs"))
+        .arg(dir.join(format!("repo-{attempt}")))
+        .arg(port.to_string())
+        .current_dir(&js.dir)
+        .stdin(Stdio::piped());
+    let process = ServerProcess::spawn(&mut cmd, &dir.join("daemon.log"), js)?;
+    let ready = process.wait_ready(
+        START_DEADLINE,
+        Duration::from_millis(50),
+        "/api/v0/version",
+        || async move {
+            let answer = tokio::task::spawn_blocking(move || version(port)).await;
+            answer.ok()?.ok()?
+        },
+    );
+    let (process, version) = ready
+        .await
+        .map_err(|e| format!("{js} on port {port} {e}"))?;
+    Ok((port, process, version))
 }
 
 impl Drop for IpfsNode {

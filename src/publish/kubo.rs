@@ -35,14 +35,15 @@
 //! CIDs are asked for and compared as CIDs, not strings: js-ipfs answers in base58btc
 //! (`zdj7…`) unless told `cid-base=base32`, which every call sends.
 //!
-//! TLS: an `https://` URL is verified against the PEM roots of [`KuboOptions::ca_file`], or
-//! else of `SSL_CERT_FILE` or the system bundle, using rustls with the `ring` provider
-//! chosen here (no process-wide provider is needed or installed). `http://` needs none.
+//! TLS ([`super::tls`], ALPN `http/1.1`): an `https://` URL is verified against the PEM roots
+//! of [`KuboOptions::ca_file`], or else of `SSL_CERT_FILE` or the system bundle, using rustls
+//! with the `ring` provider chosen there (no process-wide provider is needed or installed).
+//! `http://` needs none (a `ca_file`, when given, must still be readable).
 //! `user:password@` in the URL is sent as HTTP basic auth (Kubo's `API.Authorizations`).
 //! Proxies from the environment (`HTTP_PROXY`, …) are not used: the node is reached directly.
 //! Redirects are not followed (an RPC API does not redirect; a 3xx is an error).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +54,7 @@ use serde::Deserialize;
 
 use super::cid::{block_cid, cid_of, Cid, DAG_PB, RAW};
 use super::objects::{parse_cid, ObjectError, ObjectStore};
+use super::tls::{self, Alpn};
 
 /// Default of [`KuboOptions::timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -107,7 +109,8 @@ pub struct KuboOptions {
     /// (Kubo: milliseconds per thousand blocks). Default [`DEFAULT_LOOKUP_TIMEOUT`] (30 s).
     pub lookup_timeout: Duration,
     /// PEM file of the root certificates trusted for an `https://` URL, instead of
-    /// `SSL_CERT_FILE` or the system bundle. Default `None`.
+    /// `SSL_CERT_FILE` or the system bundle ([`super::tls`]); when given it must be usable,
+    /// even for `http://`. Default `None`.
     pub ca_file: Option<PathBuf>,
 }
 
@@ -505,65 +508,6 @@ async fn read_limited(mut resp: Response, limit: u64, expect: u64) -> Result<Vec
     Ok(out)
 }
 
-/// The root certificates for an https URL: `ca_file`, else `SSL_CERT_FILE`, else the first
-/// system bundle found.
-fn root_store(ca_file: Option<&Path>) -> Result<rustls::RootCertStore, ObjectError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
-    const BUNDLES: &[&str] = &[
-        "/etc/ssl/certs/ca-certificates.crt",
-        "/etc/pki/tls/certs/ca-bundle.crt",
-        "/etc/ssl/ca-bundle.pem",
-        "/etc/ssl/cert.pem",
-    ];
-    let env = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
-    let path = match (ca_file, env) {
-        (Some(p), _) => p.to_path_buf(),
-        (None, Some(p)) => p,
-        (None, None) => BUNDLES
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-            .ok_or_else(|| {
-                ObjectError::Io(
-                    "https: no system CA bundle found; set KuboOptions::ca_file or SSL_CERT_FILE"
-                        .into(),
-                )
-            })?,
-    };
-    let bad = |e: &dyn std::fmt::Display| {
-        ObjectError::Io(format!("https: CA file {}: {e}", path.display()))
-    };
-    let certs = CertificateDer::pem_file_iter(&path)
-        .map_err(|e| bad(&e))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(&e))?;
-    let mut roots = rustls::RootCertStore::empty();
-    let (added, _ignored) = roots.add_parsable_certificates(certs);
-    if added == 0 {
-        return Err(bad(&"no usable certificate"));
-    }
-    Ok(roots)
-}
-
-/// The rustls configuration (ring provider, chosen here) for the client: real roots for an
-/// https URL, none for http (reqwest needs a TLS backend either way).
-fn tls_config(https: bool, ca_file: Option<&Path>) -> Result<rustls::ClientConfig, ObjectError> {
-    let roots = if https {
-        root_store(ca_file)?
-    } else {
-        rustls::RootCertStore::empty()
-    };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ObjectError::Io(format!("TLS configuration: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
-}
-
 /// `url` as the RPC API's base `…/api/v0/`: a URL ending in `/api/v0` (or a proxy's path
 /// prefix) is accepted as given.
 fn api_base(url: &str) -> Result<Url, ObjectError> {
@@ -598,22 +542,26 @@ impl KuboObjectStore {
     /// path prefix or a trailing `/api/v0`) and checks that it answers `POST /api/v0/version`.
     ///
     /// Errors: [`ObjectError::Io`] for a URL that does not parse or is not http(s) (the
-    /// message quotes it), an https URL without usable root certificates, or a node that
-    /// cannot be reached or does not answer as an IPFS node.
+    /// message quotes it), an https URL without usable root certificates, a
+    /// [`KuboOptions::ca_file`] that is not a usable PEM bundle ([`super::tls::root_store`]),
+    /// or a node that cannot be reached or does not answer as an IPFS node.
     pub async fn connect(url: &str, options: KuboOptions) -> Result<KuboObjectStore, ObjectError> {
         let api = api_base(url)?;
         let shown: Arc<str> = redacted(&api).trim_end_matches("/api/v0/").into();
-        let tls = tls_config(api.scheme() == "https", options.ca_file.as_deref())?;
-        let client = reqwest::Client::builder()
-            .tls_backend_preconfigured(tls)
-            .connect_timeout(options.connect_timeout)
-            .timeout(options.timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()
-            .map_err(|e| {
-                ObjectError::Io(format!("HTTP client for {shown}: {}", error_chain(&e)))
-            })?;
+        let http_error =
+            |e: &dyn std::fmt::Display| ObjectError::Io(format!("HTTP client for {shown}: {e}"));
+        let client = tls::client_builder(
+            api.scheme() == "https",
+            options.ca_file.as_deref(),
+            Alpn::Http1,
+        )
+        .map_err(|e| http_error(&e))?
+        .connect_timeout(options.connect_timeout)
+        .timeout(options.timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+        .map_err(|e| http_error(&error_chain(&e)))?;
         let mut store = KuboObjectStore {
             client,
             api,

@@ -9,6 +9,8 @@
 //! Both keep blocks, not files: a file is split by [`super::cid::dag`] and [`ObjectStore::get`]
 //! reassembles it, checking every block against its CID and the whole file against the CID
 //! asked for. The real adapter (Kubo's HTTP RPC, `IPFS_URL`) comes with the publication issue.
+//!
+//! [`conformance`] is the port's contract as a suite any implementation can run.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
@@ -20,6 +22,8 @@ use bytes::Bytes;
 use ipld_dagpb::PbNode;
 
 use super::cid::{block_cid, cid_of, dag_of_bytes, Cid, DAG_PB, RAW, SHA2_256};
+
+pub mod conformance;
 
 /// The deepest DAG [`ObjectStore::get`] walks. A file of 174^7 chunks (≈ 1.1 × 10^21 bytes)
 /// is 8 levels deep; anything deeper is not a file this store wrote.

