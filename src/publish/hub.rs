@@ -1522,14 +1522,22 @@ impl HubRegistry {
                 if tries.fetch_add(1, Ordering::Relaxed) > 0 {
                     // The previous attempt may have committed before its answer was lost;
                     // or another publisher may have committed meanwhile.
-                    if let Ok(Some(entries)) = c.tree_of(repo).await {
-                        match compare_tree(&entries, files) {
+                    // Never commit again without knowing: a tree that cannot be read is
+                    // retried like the commit itself.
+                    match c.tree_of(repo).await {
+                        Ok(Some(entries)) => match compare_tree(&entries, files) {
                             TreeState::Same => return Ok(None),
                             TreeState::Different(why) => {
                                 conflict.store(true, Ordering::Relaxed);
                                 return Err(Failure::malformed(why));
                             }
                             TreeState::Empty => {}
+                        },
+                        Ok(None) => {}
+                        Err(e) => {
+                            return Err(Failure::transport(format!(
+                                "re-reading the tree before committing again: {e}"
+                            )))
                         }
                     }
                 }

@@ -74,8 +74,9 @@ pub const LOOKUP_GRACE: Duration = Duration::from_secs(5);
 /// a file's blocks are at most 262,144 bytes of data or ~8.7 KB of links).
 const MAX_BLOCK: usize = 4 << 20;
 
-/// The largest JSON reply read whole (`version`, `add`, `pin/add`, `pin/ls`), in bytes.
-const MAX_REPLY: usize = 256 << 20;
+/// The largest JSON reply read whole (`version`, `add`, `pin/add`, `pin/ls`), in bytes: a
+/// `pin/ls` of ~300,000 pins.
+const MAX_REPLY: usize = 32 << 20;
 
 /// The longest line of a streamed `refs` reply, in bytes.
 const MAX_LINE: usize = 64 << 10;
