@@ -8,7 +8,8 @@
 //!
 //! Both keep blocks, not files: a file is split by [`super::cid::dag`] and [`ObjectStore::get`]
 //! reassembles it, checking every block against its CID and the whole file against the CID
-//! asked for. The real adapter (Kubo's HTTP RPC, `IPFS_URL`) comes with the publication issue.
+//! asked for. The real adapter is [`super::kubo::KuboObjectStore`] (Kubo's HTTP RPC,
+//! `IPFS_URL`).
 //!
 //! [`conformance`] is the port's contract as a suite any implementation can run.
 
