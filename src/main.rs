@@ -169,10 +169,10 @@ Examples:
     /// them against its model card and the signed publication record on the ledger. Exit 0
     /// when every check passes, 1 when one fails (the verdict says which, expected vs
     /// found), 2 when it could not be verified (a file, the Hub, IPFS or the ledger could
-    /// not be reached).
+    /// not be reached, the ledger holds no record, or no orchestrator key is trusted).
     #[command(after_help = "\
 Examples:
-  hanzod verify hanzod-demo/models/hanzo-gym/wine-mlp-job-1-epoch-2 --records hanzod-demo/publications.json
+  hanzod verify hanzod-demo/models/hanzo-gym/wine-mlp-job-1-epoch-2 --records hanzod-demo/publications.json --orchestrator <the key hanzod demo prints>
   hanzod verify hanzo-gym/wine-mlp-job-1-epoch-2 --orchestrator <hex key>   from the Hub, records from the daemon
   hanzod verify bafybei… --ipfs-url http://127.0.0.1:5001                  weights by CID from IPFS")]
     Verify(VerifyArgs),
@@ -524,8 +524,21 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
     use hanzod::publish::verify::{self, FetchError, Target};
     use hanzod::publish::ObjectError;
+    let json = args.client.json;
+    let target_text = args.target.clone();
     let cannot = |e: &dyn std::fmt::Display| {
-        eprintln!("error: could not verify: {e}");
+        if json {
+            let out = serde_json::json!({
+                "target": target_text,
+                "status": "unverifiable",
+                "verified": false,
+                "exit": 2,
+                "error": e.to_string(),
+            });
+            println!("{out:#}");
+        } else {
+            eprintln!("error: could not verify: {e}");
+        }
         ExitCode::from(2)
     };
     let trusted = match args.orchestrator.as_deref().map(parse_key).transpose() {
@@ -579,6 +592,13 @@ async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
                 .or_else(|| Some(cfg.publish.ipfs_url.clone()).filter(|u| !u.is_empty()));
             let objects: std::sync::Arc<dyn hanzod::publish::ObjectStore> =
                 match (url, &args.object_dir) {
+                    // Reading must not create a store where there is none.
+                    (_, Some(dir)) if !dir.join("blocks").is_dir() => {
+                        return cannot(&format!(
+                            "no object store at {} (no blocks/ folder)",
+                            dir.display()
+                        ))
+                    }
                     (_, Some(dir)) => match hanzod::publish::FsObjectStore::open(dir).await {
                         Ok(s) => std::sync::Arc::new(s),
                         Err(e) => return cannot(&e),
@@ -641,9 +661,12 @@ async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
     let records = match &args.records {
         Some(path) => std::fs::read(path)
             .map_err(|e| format!("{}: {e}", path.display()))
-            .and_then(|b| {
-                serde_json::from_slice::<Vec<hanzod::publish::record::SignedPublication>>(&b)
-                    .map_err(|e| format!("{}: {e}", path.display()))
+            .and_then(|b| verify::parse_records(&b).map_err(|e| format!("{}: {e}", path.display())))
+            .map(|(records, skipped)| {
+                for (i, why) in skipped {
+                    eprintln!("warning: {}: record {i} skipped: {why}", path.display());
+                }
+                records
             }),
         None => {
             let endpoint = args.client.endpoint.clone();
@@ -712,19 +735,23 @@ fn parse_key(text: &str) -> Result<[u8; 32], String> {
 }
 
 fn print_verdict(target: &str, v: &hanzod::publish::verify::Verdict, json: bool) -> ExitCode {
-    let code = if v.verified() {
-        ExitCode::SUCCESS
+    let (exit, status) = if v.verified() {
+        (0, "verified")
     } else if v.refuted() {
-        ExitCode::FAILURE
+        (1, "refuted")
     } else {
-        ExitCode::from(2)
+        (2, "unverifiable")
     };
+    let code = ExitCode::from(exit);
     if json {
         let out = serde_json::json!({
             "target": target,
+            "status": status,
             "verified": v.verified(),
+            "exit": exit,
             "cid": v.cid,
             "checks": v.checks,
+            "incomplete": v.incomplete,
         });
         println!("{out:#}");
         return code;
@@ -744,7 +771,7 @@ fn print_verdict(target: &str, v: &hanzod::publish::verify::Verdict, json: bool)
         println!("VERIFIED: every check passed");
     } else if !v.refuted() {
         println!(
-            "NOT VERIFIED: {}",
+            "CANNOT VERIFY: {}",
             v.incomplete.as_deref().unwrap_or("unknown")
         );
     } else {

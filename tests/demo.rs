@@ -103,6 +103,22 @@ fn verify_cli(s: &DemoSummary) {
             "{file}: {text}"
         );
     }
+    // A copy without its config.json, or with a file more, is not the published repo.
+    for (name, change) in [("missing", "rm"), ("extra", "add")] {
+        let copy = s.out.join(format!("files-{name}"));
+        let _ = std::fs::remove_dir_all(&copy);
+        std::fs::create_dir_all(&copy).unwrap();
+        for f in ["model.safetensors", "config.json", "README.md"] {
+            std::fs::copy(dir.join(f), copy.join(f)).unwrap();
+        }
+        match change {
+            "rm" => std::fs::remove_file(copy.join("config.json")).unwrap(),
+            _ => std::fs::write(copy.join("pytorch_model.bin"), b"unsigned").unwrap(),
+        }
+        let (code, text) = verify(&copy, &s.orchestrator, &records);
+        assert_eq!(code, Some(1), "{name}: {text}");
+        assert!(text.contains("FAIL files"), "{name}: {text}");
+    }
     let stranger = "ab".repeat(32);
     let (code, text) = verify(&dir, &stranger, &records);
     assert_eq!(code, Some(1), "{text}");

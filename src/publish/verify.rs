@@ -7,6 +7,7 @@
 //!
 //! | check | passes when |
 //! |---|---|
+//! | `files` | a repo target (folder or Hub repo) holds exactly `README.md`, `config.json` and `model.safetensors` (the Hub's `.gitattributes` aside) |
 //! | `card` | `README.md` parses as a hanzod model card and is byte for byte the card those fields render to |
 //! | `weights CID` | the CID of `model.safetensors` equals the card's `hanzod.cid` |
 //! | `record` | the ledger holds a record for these weights |
@@ -37,6 +38,21 @@ pub struct Files {
     pub readme: Option<Vec<u8>>,
     /// The Hub repo id the files came from, when they came from the Hub.
     pub repo: Option<String>,
+    /// Every file the target holds (a folder's entries, a Hub repo's tree, less the Hub's
+    /// `.gitattributes`), when the target is a repo; `None` for a CID.
+    pub listing: Option<Vec<String>>,
+}
+
+/// The files of a published repo, sorted: `README.md`, `config.json`, `model.safetensors`.
+pub fn repo_files() -> Vec<String> {
+    use super::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
+    let mut files = vec![
+        CARD_FILE.to_string(),
+        CONFIG_FILE.to_string(),
+        WEIGHTS_FILE.to_string(),
+    ];
+    files.sort();
+    files
 }
 
 /// One check's outcome.
@@ -128,6 +144,15 @@ pub fn check(
 ) -> Verdict {
     let cid = cid.to_string();
     let mut checks = Vec::new();
+    if let Some(listing) = &files.listing {
+        let mut found = listing.clone();
+        found.sort();
+        checks.push(compare(
+            "files",
+            &repo_files().join(", "),
+            &found.join(", "),
+        ));
+    }
     let card = files
         .readme
         .as_ref()
@@ -251,6 +276,16 @@ impl Target {
         if path.is_dir() {
             return Ok(Target::Folder(path.to_path_buf()));
         }
+        if path.is_file() {
+            return Err(format!(
+                "{text} is a file: pass the folder that holds model.safetensors"
+            ));
+        }
+        // What can only be a path (a repo id is exactly `org/name`) is a folder not found,
+        // not a repo to download.
+        if text.starts_with(['/', '.', '~']) || text.matches('/').count() > 1 {
+            return Err(format!("no such folder: {text}"));
+        }
         if super::objects::parse_cid(text).is_ok() {
             return Ok(Target::Cid(text.to_string()));
         }
@@ -299,16 +334,28 @@ pub async fn read_folder(dir: &std::path::Path) -> Result<Files, FetchError> {
             }
         }
     };
+    let listing = std::fs::read_dir(dir)
+        .and_then(|entries| {
+            entries
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|source| FetchError::Read {
+            path: dir.display().to_string(),
+            source,
+        })?;
     Ok(Files {
         weights: read(WEIGHTS_FILE, true).await?.unwrap_or_default(),
         config: read(CONFIG_FILE, false).await?,
         readme: read(CARD_FILE, false).await?,
         repo: None,
+        listing: Some(listing),
     })
 }
 
-/// Downloads the three files of Hub repo `repo` into `dir` (the weights streamed to disk,
-/// with a progress bar on `progress`) and reads them.
+/// Lists Hub repo `repo` and downloads its files into `dir` (the weights streamed to disk,
+/// with a progress bar on `progress`), then reads them. A missing `config.json` or
+/// `README.md` is left to the `files` check; missing weights are an error.
 pub async fn fetch_repo(
     hub: &super::hub::HubClient,
     repo: &str,
@@ -316,8 +363,22 @@ pub async fn fetch_repo(
     progress: Option<&indicatif::ProgressBar>,
 ) -> Result<Files, FetchError> {
     use super::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
-    let config = hub.fetch_small(repo, CONFIG_FILE).await?;
-    let readme = hub.fetch_small(repo, CARD_FILE).await?;
+    let listing: Vec<String> = hub
+        .tree(repo)
+        .await?
+        .into_iter()
+        .filter(|e| e.kind == "file" && e.path != ".gitattributes")
+        .map(|e| e.path)
+        .collect();
+    let has = |name: &str| listing.iter().any(|p| p == name);
+    let config = match has(CONFIG_FILE) {
+        true => Some(hub.fetch_small(repo, CONFIG_FILE).await?),
+        false => None,
+    };
+    let readme = match has(CARD_FILE) {
+        true => Some(hub.fetch_small(repo, CARD_FILE).await?),
+        false => None,
+    };
     let weights_path = dir.join(WEIGHTS_FILE);
     hub.download(repo, WEIGHTS_FILE, &weights_path, progress)
         .await?;
@@ -329,9 +390,10 @@ pub async fn fetch_repo(
         })?;
     Ok(Files {
         weights,
-        config: Some(config),
-        readme: Some(readme),
+        config,
+        readme,
         repo: Some(repo.to_string()),
+        listing: Some(listing),
     })
 }
 
@@ -352,6 +414,27 @@ pub async fn fetch_cid(
 pub fn card_epoch(readme: &[u8]) -> Option<(u64, u32)> {
     let card = ModelCard::parse(std::str::from_utf8(readme).ok()?).ok()?;
     Some((card.job, card.epoch))
+}
+
+/// The records read from a file, and the entries skipped: (index in the array, why).
+pub type ParsedRecords = (Vec<SignedPublication>, Vec<(usize, String)>);
+
+/// Reads a records file (a JSON array of signed publications, as `hanzod demo` writes
+/// `publications.json`). Entries that are not well-formed records are skipped, with their
+/// index and why, so that one damaged record does not hide the others (a skipped record
+/// can only make a verdict fail, never pass). Errors: the bytes are not a JSON array.
+pub fn parse_records(bytes: &[u8]) -> Result<ParsedRecords, String> {
+    let entries: Vec<serde_json::Value> =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a JSON array of records: {e}"))?;
+    let mut records = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, entry) in entries.into_iter().enumerate() {
+        match serde_json::from_value(entry) {
+            Ok(r) => records.push(r),
+            Err(e) => skipped.push((i, e.to_string())),
+        }
+    }
+    Ok((records, skipped))
 }
 
 /// What [`find_record`] looks for.
@@ -442,6 +525,7 @@ mod tests {
             config: Some(config),
             readme: Some(readme),
             repo: Some(REPO.into()),
+            listing: Some(repo_files()),
         };
         (files, sign(record, &key), key.node_id().0)
     }
@@ -456,7 +540,42 @@ mod tests {
             Some(key),
         );
         assert!(v.verified(), "{v:#?}");
-        assert_eq!(v.checks.len(), 9);
+        assert_eq!(v.checks.len(), 10);
+    }
+
+    #[test]
+    fn a_damaged_entry_of_a_records_file_is_skipped_not_fatal() {
+        let (_, record, _) = published(&[1]);
+        let mut damaged = serde_json::to_value(&record).expect("json");
+        damaged["signature"] = serde_json::json!("zz");
+        let file = serde_json::to_vec(&serde_json::json!([damaged, record, {"hello": "world"}]))
+            .expect("json");
+        let (records, skipped) = parse_records(&file).expect("an array");
+        assert_eq!(records, vec![record]);
+        assert_eq!(skipped.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 2]);
+        assert!(parse_records(b"{}").is_err());
+    }
+
+    #[test]
+    fn a_missing_or_extra_file_fails() {
+        let (files, record, key) = published(&[1, 2]);
+        let cid = cid_of(&files.weights).to_string();
+        let without_config = Files {
+            config: None,
+            listing: Some(vec!["README.md".into(), "model.safetensors".into()]),
+            ..files.clone()
+        };
+        let v = check(&without_config, &cid, Ok(Some(record.clone())), Some(key));
+        assert_eq!(v.failures().map(|c| c.name).collect::<Vec<_>>(), ["files"]);
+        assert!(v.refuted());
+        let mut listing = repo_files();
+        listing.push("pytorch_model.bin".into());
+        let extra = Files {
+            listing: Some(listing),
+            ..files
+        };
+        let v = check(&extra, &cid, Ok(Some(record)), Some(key));
+        assert_eq!(v.failures().map(|c| c.name).collect::<Vec<_>>(), ["files"]);
     }
 
     #[test]
