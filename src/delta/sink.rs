@@ -12,7 +12,11 @@
 //!
 //! Checkpoint references are the IPFS CIDs of the safetensors bytes (Kubo's
 //! `ipfs add --cid-version=1`). Idempotent per (job, epoch): a second call returns the
-//! first reference. After a daemon restart the keeper reloads a job's weights from the base
+//! first reference, and a publication staged in the journal before a crash
+//! ([`crate::publish::publisher`]) is finished as staged, not merged again. Each checkpoint's
+//! signed publication record is recorded on the ledger with the epoch's rewards; a repo push
+//! or a settlement that failed transiently is retried at the next publication and every
+//! [`RETRY_EVERY`]. After a daemon restart the keeper reloads a job's weights from the base
 //! checkpoint the core names; the norm average and the last merged delta restart empty
 //! (stability then scores 1 and convergence drops out, as in epoch 0), until the state
 //! store keeps them.
