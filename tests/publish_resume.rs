@@ -117,6 +117,7 @@ impl CheckpointSink for PublishingSink {
                     .stage(checkpoint)
                     .await
                     .map_err(|e| failed(&e))?
+                    .0
             }
         };
         self.crash_here(CrashPoint::IpfsAdded, epoch, staged.cid())

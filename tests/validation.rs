@@ -648,7 +648,7 @@ async fn a_publication_staged_before_a_crash_is_adopted_not_merged_again() {
     let mut staged_weights = init.clone();
     staged_weights.data.iter_mut().for_each(|v| *v += 0.001);
     let publisher = f.publication.publisher();
-    let staged = publisher
+    let (staged, _) = publisher
         .stage(Checkpoint {
             job: JOB,
             epoch: 0,

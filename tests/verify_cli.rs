@@ -83,7 +83,7 @@ async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
     };
     // 600 KB of weights: three chunks, a dag-pb root (`bafy…`), LFS on the Hub.
     let weights: Vec<u8> = (0..600_000u32).map(|i| (i * 13 + i / 7) as u8).collect();
-    let staged = publisher
+    let (staged, _) = publisher
         .stage(Checkpoint {
             job: JobId(9),
             epoch: 4,

@@ -777,10 +777,8 @@ impl KeeperState {
             bytes,
         } = merged;
         let bytes = bytes::Bytes::from(bytes);
-        let cid = {
-            let b = bytes.clone();
-            blocking(move || crate::publish::cid_of(&b).to_string()).await?
-        };
+        // The report's checkpoint is the staged CID, filled in by `publish` (the object
+        // store computes it while storing the weights).
         let report = EpochReport {
             kept,
             suspect,
@@ -789,7 +787,7 @@ impl KeeperState {
                 deltas,
                 &judged,
                 base.clone(),
-                (&cid, loss_after, aggregator),
+                ("", loss_after, aggregator),
             )
         };
         let publication = &self.deps.publication;
@@ -816,11 +814,11 @@ impl KeeperState {
             report: serde_json::to_value(&report).map_err(failed)?,
         };
         let started = std::time::Instant::now();
-        let staged = publisher.stage(checkpoint).await.map_err(failed)?;
+        let (staged, ours) = publisher.stage(checkpoint).await.map_err(failed)?;
         self.deps
             .metrics
             .observe("publish_stage_seconds", started.elapsed().as_secs_f64());
-        if staged.cid() != cid {
+        if !ours {
             // Another staging of this epoch won (module docs of `publish::publisher`): its
             // checkpoint is the one published.
             self.adopt(job, training, deltas, &staged).await?;
@@ -842,7 +840,7 @@ impl KeeperState {
             let _ = model.norms.accept(n);
         }
         model.current = next;
-        model.current_ref = Some(cid);
+        model.current_ref = Some(staged.cid().to_string());
         // Convergence compares with the last delta actually merged.
         if merged.is_some() {
             model.last_merged = merged;

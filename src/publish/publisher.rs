@@ -161,15 +161,16 @@ impl Publisher {
             })
     }
 
-    /// Stages `checkpoint` (module docs, step 1) and returns what was staged: this
-    /// checkpoint's staging, or the one staged before for the same (job, epoch).
+    /// Stages `checkpoint` (module docs, step 1) and returns what was staged, and whether
+    /// it is this checkpoint (`false`: the one staged before for the same (job, epoch),
+    /// whose weights, card and record are the ones to publish).
     ///
     /// Errors: [`PublishError::Objects`] / [`PublishError::Journal`] after retries;
     /// [`PublishError::Invalid`] for a `config.json` that is not UTF-8.
-    pub async fn stage(&self, checkpoint: Checkpoint) -> Result<Staged, PublishError> {
+    pub async fn stage(&self, checkpoint: Checkpoint) -> Result<(Staged, bool), PublishError> {
         let key = journal_key(checkpoint.job, checkpoint.epoch);
         if let Some(staged) = self.staged(checkpoint.job, checkpoint.epoch).await? {
-            return Ok(staged);
+            return Ok((staged, false));
         }
         let config_json =
             String::from_utf8(checkpoint.config_json).map_err(|e| PublishError::Invalid {
@@ -229,13 +230,18 @@ impl Publisher {
         // A concurrent stager of the same epoch (none in one orchestrator; a deposed
         // leader's write is fenced) would have replaced the entry: what the journal holds
         // is what is published.
-        Ok(self
+        let held = self
             .staged(
                 staged.publication.record.job,
                 staged.publication.record.epoch,
             )
-            .await?
-            .unwrap_or(staged))
+            .await?;
+        // Ours when it carries our signed record (the report, a JSON value, need not
+        // compare equal after the round trip through the store).
+        Ok(match held {
+            Some(held) if held.publication != staged.publication => (held, false),
+            _ => (staged, true),
+        })
     }
 
     /// The staged weights, read back from the object store and checked against their CID.
@@ -362,7 +368,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hanzod-publisher-{}", std::process::id()));
         let journal = Arc::new(MemoryStateStore::new());
         let p = publisher(&dir, journal.clone(), 1_000);
-        let first = p.stage(checkpoint(b"weights one")).await.expect("stage");
+        let (first, fresh) = p.stage(checkpoint(b"weights one")).await.expect("stage");
+        assert!(fresh);
         assert_eq!(first.cid(), cid_of(b"weights one").to_string());
         assert_eq!(check_signature(&first.publication), Ok(()));
         assert_eq!(
@@ -375,10 +382,11 @@ mod tests {
             clock: Arc::new(Fixed(2_000)),
             ..p.clone()
         };
-        let again = later
+        let (again, fresh) = later
             .stage(checkpoint(b"weights two"))
             .await
             .expect("stage again");
+        assert!(!fresh, "the first staging wins");
         assert_eq!(again, first);
         assert_eq!(later.staged(JobId(4), 1).await, Ok(Some(first.clone())));
 
@@ -406,7 +414,7 @@ mod tests {
             ..publisher(&dir, Arc::new(MemoryStateStore::new()), 1)
         };
         let weights = vec![3u8; 300_000];
-        let staged = p.stage(checkpoint(&weights)).await.expect("stage");
+        let (staged, _) = p.stage(checkpoint(&weights)).await.expect("stage");
         // A garbage collection between the unpinned add and the pin.
         for block in std::fs::read_dir(dir.join("objects/blocks"))
             .expect("blocks")
