@@ -590,40 +590,35 @@ async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
                 .clone()
                 .filter(|u| !u.trim().is_empty())
                 .or_else(|| Some(cfg.publish.ipfs_url.clone()).filter(|u| !u.is_empty()));
-            let objects: std::sync::Arc<dyn hanzod::publish::ObjectStore> =
-                match (url, &args.object_dir) {
-                    // Reading must not create a store where there is none.
-                    (_, Some(dir)) if !dir.join("blocks").is_dir() => {
-                        return cannot(&format!(
-                            "no object store at {} (no blocks/ folder)",
-                            dir.display()
-                        ))
-                    }
-                    (_, Some(dir)) => match hanzod::publish::FsObjectStore::open(dir).await {
+            // --object-dir, else --ipfs-url / IPFS_URL, else the configured object store.
+            let dir = args.object_dir.clone().or_else(|| {
+                (url.is_none() && !cfg.publish.object_dir.is_empty())
+                    .then(|| PathBuf::from(&cfg.publish.object_dir))
+            });
+            let objects: std::sync::Arc<dyn hanzod::publish::ObjectStore> = match (dir, url) {
+                // Reading must not create a store where there is none.
+                (Some(dir), _) if !dir.join("blocks").is_dir() => {
+                    return cannot(&format!(
+                        "no object store at {} (no blocks/ folder)",
+                        dir.display()
+                    ))
+                }
+                (Some(dir), _) => match hanzod::publish::FsObjectStore::open(dir).await {
+                    Ok(s) => std::sync::Arc::new(s),
+                    Err(e) => return cannot(&e),
+                },
+                (None, Some(url)) => {
+                    match hanzod::publish::kubo::KuboObjectStore::connect(&url, Default::default())
+                        .await
+                    {
                         Ok(s) => std::sync::Arc::new(s),
                         Err(e) => return cannot(&e),
-                    },
-                    (Some(url), None) => {
-                        match hanzod::publish::kubo::KuboObjectStore::connect(
-                            &url,
-                            Default::default(),
-                        )
-                        .await
-                        {
-                            Ok(s) => std::sync::Arc::new(s),
-                            Err(e) => return cannot(&e),
-                        }
                     }
-                    (None, None) if !cfg.publish.object_dir.is_empty() => {
-                        match hanzod::publish::FsObjectStore::open(&cfg.publish.object_dir).await {
-                            Ok(s) => std::sync::Arc::new(s),
-                            Err(e) => return cannot(&e),
-                        }
-                    }
-                    (None, None) => {
-                        return cannot(&"a CID needs --ipfs-url (or IPFS_URL) or --object-dir")
-                    }
-                };
+                }
+                (None, None) => {
+                    return cannot(&"a CID needs --ipfs-url (or IPFS_URL) or --object-dir")
+                }
+            };
             match verify::fetch_cid(&*objects, cid).await {
                 // Bytes that do not hash to the CID asked for are a failed check, not an
                 // unreachable source.
@@ -648,14 +643,22 @@ async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
         Ok(f) => f,
         Err(e) => return cannot(&e),
     };
-    let weights = files.weights.clone();
-    let cid =
-        match tokio::task::spawn_blocking(move || hanzod::publish::cid_of(&weights).to_string())
-            .await
-        {
-            Ok(c) => c,
+    // A CID target was checked against its CID by the object store as it was read.
+    let (files, cid) = match &target {
+        Target::Cid(cid) => match hanzod::publish::objects::parse_cid(cid) {
+            Ok(parsed) => (files, parsed.to_string()),
             Err(e) => return cannot(&e),
-        };
+        },
+        _ => match tokio::task::spawn_blocking(move || {
+            let cid = hanzod::publish::cid_of(&files.weights).to_string();
+            (files, cid)
+        })
+        .await
+        {
+            Ok(hashed) => hashed,
+            Err(e) => return cannot(&e),
+        },
+    };
     let card = files.readme.as_deref().and_then(verify::card_epoch);
     let mut trusted = trusted;
     let records = match &args.records {
