@@ -18,6 +18,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod chain;
 pub mod cli;
 pub mod client;
 pub mod config;

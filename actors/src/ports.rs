@@ -16,6 +16,7 @@
 //! | [`Metrics`] | [`memory::MemoryMetrics`] | Prometheus registry on :9551 |
 
 pub mod conformance;
+pub mod ledger_conformance;
 pub mod memory;
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -194,8 +195,14 @@ pub trait ChainReader: Send + Sync + std::fmt::Debug + 'static {
     /// The stake behind `node`, in GYM wei.
     async fn stake_of(&self, node: &NodeId) -> Result<GymWei, ChainError>;
 
-    /// The end of `node`'s active slashing penalty, if one is active.
+    /// The end of `node`'s slashing penalty, if it was ever slashed (the caller compares it
+    /// with now; on chain, `GYMToken.penaltyUntil(key)` in unix seconds, here in ms).
     async fn penalty_until(&self, node: &NodeId) -> Result<Option<Timestamp>, ChainError>;
+
+    /// The stake of the account this ledger writes with: the orchestrator's own, in GYM
+    /// wei (on chain, `GYMToken.stakes(account)`). An orchestrator must hold at least
+    /// 50,000 GYM to lead, pay rewards and slash (paper §1.1).
+    async fn orchestrator_stake(&self) -> Result<GymWei, ChainError>;
 }
 
 /// Errors of a [`Ledger`]: the chain's own errors, plus requests the ledger refuses.
@@ -288,7 +295,7 @@ pub trait Ledger: ChainReader {
     /// stake (rounded down, in GYM wei), records the evidence and sets an active penalty
     /// until now + the ledger's penalty window (an already later penalty is kept).
     ///
-    /// `pct` outside 1..=100 is refused with [`LedgerError::Invalid`]; an unbound node
+    /// `pct` outside 1..=100 and empty evidence are refused with [`LedgerError::Invalid`]; an unbound node
     /// with [`ChainError::Unbound`]. Idempotent per SHA-256(`evidence`): the same evidence
     /// never slashes twice; a repeat returns the first receipt with `duplicate: true`
     /// (evidence should therefore name the node and the offence).

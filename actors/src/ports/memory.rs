@@ -288,6 +288,10 @@ impl LeaderLease for MemoryStateStore {
 /// The default penalty window of [`MemoryChain`]: 24 h, in milliseconds.
 pub const DEFAULT_PENALTY_WINDOW_MS: u64 = 86_400_000;
 
+/// The orchestrator's own stake on a fresh [`MemoryChain`]: 50,000 GYM in GYM wei, the
+/// minimum to lead (paper §1.1).
+pub const ORCHESTRATOR_GENESIS_STAKE: GymWei = GymWei(50_000 * 1_000_000_000_000_000_000);
+
 /// The in-process ledger: stakes and penalties set by config (genesis) or tests (the
 /// [`ChainReader`] side), and epoch rewards and slashing (the [`Ledger`] side), with the
 /// contracts' semantics (DESIGN §8).
@@ -304,6 +308,7 @@ pub struct MemoryChain {
     ledger: RwLock<LedgerBook>,
     clock: Arc<dyn Clock>,
     penalty_window_ms: u64,
+    orchestrator_stake: GymWei,
 }
 
 /// The write side's records. Lock order when several are held: `ledger`, then `stakes`,
@@ -335,6 +340,7 @@ impl Default for MemoryChain {
             ledger: RwLock::default(),
             clock: Arc::new(super::SystemClock),
             penalty_window_ms: DEFAULT_PENALTY_WINDOW_MS,
+            orchestrator_stake: ORCHESTRATOR_GENESIS_STAKE,
         }
     }
 }
@@ -363,6 +369,12 @@ impl MemoryChain {
     /// [`DEFAULT_PENALTY_WINDOW_MS`], 24 h).
     pub fn with_penalty_window_ms(mut self, window_ms: u64) -> Self {
         self.penalty_window_ms = window_ms;
+        self
+    }
+
+    /// Sets the orchestrator's own stake (default [`ORCHESTRATOR_GENESIS_STAKE`]).
+    pub fn with_orchestrator_stake(mut self, stake: GymWei) -> Self {
+        self.orchestrator_stake = stake;
         self
     }
 
@@ -418,6 +430,10 @@ impl ChainReader for MemoryChain {
             .unwrap_or_else(|p| p.into_inner())
             .get(node)
             .copied())
+    }
+
+    async fn orchestrator_stake(&self) -> Result<GymWei, ChainError> {
+        Ok(self.orchestrator_stake)
     }
 }
 
@@ -482,6 +498,9 @@ impl Ledger for MemoryChain {
             return Err(LedgerError::Invalid(format!(
                 "slashing percentage {pct} is outside 1..=100"
             )));
+        }
+        if evidence.is_empty() {
+            return Err(LedgerError::Invalid("slashing evidence is empty".into()));
         }
         let evidence_hash: [u8; 32] = Sha256::digest(evidence).into();
         let mut book = self.ledger.write().unwrap_or_else(|p| p.into_inner());

@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.30;
+
+import {GYMToken} from "./GYMToken.sol";
+
+/// @title Mining pool: per-epoch node rewards and the record of published models
+/// @notice Holds GYM (funded by an ordinary ERC-20 transfer to its address) and pays it out to
+/// the operators of the nodes that trained an epoch, once per (job, epoch), at an orchestrator's
+/// call. Also keeps an append-only record of the model publications orchestrators sign.
+/// @dev Amounts are in GYM wei; `Publication.timestamp` is in unix milliseconds.
+contract MiningPool {
+    /// @notice A published model, as signed off-chain by the orchestrator.
+    /// @param job The training job.
+    /// @param epoch The epoch of the job the model comes from.
+    /// @param cid Content id of the model weights.
+    /// @param configCid Content id of the model configuration.
+    /// @param cardCid Content id of the model card.
+    /// @param hfRepo The Hugging Face repository it was published to ("" when none).
+    /// @param qualityBits The quality score, as the bits of an IEEE-754 binary64 (f64).
+    /// @param timestamp Publication time, unix milliseconds.
+    /// @param signer Ed25519 public key of the orchestrator that signed the record.
+    /// @param signature 64-byte Ed25519 signature over the off-chain canonical record bytes.
+    /// Not verified by this contract: readers verify it.
+    struct Publication {
+        uint64 job;
+        uint32 epoch;
+        string cid;
+        string configCid;
+        string cardCid;
+        string hfRepo;
+        uint64 qualityBits;
+        uint64 timestamp;
+        bytes32 signer;
+        bytes signature;
+    }
+
+    struct PublicationKey {
+        uint64 job;
+        uint32 epoch;
+    }
+
+    /// @notice The GYM token paid out, whose stakes say who is an orchestrator and which
+    /// operator each node key is bound to.
+    GYMToken public immutable token;
+
+    /// @notice Whether the rewards of (job, epoch) have been paid.
+    mapping(uint64 => mapping(uint32 => bool)) public epochPaid;
+
+    /// @notice Cumulative rewards paid for a node key (to its operator at the time), GYM wei.
+    mapping(bytes32 => uint256) public rewardsOf;
+
+    mapping(uint64 => mapping(uint32 => Publication)) private _publications;
+    PublicationKey[] private _publicationKeys;
+
+    /// @notice `orchestrator` paid the rewards of (`job`, `epoch`): `amounts[i]` GYM wei to the
+    /// operator of `nodes[i]`, `total` GYM wei in all.
+    event EpochRewarded(
+        uint64 indexed job,
+        uint32 indexed epoch,
+        address indexed orchestrator,
+        bytes32[] nodes,
+        uint256[] amounts,
+        uint256 total
+    );
+
+    /// @notice `orchestrator` recorded the publication of (`job`, `epoch`), signed by `signer`,
+    /// whose weights have content id `cid`.
+    event PublicationRecorded(
+        uint64 indexed job, uint32 indexed epoch, bytes32 indexed signer, address orchestrator, string cid
+    );
+
+    /// @notice `caller` is not an orchestrator (see `GYMToken.isOrchestrator`).
+    error NotOrchestrator(address caller);
+    /// @notice `nodes` and `amounts` differ in length.
+    error LengthMismatch(uint256 nodes, uint256 amounts);
+    /// @notice The rewards of (`job`, `epoch`) were already paid.
+    error EpochAlreadyPaid(uint64 job, uint32 epoch);
+    /// @notice `node` is bound to no operator.
+    error Unbound(bytes32 node);
+    /// @notice A publication signature that is not 64 bytes long.
+    error BadSignatureLength(uint256 length);
+    /// @notice The publication of (`job`, `epoch`) was already recorded.
+    error AlreadyRecorded(uint64 job, uint32 epoch);
+    /// @notice No publication is recorded for (`job`, `epoch`).
+    error NotRecorded(uint64 job, uint32 epoch);
+    /// @notice `index` is not below the number of publications, `count`.
+    error IndexOutOfRange(uint256 index, uint256 count);
+
+    /// @notice Deploys a pool paying out `token_`.
+    /// @param token_ The GYM token.
+    constructor(GYMToken token_) {
+        token = token_;
+    }
+
+    /// @notice Pays the rewards of (`job`, `epoch`): `amounts[i]` GYM wei to the operator
+    /// `nodes[i]` is bound to now. Once per (job, epoch); an empty batch marks it paid. A node
+    /// listed twice is paid both amounts. Reverts whole if any node is unbound or the pool holds
+    /// too little GYM. Only an orchestrator may call this.
+    /// @param job The training job.
+    /// @param epoch The epoch of the job.
+    /// @param nodes Node keys to reward.
+    /// @param amounts GYM wei for each node, same length as `nodes`.
+    /// @return total GYM wei paid in all.
+    function distributeEpochRewards(
+        uint64 job,
+        uint32 epoch,
+        bytes32[] calldata nodes,
+        uint256[] calldata amounts
+    ) external returns (uint256 total) {
+        GYMToken t = token;
+        if (!t.isOrchestrator(msg.sender)) revert NotOrchestrator(msg.sender);
+        if (nodes.length != amounts.length) revert LengthMismatch(nodes.length, amounts.length);
+        if (epochPaid[job][epoch]) revert EpochAlreadyPaid(job, epoch);
+        epochPaid[job][epoch] = true;
+
+        for (uint256 i = 0; i < nodes.length; ++i) {
+            bytes32 node = nodes[i];
+            uint256 amount = amounts[i];
+            address op = t.nodeOperator(node);
+            if (op == address(0)) revert Unbound(node);
+            if (amount != 0) {
+                rewardsOf[node] += amount;
+                total += amount;
+                // OpenZeppelin's ERC20 returns true or reverts (ERC20InsufficientBalance).
+                t.transfer(op, amount);
+            }
+        }
+
+        emit EpochRewarded(job, epoch, msg.sender, nodes, amounts, total);
+    }
+
+    /// @notice Records the publication of (`p.job`, `p.epoch`), once. Only an orchestrator may
+    /// call this. The signature's length is checked, not the signature.
+    /// @param p The publication.
+    function recordPublication(Publication calldata p) external {
+        if (!token.isOrchestrator(msg.sender)) revert NotOrchestrator(msg.sender);
+        if (p.signature.length != 64) revert BadSignatureLength(p.signature.length);
+        if (isRecorded(p.job, p.epoch)) revert AlreadyRecorded(p.job, p.epoch);
+        _publications[p.job][p.epoch] = p;
+        _publicationKeys.push(PublicationKey(p.job, p.epoch));
+        emit PublicationRecorded(p.job, p.epoch, p.signer, msg.sender, p.cid);
+    }
+
+    /// @notice Whether the publication of (`job`, `epoch`) is recorded.
+    /// @param job The training job.
+    /// @param epoch The epoch.
+    /// @return True when recorded.
+    function isRecorded(uint64 job, uint32 epoch) public view returns (bool) {
+        // A recorded publication always has a 64-byte signature.
+        return _publications[job][epoch].signature.length != 0;
+    }
+
+    /// @notice The recorded publication of (`job`, `epoch`); reverts `NotRecorded` when none.
+    /// @param job The training job.
+    /// @param epoch The epoch.
+    /// @return The publication.
+    function publication(uint64 job, uint32 epoch) external view returns (Publication memory) {
+        if (!isRecorded(job, epoch)) revert NotRecorded(job, epoch);
+        return _publications[job][epoch];
+    }
+
+    /// @notice How many publications are recorded.
+    /// @return The count.
+    function publicationCount() external view returns (uint256) {
+        return _publicationKeys.length;
+    }
+
+    /// @notice The `i`-th recorded publication, in the order recorded (from 0); reverts
+    /// `IndexOutOfRange` when `i >= publicationCount()`.
+    /// @param i The index.
+    /// @return The publication.
+    function publicationAt(uint256 i) external view returns (Publication memory) {
+        uint256 n = _publicationKeys.length;
+        if (i >= n) revert IndexOutOfRange(i, n);
+        PublicationKey storage k = _publicationKeys[i];
+        return _publications[k.job][k.epoch];
+    }
+}
