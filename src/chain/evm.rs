@@ -29,8 +29,8 @@ use std::collections::HashSet;
 use std::future::IntoFuture;
 use std::time::Duration;
 
-use alloy::contract::Error as ContractError;
-use alloy::network::EthereumWallet;
+use alloy::eips::eip2718::Encodable2718;
+use alloy::network::{EthereumWallet, TransactionBuilder};
 use alloy::primitives::{Address, Bytes, B256, U256};
 use alloy::providers::{DynProvider, Provider, ProviderBuilder};
 use alloy::rpc::client::RpcClient;
@@ -177,6 +177,7 @@ pub struct EvmChain<P: Provider + Clone = DynProvider> {
     token: GYMToken::GYMTokenInstance<P>,
     pool: MiningPool::MiningPoolInstance<P>,
     account: Address,
+    wallet: EthereumWallet,
     opts: EvmOptions,
     writes: tokio::sync::Mutex<()>,
 }
@@ -212,27 +213,28 @@ impl EvmChain<DynProvider> {
         .connect_timeout(opts.call_timeout)
         .build()
         .map_err(|e| EvmError::Url(e.to_string()))?;
-        let account = signer.address();
         let client = RpcClient::new_http_with_client(http, parsed);
         let provider = ProviderBuilder::new()
             .disable_recommended_fillers()
-            .with_gas_estimation()
-            .with_simple_nonce_management()
-            .with_chain_id(opts.chain_id)
-            .wallet(EthereumWallet::from(signer))
             .connect_client(client)
             .erased();
-        EvmChain::new(provider, account, opts).await
+        EvmChain::new(provider, signer, opts).await
     }
 }
 
 impl<P: Provider + Clone> EvmChain<P> {
-    /// An adapter on `provider`, which signs for `account`. Checks, each call bounded by
+    /// An adapter on `provider` that signs its transactions with `signer` (the provider
+    /// itself needs no wallet: transactions are built and signed here). Checks, each call bounded by
     /// the call timeout: the endpoint's chain id is `opts.chain_id`; both addresses hold
     /// code; the pool's `token()` is the configured token.
     ///
     /// Errors: [`EvmError::Unavailable`], [`EvmError::WrongChain`], [`EvmError::Contract`].
-    pub async fn new(provider: P, account: Address, opts: EvmOptions) -> Result<Self, EvmError> {
+    pub async fn new(
+        provider: P,
+        signer: PrivateKeySigner,
+        opts: EvmOptions,
+    ) -> Result<Self, EvmError> {
+        let account = signer.address();
         let bound = opts.call_timeout;
         let found = within("eth_chainId", bound, provider.get_chain_id()).await?;
         if found != opts.chain_id {
@@ -276,6 +278,7 @@ impl<P: Provider + Clone> EvmChain<P> {
             token,
             pool,
             account,
+            wallet: EthereumWallet::from(signer),
             opts,
             writes: tokio::sync::Mutex::new(()),
         })
@@ -313,39 +316,80 @@ impl<P: Provider + Clone> EvmChain<P> {
         }
     }
 
-    /// Sends the transaction `call` describes and awaits its receipt; `sent` collects the
-    /// hashes of transactions that left this process.
+    /// Sends the transaction `call` describes and awaits its receipt. The transaction is
+    /// built here: the account's pending nonce, an estimated gas limit (+20 %; a revert is
+    /// seen here, before anything is sent, and decoded), EIP-1559 fees from the node, the
+    /// chain id; then signed, and its hash added to `sent` *before* it is broadcast, so
+    /// that a later attempt recognises it on chain even when the broadcast's answer was
+    /// lost.
     async fn send<D: alloy::contract::CallDecoder>(
         &self,
         what: &str,
         call: alloy::contract::CallBuilder<&P, D>,
         sent: &mut HashSet<B256>,
     ) -> Result<TransactionReceipt, SendError> {
-        let classify = |e: ContractError| match e.as_revert_data() {
-            Some(data) => SendError::Reverted(decode_revert(&data), format!("{what}: {e}")),
-            None => SendError::Transport(format!("{what}: {e}")),
+        let transport = |e: &dyn std::fmt::Display| SendError::Transport(format!("{what}: {e}"));
+        let mut tx = call.into_transaction_request();
+        tx.set_from(self.account);
+        tx.set_chain_id(self.opts.chain_id);
+        let nonce = self
+            .read(
+                "eth_getTransactionCount",
+                self.provider.get_transaction_count(self.account).pending(),
+            )
+            .await
+            .map_err(|e| transport(&e))?;
+        tx.set_nonce(nonce);
+        let gas = match tokio::time::timeout(
+            self.opts.call_timeout,
+            self.provider.estimate_gas(tx.clone()).into_future(),
+        )
+        .await
+        {
+            Ok(Ok(gas)) => gas,
+            Ok(Err(e)) => {
+                return Err(match e.as_error_resp().and_then(|r| r.as_revert_data()) {
+                    Some(data) => SendError::Reverted(decode_revert(&data), format!("{what}: {e}")),
+                    None => transport(&e),
+                })
+            }
+            Err(_) => return Err(transport(&"gas estimation timed out")),
         };
-        let pending = match tokio::time::timeout(self.opts.call_timeout, call.send()).await {
-            Ok(r) => r.map_err(classify)?,
+        tx.set_gas_limit(gas.saturating_add(gas / 5));
+        let fees = self
+            .read("fee estimation", self.provider.estimate_eip1559_fees())
+            .await
+            .map_err(|e| transport(&e))?;
+        tx.set_max_fee_per_gas(fees.max_fee_per_gas);
+        tx.set_max_priority_fee_per_gas(fees.max_priority_fee_per_gas);
+        let envelope = tx.build(&self.wallet).await.map_err(|e| transport(&e))?;
+        let hash = *envelope.tx_hash();
+        sent.insert(hash);
+        let raw = envelope.encoded_2718();
+        let pending = match tokio::time::timeout(
+            self.opts.call_timeout,
+            self.provider.send_raw_transaction(&raw),
+        )
+        .await
+        {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return Err(transport(&format!("transaction {hash}: {e}"))),
             Err(_) => {
-                return Err(SendError::Transport(format!(
-                    "{what}: the send got no answer within {:?}",
-                    self.opts.call_timeout
+                return Err(transport(&format!(
+                    "transaction {hash}: the send got no answer"
                 )))
             }
         };
-        let hash = *pending.tx_hash();
-        sent.insert(hash);
-        tracing::debug!(%hash, what, "transaction sent");
+        tracing::debug!(%hash, nonce, gas, what, "transaction sent");
         let receipt = pending
             .with_timeout(Some(self.opts.tx_timeout))
             .get_receipt()
             .await
-            .map_err(|e| SendError::Transport(format!("{what}: transaction {hash}: {e}")))?;
+            .map_err(|e| transport(&format!("transaction {hash}: {e}")))?;
         if !receipt.status() {
             return Err(SendError::Reverted(
                 None,
-                format!("{what}: transaction {hash} reverted"),
+                format!("{what}: transaction {hash} reverted on chain"),
             ));
         }
         Ok(receipt)

@@ -13,6 +13,8 @@
 //!   contracts deployed and operators staked and bound, for tests and the chain demo.
 
 pub mod account;
+#[cfg(feature = "testkit")]
+pub mod anvil;
 pub mod contracts;
 mod evm;
 
