@@ -146,8 +146,42 @@ pub struct ChainConfig {
     pub epoch_reward_gym: u64,
     /// Percent of a node's stake slashed for a failed spot-check (1..=100; paper §8).
     pub slash_pct: u8,
-    /// How long a slashed node stays penalised (no new admissions), ms.
+    /// How long a slashed node stays penalised (no new admissions), ms. The embedded
+    /// ledger's; on a real chain the window is `GYMToken.penaltyWindow`.
     pub penalty_window_ms: u64,
+    /// With `rpc_url`: the `GYMToken` contract address (`0x` and 40 hex digits).
+    pub gym_token: String,
+    /// With `rpc_url`: the `MiningPool` contract address.
+    pub mining_pool: String,
+    /// With `rpc_url`: the block the contracts were deployed in; reward and slash history
+    /// is read from the logs from there on.
+    pub from_block: u64,
+    /// With `rpc_url`: the bound of one JSON-RPC call, ms.
+    pub call_timeout_ms: u64,
+    /// With `rpc_url`: how long a transaction's receipt is awaited, ms.
+    pub tx_timeout_ms: u64,
+}
+
+impl ChainConfig {
+    /// The EVM adapter's options for this configuration (`rpc_url` set).
+    ///
+    /// Errors: `gym_token` or `mining_pool` is not an address.
+    pub fn evm_options(&self) -> Result<crate::chain::EvmOptions, String> {
+        let address = |key: &str, v: &str| {
+            v.parse::<alloy::primitives::Address>().map_err(|e| {
+                format!("chain.{key} {v:?} is not a contract address (0x and 40 hex digits): {e}")
+            })
+        };
+        Ok(crate::chain::EvmOptions {
+            chain_id: self.chain_id,
+            token: address("gym_token", &self.gym_token)?,
+            pool: address("mining_pool", &self.mining_pool)?,
+            from_block: self.from_block,
+            call_timeout: std::time::Duration::from_millis(self.call_timeout_ms),
+            tx_timeout: std::time::Duration::from_millis(self.tx_timeout_ms),
+            ..crate::chain::EvmOptions::default()
+        })
+    }
 }
 
 /// State store and leader election settings (DESIGN §9).
@@ -512,6 +546,8 @@ impl Config {
             ),
             ("deltas.chunk_bytes", self.deltas.chunk_bytes as u64),
             ("chain.penalty_window_ms", self.chain.penalty_window_ms),
+            ("chain.call_timeout_ms", self.chain.call_timeout_ms),
+            ("chain.tx_timeout_ms", self.chain.tx_timeout_ms),
             ("state.pool_size", self.state.pool_size as u64),
             ("state.connect_timeout_ms", self.state.connect_timeout_ms),
             ("state.command_timeout_ms", self.state.command_timeout_ms),
@@ -558,6 +594,16 @@ impl Config {
                  leader must get at least two renewals in before its lease expires",
                 st.campaign_ms, st.lease_ttl_ms
             ));
+        }
+        if !self.chain.rpc_url.is_empty() {
+            let url = &self.chain.rpc_url;
+            if !url.starts_with("http://") && !url.starts_with("https://") {
+                let scheme = url.split_once("://").map_or("none", |(s, _)| s);
+                return Err(format!(
+                    "chain.rpc_url (HANZO_RPC) is not an http:// or https:// URL (scheme: {scheme})"
+                ));
+            }
+            self.chain.evm_options()?;
         }
         if !(1..=100).contains(&self.chain.slash_pct) {
             return Err(format!(

@@ -195,9 +195,18 @@ struct VerifyArgs {
     /// `publications.json`) instead of asking the daemon at --endpoint.
     #[arg(long)]
     records: Option<PathBuf>,
+    /// Read the publication records from the chain at this JSON-RPC endpoint (the
+    /// `MiningPool` at --mining-pool) instead of asking the daemon. Default: the configured
+    /// chain.rpc_url (HANZO_RPC) when set.
+    #[arg(long)]
+    rpc: Option<String>,
+    /// The `MiningPool` contract (default: the configured chain.mining_pool).
+    #[arg(long)]
+    mining_pool: Option<String>,
     /// The orchestrator public key to trust (64 hex digits): records signed by another
     /// key fail. Without it, the key of the daemon at --endpoint is trusted when the records
-    /// come from it; records from a --records file cannot be trusted without it (exit 2).
+    /// come from it; records from a --records file or the chain (anyone holding the
+    /// orchestrator stake can record) cannot be trusted without it (exit 2).
     #[arg(long)]
     orchestrator: Option<String>,
     /// The Hub, for a repo id.
@@ -671,6 +680,40 @@ async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
                 }
                 records
             }),
+        None if args.rpc.is_some() || !cfg.chain.rpc_url.is_empty() => {
+            let url = args
+                .rpc
+                .clone()
+                .unwrap_or_else(|| cfg.chain.rpc_url.clone());
+            let pool = args
+                .mining_pool
+                .clone()
+                .unwrap_or_else(|| cfg.chain.mining_pool.clone());
+            let pool = match pool.parse() {
+                Ok(p) => p,
+                Err(e) => {
+                    return cannot(&format!(
+                        "--mining-pool {pool:?} is not a contract address: {e}"
+                    ))
+                }
+            };
+            let timeout = std::time::Duration::from_millis(cfg.chain.call_timeout_ms);
+            match hanzod::chain::EvmChain::reader(&url, pool, cfg.chain.chain_id, timeout).await {
+                Ok(chain) => {
+                    use hanzod::core::ports::Ledger;
+                    chain.publications().await.map_err(|e| e.to_string())
+                }
+                Err(e) => {
+                    // The URL may carry credentials: name it redacted.
+                    let mut shown = cfg.clone();
+                    shown.chain.rpc_url = url.clone();
+                    Err(format!(
+                        "the chain at {}: {e}",
+                        shown.redacted().chain.rpc_url
+                    ))
+                }
+            }
+        }
         None => {
             let endpoint = args.client.endpoint.clone();
             let answer = match hanzod::cli::Clients::connect(args.client.options()).await {

@@ -26,13 +26,14 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use hanzod_actors::events::{Event, Record};
-use hanzod_actors::ports::{LeaderLease, Lease, Snapshot, StateStore, StoreError};
+use hanzod_actors::ports::{LeaderLease, Lease, Ledger, Snapshot, StateStore, StoreError};
 use hanzod_actors::types::{NodeId, Timestamp};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::health::{Health, Role};
+use crate::identity::Identity;
 use crate::metrics::PrometheusMetrics;
 use crate::serve::{Daemon, DaemonParts, StartError};
 
@@ -116,7 +117,13 @@ where
             )));
         }
     }
-    let me = crate::serve::orchestrator_identity(&cfg.orchestrator.key)?.node_id();
+    let identity = crate::serve::orchestrator_identity(&cfg.orchestrator.key)?;
+    let me = identity.node_id();
+    // One ledger for every term as leader: the stake is checked before each campaign.
+    let ledger = match &parts.ledger {
+        Some(l) => l.clone(),
+        None => crate::serve::ledger(cfg, &identity, None).await?,
+    };
     let holder = holder_name(cfg);
     let endpoint = advertised_endpoint(cfg);
     let ttl = cfg.state.lease_ttl_ms;
@@ -126,7 +133,7 @@ where
         tracing::info!(%holder, %endpoint, lease_ttl_ms = ttl, "replica standing by");
         let standby = StandbyExporter::start(cfg, health.clone()).await?;
         let won = tokio::select! {
-            won = campaign(&*store, &holder, &endpoint, ttl, every) => won,
+            won = campaign(&*store, &*ledger, &identity, &holder, &endpoint, ttl, every) => won,
             _ = &mut stop => None,
         };
         standby.stop().await;
@@ -161,6 +168,7 @@ where
         }
         let (fenced_tx, mut fenced_rx) = watch::channel(None::<u64>);
         let mut leader_parts = parts.clone();
+        leader_parts.ledger = Some(ledger.clone());
         leader_parts.store = Some(Arc::new(Watched {
             inner: fenced,
             fenced: fenced_tx,
@@ -250,6 +258,8 @@ async fn same_orchestrator(store: &dyn StateStore, me: NodeId) -> Result<(), Sta
 /// who leads and of the store's reachability, not every attempt.
 async fn campaign<S: LeaderLease + ?Sized>(
     store: &S,
+    ledger: &dyn Ledger,
+    identity: &Identity,
     holder: &str,
     endpoint: &str,
     ttl: u64,
@@ -258,8 +268,21 @@ async fn campaign<S: LeaderLease + ?Sized>(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen: Option<Result<Option<Lease>, String>> = None;
+    let mut short: Option<String> = None;
     loop {
         tick.tick().await;
+        // Only an orchestrator holding the minimum stake may lead (paper §1.1).
+        match crate::serve::check_orchestrator_stake(ledger, identity).await {
+            Ok(_) => short = None,
+            Err(e) => {
+                let why = e.to_string();
+                if short.as_ref() != Some(&why) {
+                    tracing::warn!(%why, "not campaigning for leadership");
+                    short = Some(why);
+                }
+                continue;
+            }
+        }
         let sent = Instant::now();
         let outcome = store.campaign(holder, endpoint, ttl).await;
         let summary = match &outcome {

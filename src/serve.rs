@@ -139,6 +139,74 @@ pub struct DaemonParts {
     pub store: Option<Arc<dyn StateStore>>,
     /// The replica's health, shown on `/healthz` and `/readyz` (default: a single daemon).
     pub health: Option<Health>,
+    /// The chain: stakes, rewards, slashing, publication records (default: per
+    /// `chain.rpc_url`, an [`EvmChain`](crate::chain::EvmChain) on that endpoint, or the
+    /// embedded [`MemoryChain`] when it is empty; see [`ledger`]).
+    pub ledger: Option<Arc<dyn Ledger>>,
+}
+
+/// The ledger `cfg` names: with `chain.rpc_url` (`HANZO_RPC`) the EVM adapter, sending
+/// from the orchestrator's account ([`crate::chain::account`], derived from `identity`),
+/// after checking the chain id and the contracts; else the embedded ledger with every
+/// operator holding `chain.dev_stake_gym` and the orchestrator 50,000 GYM, its penalties
+/// timed by `clock`.
+///
+/// Errors: [`StartError::Material`] when the endpoint or the contracts fail the checks
+/// (the URL is named redacted).
+pub async fn ledger(
+    cfg: &Config,
+    identity: &Identity,
+    clock: Option<Arc<dyn Clock>>,
+) -> Result<Arc<dyn Ledger>, StartError> {
+    if cfg.chain.rpc_url.is_empty() {
+        let mut chain = MemoryChain::with_default_stake(GymWei::gym(cfg.chain.dev_stake_gym))
+            .with_penalty_window_ms(cfg.chain.penalty_window_ms);
+        if let Some(clock) = clock {
+            chain = chain.with_clock(clock);
+        }
+        return Ok(Arc::new(chain));
+    }
+    let url = cfg.redacted().chain.rpc_url;
+    let opts = cfg.chain.evm_options().map_err(StartError::Material)?;
+    let signer = crate::chain::account::signer(identity);
+    let chain = crate::chain::EvmChain::connect(&cfg.chain.rpc_url, signer, opts)
+        .await
+        .map_err(|e| StartError::Material(format!("HANZO_RPC {url}: {e}")))?;
+    tracing::info!(
+        %url,
+        chain_id = cfg.chain.chain_id,
+        account = %chain.account(),
+        token = %cfg.chain.gym_token,
+        pool = %cfg.chain.mining_pool,
+        "stakes, rewards, slashing and publication records are on chain"
+    );
+    Ok(Arc::new(chain))
+}
+
+/// Checks that the orchestrator's own stake on `ledger` is at least 50,000 GYM
+/// ([`crate::chain::ORCHESTRATOR_MIN_STAKE`], paper §1.1) before it leads; returns it.
+///
+/// Errors: [`StartError::Material`] naming the stake held and the account to stake from,
+/// or the chain's error.
+pub async fn check_orchestrator_stake(
+    ledger: &dyn Ledger,
+    identity: &Identity,
+) -> Result<GymWei, StartError> {
+    let need = crate::chain::ORCHESTRATOR_MIN_STAKE;
+    let have = ledger
+        .orchestrator_stake()
+        .await
+        .map_err(|e| StartError::Material(format!("cannot read the orchestrator's stake: {e}")))?;
+    if have < need {
+        return Err(StartError::Material(format!(
+            "the orchestrator's stake is {} GYM wei, below the 50,000 GYM ({} GYM wei) an \
+             orchestrator must hold to lead (paper §1.1): stake from its account {}",
+            have.0,
+            need.0,
+            crate::chain::account::address(identity)
+        )));
+    }
+    Ok(have)
 }
 
 /// A running daemon.
@@ -335,14 +403,6 @@ impl Daemon {
                     .into(),
             ));
         }
-        for (var, value, what) in [("HANZO_RPC", &cfg.chain.rpc_url, "EVM chain adapter")] {
-            if !value.is_empty() {
-                return Err(StartError::Unsupported(format!(
-                    "{var} is set, but this build of hanzod has no {what} yet; unset it to \
-                     run on the embedded default"
-                )));
-            }
-        }
         if cfg.nodes.attesters.is_empty() {
             tracing::warn!("DEVELOPMENT MODE: no trusted GPU attesters configured (nodes.attesters); GPU attestations are NOT checked");
         }
@@ -448,20 +508,21 @@ impl Daemon {
             cfg.nodes.probe_ttl_ms,
             metrics.clone(),
         ));
-        let stake = GymWei::gym(cfg.chain.dev_stake_gym);
         // The spot-check seed (DESIGN §6) comes from the orchestrator key, so the epoch
         // secrets (and the commitments published from them) survive a restart with the same
         // key: Ed25519 signatures are deterministic, and nobody without the key can make
         // this one.
         let seed: [u8; 32] =
             Sha256::digest(identity.sign(hanzod_proto::domain::SPOT_CHECK_SEED, &[])).into();
-        let mut chain = MemoryChain::with_default_stake(stake)
-            .with_penalty_window_ms(cfg.chain.penalty_window_ms);
-        if let Some(clock) = &clock {
-            chain = chain.with_clock(clock.clone());
-        }
-        let chain = Arc::new(chain);
-        let ledger: Arc<dyn Ledger> = chain.clone();
+        let ledger = match parts.ledger {
+            Some(l) => l,
+            None => ledger(cfg, &identity, clock.clone()).await?,
+        };
+        // An orchestrator leads only on its own stake (paper §1.1); a replica checked it
+        // before campaigning too.
+        let own = check_orchestrator_stake(&*ledger, &identity).await?;
+        tracing::info!(stake_wei = %own.0, "orchestrator stake checked");
+        let chain: Arc<dyn hanzod_actors::ports::ChainReader> = ledger.clone();
         let publication = publication(
             cfg,
             parts.objects,
@@ -480,9 +541,19 @@ impl Daemon {
             cfg.validation.sink_config(),
             metrics.clone(),
             Some(Economics {
-                ledger: ledger.clone(),
-                epoch_pool: GymWei::gym(cfg.chain.epoch_reward_gym),
-                slash_pct: cfg.chain.slash_pct,
+                min_stake: cfg.core.eligibility.rules().min_stake,
+                // On a chain a settlement is a few transactions, each awaited up to
+                // chain.tx_timeout_ms.
+                settle_timeout: if cfg.chain.rpc_url.is_empty() {
+                    crate::delta::sink::LEDGER_TIMEOUT
+                } else {
+                    Duration::from_millis(cfg.chain.tx_timeout_ms.saturating_mul(4))
+                },
+                ..Economics::new(
+                    ledger.clone(),
+                    GymWei::gym(cfg.chain.epoch_reward_gym),
+                    cfg.chain.slash_pct,
+                )
             }),
             publication,
         )

@@ -542,11 +542,7 @@ async fn rewards_follow_scores_slashes_follow_failed_spot_checks_and_a_failed_se
         inner: chain,
         down: true.into(),
     });
-    let econ = Economics {
-        ledger: ledger.clone(),
-        epoch_pool: pool,
-        slash_pct: 10,
-    };
+    let econ = Economics::new(ledger.clone(), pool, 10);
     let f = fixture_with(1.0, Some(econ)).await;
     let init = train::init(&recipe_of(&spec().training, JOB).unwrap());
     let mut deltas = Vec::new();

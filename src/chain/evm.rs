@@ -148,6 +148,28 @@ async fn within<T, E: std::fmt::Display>(
     }
 }
 
+/// A provider on the JSON-RPC endpoint `url` (http or https, hanzod's rustls set-up), each
+/// request bounded by `timeout`, without fillers or wallet: [`EvmChain::send`] builds and
+/// signs transactions itself.
+fn http_provider(url: &str, timeout: Duration) -> Result<DynProvider, EvmError> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| EvmError::Url(format!("{e}")))?;
+    let http = crate::publish::tls::client_builder(
+        parsed.scheme() == "https",
+        None,
+        crate::publish::tls::Alpn::Http1,
+    )
+    .map_err(|e| EvmError::Url(e.to_string()))?
+    .timeout(timeout)
+    .connect_timeout(timeout)
+    .build()
+    .map_err(|e| EvmError::Url(e.to_string()))?;
+    let client = RpcClient::new_http_with_client(http, parsed);
+    Ok(ProviderBuilder::new()
+        .disable_recommended_fillers()
+        .connect_client(client)
+        .erased())
+}
+
 fn node_key(node: &NodeId) -> B256 {
     B256::from(node.0)
 }
@@ -202,23 +224,39 @@ impl EvmChain<DynProvider> {
         signer: PrivateKeySigner,
         opts: EvmOptions,
     ) -> Result<EvmChain<DynProvider>, EvmError> {
-        let parsed = reqwest::Url::parse(url).map_err(|e| EvmError::Url(format!("{e}")))?;
-        let http = crate::publish::tls::client_builder(
-            parsed.scheme() == "https",
-            None,
-            crate::publish::tls::Alpn::Http1,
-        )
-        .map_err(|e| EvmError::Url(e.to_string()))?
-        .timeout(opts.call_timeout)
-        .connect_timeout(opts.call_timeout)
-        .build()
-        .map_err(|e| EvmError::Url(e.to_string()))?;
-        let client = RpcClient::new_http_with_client(http, parsed);
-        let provider = ProviderBuilder::new()
-            .disable_recommended_fillers()
-            .connect_client(client)
-            .erased();
+        let provider = http_provider(url, opts.call_timeout)?;
         EvmChain::new(provider, signer, opts).await
+    }
+}
+
+impl EvmChain<DynProvider> {
+    /// A read-only adapter (for `hanzod verify`): the `MiningPool` at `pool` on the
+    /// endpoint `url`, its token read from the pool, checked as [`EvmChain::new`] does.
+    /// It has no key: a write is refused by the chain (its account holds no stake).
+    ///
+    /// Errors: as [`EvmChain::connect`].
+    pub async fn reader(
+        url: &str,
+        pool: Address,
+        chain_id: u64,
+        call_timeout: Duration,
+    ) -> Result<EvmChain<DynProvider>, EvmError> {
+        let provider = http_provider(url, call_timeout)?;
+        let token = within(
+            "MiningPool.token()",
+            call_timeout,
+            MiningPool::new(pool, provider.clone()).token().call(),
+        )
+        .await
+        .map_err(|e| EvmError::Contract(format!("{pool} is not a MiningPool: {e}")))?;
+        let opts = EvmOptions {
+            chain_id,
+            token,
+            pool,
+            call_timeout,
+            ..EvmOptions::default()
+        };
+        EvmChain::new(provider, PrivateKeySigner::random(), opts).await
     }
 }
 

@@ -99,6 +99,28 @@ pub struct Economics {
     pub epoch_pool: GymWei,
     /// Percent of stake slashed per failed spot-check (1..=100).
     pub slash_pct: u8,
+    /// The stake a node's operator must still hold at settlement for its share to be paid
+    /// (paper §3.3: 10,000 GYM), GYM wei. Nodes below it, or under an active slashing
+    /// penalty, are left out of the epoch's batch.
+    pub min_stake: GymWei,
+    /// The bound of one epoch's whole settlement ([`LEDGER_TIMEOUT`] for the embedded
+    /// ledger; on a chain, several transactions' worth).
+    pub settle_timeout: Duration,
+}
+
+impl Economics {
+    /// Economics on `ledger` with a pool of `epoch_pool` GYM wei per epoch, slashing
+    /// `slash_pct` % per failed spot-check, a minimum stake of 10,000 GYM and
+    /// [`LEDGER_TIMEOUT`].
+    pub fn new(ledger: Arc<dyn Ledger>, epoch_pool: GymWei, slash_pct: u8) -> Economics {
+        Economics {
+            ledger,
+            epoch_pool,
+            slash_pct,
+            min_stake: GymWei::gym(10_000),
+            settle_timeout: LEDGER_TIMEOUT,
+        }
+    }
 }
 
 /// A reward paid for an epoch.
@@ -942,8 +964,9 @@ impl KeeperState {
         let job = JobId(report.job);
         let node_of = |hex_key: &str| hex_key.parse::<NodeId>().ok();
         // One bound for the whole settlement, however many calls it takes.
-        let deadline = tokio::time::Instant::now() + LEDGER_TIMEOUT;
-        let bounded = |what: String| format!("{what}: no answer within {LEDGER_TIMEOUT:?}");
+        let limit = econ.settle_timeout;
+        let deadline = tokio::time::Instant::now() + limit;
+        let bounded = |what: String| format!("{what}: no answer within {limit:?}");
         let mut errors = Vec::new();
         if let Some(publication) = &report.publication {
             let started = std::time::Instant::now();
@@ -974,7 +997,20 @@ impl KeeperState {
                 let (Some(node), Some(score)) = (node_of(&d.node), d.score) else {
                     continue;
                 };
-                match tokio::time::timeout_at(deadline, econ.ledger.stake_of(&node)).await {
+                // Stake and penalty are checked again each epoch: an operator that
+                // unstaked below the minimum, or was slashed, is not paid for it.
+                let facts = async {
+                    let stake = econ.ledger.stake_of(&node).await?;
+                    let penalty = econ.ledger.penalty_until(&node).await?;
+                    Ok::<_, ChainError>((stake, penalty))
+                };
+                match tokio::time::timeout_at(deadline, facts).await {
+                    Ok(Ok((stake, _))) if stake < econ.min_stake => {
+                        tracing::warn!(job = %job, epoch = report.epoch, node = %node, stake_wei = %stake.0, "stake below the minimum: its reward share is withheld");
+                    }
+                    Ok(Ok((_, Some(until)))) if until > self.deps.publication.clock.now() => {
+                        tracing::warn!(job = %job, epoch = report.epoch, node = %node, penalty_until_ms = until.0, "under a slashing penalty: its reward share is withheld");
+                    }
                     Ok(Ok(_)) => shares.push((node, score.composite)),
                     Ok(Err(ChainError::Unbound(_))) => {
                         tracing::warn!(job = %job, epoch = report.epoch, node = %node, "unbound node: its reward share is withheld");

@@ -245,19 +245,25 @@ pub struct SlashEvidence {
 }
 
 impl SlashEvidence {
-    /// The evidence as recorded with a slash: the node's signed statement (job, epoch,
-    /// step, claimed loss, delta hash) and its signature, as canonical JSON with a domain
-    /// tag. Only what the node signed is in it, not the measured values (which anyone
-    /// recomputes from the delta), so validating the same delta twice, on any CPU, gives
-    /// the same bytes and a ledger keyed by their hash slashes once.
+    /// The evidence as recorded with a slash (`GYMToken.slash(node, pct, reporter,
+    /// evidence)`, DESIGN §8): canonical JSON with a domain tag holding the node's signed
+    /// statement (job, epoch, step, claimed loss, delta hash) and its Ed25519 signature,
+    /// which prove what the node claimed, and what the orchestrator measured (the loss, and
+    /// the re-run distance when the replay failed), which anyone can recompute from the
+    /// delta named by its hash. The ledger keys a slash by the SHA-256 of these bytes; the
+    /// measured values are those of the epoch's staged report (DESIGN §7), which a resumed
+    /// publication adopts rather than re-validates, so a retry after a restart sends the
+    /// same bytes and slashes once.
     pub fn canonical_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!({
-            "domain": "hanzod-slash-v1",
+            "domain": "hanzod-slash-v2",
             "node": self.node,
             "job": self.job,
             "epoch": self.epoch,
             "step": self.step,
             "claimed_loss": self.claimed_loss,
+            "measured_loss": self.measured_loss,
+            "replay_distance": self.replay_distance,
             "delta_hash": self.delta_hash,
             "signature": self.signature,
         }))
