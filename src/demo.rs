@@ -81,6 +81,18 @@ pub struct DemoArgs {
     /// Give up after this many seconds [default: 600].
     #[arg(long)]
     pub timeout_s: Option<u64>,
+    /// Run on a real EVM chain: start anvil (installed by `contracts/build.sh`), deploy
+    /// GYMToken and MiningPool, stake the orchestrator's account and each node's operator,
+    /// bind the node keys, and pay rewards, slash and record publications on it.
+    #[arg(long)]
+    pub anvil: bool,
+    /// With --anvil: take the chain's JSON-RPC endpoint down when this epoch starts
+    /// (writes fail and are retried; nothing is paid twice).
+    #[arg(long)]
+    pub chain_outage_epoch: Option<u32>,
+    /// With --chain-outage-epoch: how long the endpoint stays down, s [default: 5].
+    #[arg(long)]
+    pub chain_outage_s: Option<u64>,
     /// A TOML scenario file with any of the flags above.
     #[arg(long)]
     #[serde(skip)]
@@ -134,6 +146,43 @@ pub struct DemoPlan {
     /// Draw the live progress view (on a terminal) rather than log lines.
     #[serde(skip)]
     pub progress: bool,
+    /// Start anvil and run on it (`--anvil`).
+    pub anvil: bool,
+    /// Take the chain endpoint down at the start of this epoch for this many seconds.
+    pub chain_outage: Option<(u32, u64)>,
+    /// Run on this chain (contracts deployed, accounts staked and bound by the caller, as
+    /// [`stake_accounts`] does) instead of the embedded ledger or a fresh anvil (not
+    /// serialised; for embedders and tests).
+    #[serde(skip)]
+    pub chain: Option<DemoChain>,
+}
+
+/// A chain a demo runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DemoChain {
+    /// Its JSON-RPC endpoint.
+    pub url: String,
+    /// The adapter options (contracts, chain id, first block).
+    pub options: crate::chain::EvmOptions,
+}
+
+/// What a demo on a chain saw there.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainSummary {
+    /// The JSON-RPC endpoint the orchestrator used.
+    pub rpc: String,
+    /// The `GYMToken` contract.
+    pub gym_token: String,
+    /// The `MiningPool` contract.
+    pub mining_pool: String,
+    /// The orchestrator's account.
+    pub orchestrator_account: String,
+    /// Requests the endpoint refused while it was down (`--chain-outage-epoch`).
+    pub refused_during_outage: u64,
+    /// Reward batches on chain for the job.
+    pub reward_batches: usize,
+    /// Publication records on chain for the job.
+    pub publications: usize,
 }
 
 /// Why the demo could not run (distinct from a run whose job failed: see
@@ -186,6 +235,12 @@ impl DemoArgs {
             timeout_s: self.timeout_s.or(file.timeout_s).unwrap_or(600),
             exe,
             progress: true,
+            anvil: self.anvil || file.anvil,
+            chain_outage: self
+                .chain_outage_epoch
+                .or(file.chain_outage_epoch)
+                .map(|e| (e, self.chain_outage_s.or(file.chain_outage_s).unwrap_or(5))),
+            chain: None,
         };
         plan.validate()?;
         Ok(plan)
@@ -230,6 +285,20 @@ impl DemoPlan {
         }
         if self.timeout_s == 0 {
             return bad("--timeout-s must be at least 1".into());
+        }
+        if let Some((epoch, secs)) = self.chain_outage {
+            if !self.anvil && self.chain.is_none() {
+                return bad(
+                    "--chain-outage-epoch needs --anvil (the embedded ledger cannot go down)"
+                        .into(),
+                );
+            }
+            if epoch >= self.epochs || secs == 0 {
+                return bad(format!(
+                    "--chain-outage-epoch {epoch} must be below --epochs {} and --chain-outage-s at least 1",
+                    self.epochs
+                ));
+            }
         }
         let recipe = TrainingSpec {
             local_steps: self.local_steps,
@@ -359,6 +428,8 @@ pub struct DemoSummary {
     pub out: PathBuf,
     /// The orchestrator's public key (hex): the signer of the publication records.
     pub orchestrator: String,
+    /// The chain, when the demo ran on one (`--anvil`).
+    pub chain: Option<ChainSummary>,
 }
 
 impl DemoSummary {
@@ -441,6 +512,105 @@ pub fn orchestrator_key(seed: u64) -> String {
     hex::encode(h.finalize())
 }
 
+/// The stake each demo node's operator holds on a demo chain: 20,000 GYM (twice the
+/// minimum, so a slashed operator stays eligible to be slashed again).
+pub const DEMO_NODE_STAKE: GymWei = GymWei::gym(20_000);
+
+/// Stakes a demo's accounts on `deployment`: the orchestrator's (50,000 GYM, the minimum
+/// to lead) and, for each node of `plan`, an operator account holding
+/// [`DEMO_NODE_STAKE`] with the node key bound to it.
+///
+/// Errors: a transaction failing.
+#[cfg(feature = "testkit")]
+pub async fn stake_accounts(
+    plan: &DemoPlan,
+    deployment: &crate::chain::anvil::Deployment,
+) -> Result<(), crate::chain::anvil::AnvilError> {
+    let orchestrator = Identity::from_hex(&orchestrator_key(plan.seed), "the demo key")
+        .map_err(|e| crate::chain::anvil::AnvilError(e.to_string()))?;
+    deployment
+        .fund_and_stake(
+            &crate::chain::account::signer(&orchestrator),
+            crate::chain::ORCHESTRATOR_MIN_STAKE,
+        )
+        .await?;
+    for i in 0..plan.nodes {
+        deployment
+            .stake_and_bind(&node_identity(plan.seed, i).node_id(), DEMO_NODE_STAKE)
+            .await?;
+    }
+    Ok(())
+}
+
+/// What the chain holds for the demo's job, once every epoch is settled there (waited for
+/// up to 60 s: a settlement cut short by an outage is retried by the daemon).
+#[cfg(feature = "testkit")]
+async fn chain_summary(
+    cfg: &Config,
+    d: &Daemon,
+    summary: &DemoSummary,
+    proxy: Option<&crate::chain::anvil::RpcProxy>,
+) -> ChainSummary {
+    chain_summary_with(cfg, d, summary, proxy.map_or(0, |p| p.refused())).await
+}
+
+#[cfg(not(feature = "testkit"))]
+async fn chain_summary(
+    cfg: &Config,
+    d: &Daemon,
+    summary: &DemoSummary,
+    _: Option<&()>,
+) -> ChainSummary {
+    chain_summary_with(cfg, d, summary, 0).await
+}
+
+async fn chain_summary_with(
+    cfg: &Config,
+    d: &Daemon,
+    summary: &DemoSummary,
+    refused: u64,
+) -> ChainSummary {
+    let ledger = d.ledger();
+    let job = JobId(summary.job);
+    let want_paid: Vec<u32> = summary
+        .epochs
+        .iter()
+        .filter(|e| e.aggregator != "kept")
+        .map(|e| e.epoch)
+        .collect();
+    let want_records = summary.epochs.len();
+    let until = Instant::now() + Duration::from_secs(60);
+    let (mut batches, mut records) = (0, 0);
+    loop {
+        if let (Ok(b), Ok(p)) = (ledger.reward_batches().await, ledger.publications().await) {
+            batches = b.iter().filter(|r| r.job == job).count();
+            records = p.iter().filter(|r| r.record.job == job).count();
+            let paid = want_paid
+                .iter()
+                .all(|e| b.iter().any(|r| r.job == job && r.epoch == *e));
+            if paid && records >= want_records {
+                break;
+            }
+        }
+        if Instant::now() >= until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let orchestrator = Identity::from_hex(&cfg.orchestrator.key, "the demo key")
+        .map(|i| crate::chain::account::address(&i).to_string())
+        .unwrap_or_default();
+    ChainSummary {
+        rpc: cfg.redacted().chain.rpc_url,
+        gym_token: cfg.chain.gym_token.clone(),
+        mining_pool: cfg.chain.mining_pool.clone(),
+        orchestrator_account: orchestrator,
+        refused_during_outage: refused,
+        reward_batches: batches,
+        publications: records,
+    }
+}
+
 /// The daemon configuration of a demo: the embedded defaults, on loopback, with timings
 /// short enough for a demo (heartbeat 1 s, failure after 3 s, assignments resent every
 /// 2 s, probes of 256 KiB).
@@ -499,11 +669,73 @@ pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
     for dir in [&keys, &logs] {
         std::fs::create_dir_all(dir).map_err(|e| setup(&dir.display().to_string(), &e))?;
     }
-    let cfg = demo_config(&plan)?;
+    let mut cfg = demo_config(&plan)?;
+    // The chain: the caller's, or a fresh anvil with everything staked and bound (kept
+    // alive until the demo ends), or none (the embedded ledger).
+    #[cfg(feature = "testkit")]
+    let mut _anvil = None;
+    let mut chain = plan.chain.clone();
+    if plan.anvil && chain.is_none() {
+        #[cfg(feature = "testkit")]
+        {
+            use crate::chain::anvil::{AnvilNode, DeployOptions, Deployment};
+            let node = AnvilNode::start()
+                .await
+                .map_err(|e| setup("starting anvil", &e))?;
+            let deployment = Deployment::deploy(&node.url(), &DeployOptions::default())
+                .await
+                .map_err(|e| setup("deploying the contracts", &e))?;
+            stake_accounts(&plan, &deployment)
+                .await
+                .map_err(|e| setup("staking the demo accounts", &e))?;
+            chain = Some(DemoChain {
+                url: node.url(),
+                options: deployment.options(),
+            });
+            _anvil = Some(node);
+        }
+        #[cfg(not(feature = "testkit"))]
+        return Err(DemoError::Usage(
+            "--anvil needs a hanzod built with the `testkit` feature".into(),
+        ));
+    }
+    #[cfg(feature = "testkit")]
+    let proxy = match (&chain, plan.chain_outage) {
+        (Some(c), Some(_)) => Some(std::sync::Arc::new(
+            crate::chain::anvil::RpcProxy::start(&c.url)
+                .await
+                .map_err(|e| setup("starting the RPC endpoint", &e))?,
+        )),
+        _ => None,
+    };
+    #[cfg(not(feature = "testkit"))]
+    let proxy: Option<std::sync::Arc<()>> = None;
+    if let Some(c) = &chain {
+        #[cfg(feature = "testkit")]
+        let url = proxy.as_ref().map_or_else(|| c.url.clone(), |p| p.url());
+        #[cfg(not(feature = "testkit"))]
+        let url = c.url.clone();
+        cfg.chain.rpc_url = url;
+        cfg.chain.chain_id = c.options.chain_id;
+        cfg.chain.gym_token = c.options.token.to_string();
+        cfg.chain.mining_pool = c.options.pool.to_string();
+        cfg.chain.from_block = c.options.from_block;
+        // Fail fast while the endpoint is down: the writes are retried.
+        cfg.chain.call_timeout_ms = 2_000;
+        cfg.chain.tx_timeout_ms = 10_000;
+        cfg.check().map_err(DemoError::Setup)?;
+    }
     let daemon = Daemon::start(&cfg)
         .await
         .map_err(|e| setup("starting the orchestrator", &e))?;
-    let result = drive(&plan, &daemon, &keys, &logs).await;
+    #[cfg(feature = "testkit")]
+    let outage = proxy.clone().zip(plan.chain_outage);
+    #[cfg(not(feature = "testkit"))]
+    let outage = None;
+    let mut result = drive(&plan, &daemon, &keys, &logs, outage).await;
+    if let (Ok(summary), Some(_)) = (&mut result, &chain) {
+        summary.chain = Some(chain_summary(&cfg, &daemon, summary, proxy.as_deref()).await);
+    }
     // The embedded ledger lives in the daemon: its publication records are written out so
     // that `hanzod verify <folder> --records <out>/publications.json` can check the
     // published models after the demo.
@@ -513,11 +745,18 @@ pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
     result
 }
 
+/// The endpoint to take down and when: (the proxy in front of the chain, (epoch, s)).
+#[cfg(feature = "testkit")]
+type Outage = Option<(std::sync::Arc<crate::chain::anvil::RpcProxy>, (u32, u64))>;
+#[cfg(not(feature = "testkit"))]
+type Outage = Option<((), (u32, u64))>;
+
 async fn drive(
     plan: &DemoPlan,
     d: &Daemon,
     keys: &Path,
     logs: &Path,
+    outage: Outage,
 ) -> Result<DemoSummary, DemoError> {
     let setup = |what: String, e: &dyn std::fmt::Display| DemoError::Setup(format!("{what}: {e}"));
     let view = View::new(plan);
@@ -706,6 +945,19 @@ async fn drive(
                                     epochs.finish(d, job, epoch - 1, &view, &mut nodes, &index_of).await;
                                 }
                                 view.epoch(epoch, plan.epochs);
+                                #[cfg(feature = "testkit")]
+                                if let Some((proxy, (at, secs))) = &outage {
+                                    if *at == epoch {
+                                        use crate::chain::anvil::ProxyMode;
+                                        proxy.set_mode(ProxyMode::Down);
+                                        view.log(&format!("epoch {epoch}: the chain's RPC endpoint is down for {secs} s"));
+                                        let (proxy, secs) = (proxy.clone(), *secs);
+                                        tokio::spawn(async move {
+                                            tokio::time::sleep(Duration::from_secs(secs)).await;
+                                            proxy.set_mode(ProxyMode::Forward);
+                                        });
+                                    }
+                                }
                                 if plan.kill > 0 && epoch == plan.kill_epoch && killed_at.is_none() {
                                     for &i in &to_kill {
                                         if let Some(c) = nodes[i].child.as_mut() {
@@ -890,6 +1142,7 @@ async fn drive(
         orchestrator: Identity::from_hex(&orchestrator_key(plan.seed), "the demo key")
             .map(|k| hex::encode(k.node_id().0))
             .unwrap_or_default(),
+        chain: None,
     })
 }
 
@@ -1210,6 +1463,27 @@ pub fn render(s: &DemoSummary) -> String {
     }
     if let Some(ms) = s.aggregation_ms_per_delta {
         let _ = writeln!(o, "aggregation (validation + merge) {ms:.1} ms per delta");
+    }
+    if let Some(c) = &s.chain {
+        let _ = writeln!(
+            o,
+            "\non chain at {} (GYMToken {}, MiningPool {}, orchestrator account {}): {} \
+             reward batches, {} publication records; rewards, stakes and slashes above are read \
+             from the chain",
+            c.rpc,
+            c.gym_token,
+            c.mining_pool,
+            c.orchestrator_account,
+            c.reward_batches,
+            c.publications
+        );
+        if c.refused_during_outage > 0 {
+            let _ = writeln!(
+                o,
+                "the RPC endpoint refused {} requests while it was down; the writes were retried",
+                c.refused_during_outage
+            );
+        }
     }
     if let Some(last) = s.epochs.last().and_then(|e| e.published.as_ref()) {
         let _ = writeln!(o, "\nlast checkpoint published to {last}");

@@ -441,6 +441,7 @@ struct ProxyState {
     mode: std::sync::Mutex<ProxyMode>,
     lost: AtomicU64,
     sends: AtomicU64,
+    refused: AtomicU64,
 }
 
 /// A JSON-RPC endpoint in front of a node, on a free loopback port, whose failures a test
@@ -464,6 +465,7 @@ impl RpcProxy {
         async fn forward(State(s): State<std::sync::Arc<ProxyState>>, body: Bytes) -> Response {
             let mode = *s.mode.lock().unwrap_or_else(|p| p.into_inner());
             if mode == ProxyMode::Down {
+                s.refused.fetch_add(1, Ordering::Relaxed);
                 return (StatusCode::SERVICE_UNAVAILABLE, "endpoint down").into_response();
             }
             let is_send =
@@ -501,6 +503,7 @@ impl RpcProxy {
             mode: std::sync::Mutex::new(ProxyMode::Forward),
             lost: AtomicU64::new(0),
             sends: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         });
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
@@ -530,6 +533,11 @@ impl RpcProxy {
     /// How many `eth_sendRawTransaction` answers were lost.
     pub fn lost_answers(&self) -> u64 {
         self.state.lost.load(Ordering::Relaxed)
+    }
+
+    /// How many requests were refused while the proxy was [`ProxyMode::Down`].
+    pub fn refused(&self) -> u64 {
+        self.state.refused.load(Ordering::Relaxed)
     }
 
     /// How many `eth_sendRawTransaction` requests were forwarded.
