@@ -559,6 +559,48 @@ impl Daemon {
         )
         .await
         .map_err(|e| StartError::Validator(e.to_string()))?;
+        // An empty state store beside a chain that holds this orchestrator's publications
+        // is a full-node failure: rebuild each job from the chain and the object store and
+        // resume it from its last published epoch (paper §10).
+        if store
+            .last_seq()
+            .await
+            .map_err(|e| StartError::Store(e.to_string()))?
+            == 0
+        {
+            let now = clock
+                .as_ref()
+                .map_or_else(|| crate::core::ports::SystemClock.now(), |c| c.now());
+            let recovery = crate::chain::recovery::rebuild(
+                &*ledger,
+                &*objects,
+                &*store,
+                identity.node_id().0,
+                now,
+            )
+            .await
+            .map_err(|e| StartError::Store(format!("rebuilding from the chain: {e}")))?;
+            for j in &recovery.jobs {
+                tracing::info!(
+                    job = %j.job,
+                    next_epoch = j.next_epoch(),
+                    epochs = j.spec.epochs,
+                    last_checkpoint = j.checkpoints.last().map(String::as_str).unwrap_or(""),
+                    unpaid_epochs = ?j.unpaid,
+                    "job rebuilt from the chain's publication records; it resumes from its last published epoch"
+                );
+            }
+            for (job, why) in &recovery.skipped {
+                tracing::warn!(job = %job, %why, "job found on the chain but not rebuilt");
+            }
+            if !recovery.jobs.is_empty() {
+                tracing::info!(
+                    jobs = recovery.jobs.len(),
+                    took_ms = recovery.took.as_millis() as u64,
+                    "state rebuilt from the chain"
+                );
+            }
+        }
         let mut builder = Orchestrator::builder()
             .config(cfg.core.clone())
             .checkpoint_sink(Arc::new(sink.clone()))

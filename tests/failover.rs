@@ -172,6 +172,11 @@ struct Cluster {
 
 impl Cluster {
     async fn start(name: &str, seed: u64, lease: Lease) -> Cluster {
+        Cluster::start_with(name, seed, lease, "").await
+    }
+
+    /// As [`Cluster::start`], with `extra` appended to each replica's configuration.
+    async fn start_with(name: &str, seed: u64, lease: Lease, extra: &str) -> Cluster {
         let dir = std::env::temp_dir().join(format!(
             "hanzod-failover-{}-{name}-{seed}",
             std::process::id()
@@ -230,6 +235,7 @@ workers = 1
 
 [orchestrator]
 key = "{key}"
+{extra}
 "#,
                     url = valkey.url(),
                     ttl = lease.ttl_ms,
@@ -945,4 +951,160 @@ async fn failover_table() {
             outs.iter().map(|o| o.in_flight).sum::<usize>(),
         );
     }
+}
+
+/// Full-node failure (paper §10, the 45 s row): the leader and Valkey die mid-epoch and
+/// Valkey comes back **empty**; the standby wins the lease on the empty store, rebuilds the
+/// job from the chain's publication and reward records (anvil, chain id 36900) and the
+/// object store, and resumes it from its last published epoch. Every epoch ends recorded on
+/// chain exactly once and paid at most once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_node_failure_rebuilds_the_job_from_the_chain() {
+    use hanzod::chain::anvil::{AnvilNode, DeployOptions, Deployment};
+    use hanzod_actors::ports::Ledger;
+    match hanzod::chain::anvil::skip_reason() {
+        Ok(None) => {}
+        Ok(Some(why)) => {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    }
+    let _one = SERIAL.lock().await;
+    let seed = seed();
+    let anvil = AnvilNode::start().await.expect("anvil");
+    let chain = Deployment::deploy(&anvil.url(), &DeployOptions::default())
+        .await
+        .expect("contracts");
+    let extra = format!(
+        "[chain]\nrpc_url = \"{}\"\ngym_token = \"{}\"\nmining_pool = \"{}\"\nfrom_block = {}\n\
+         call_timeout_ms = 2000\ntx_timeout_ms = 10000\n",
+        anvil.url(),
+        chain.token,
+        chain.pool,
+        chain.from_block
+    );
+    let mut c = Cluster::start_with("fullnode", seed, FAST, &extra).await;
+    // The orchestrator's account and every node's operator staked, the node keys bound.
+    let orchestrator = hanzod::identity::Identity::from_seed(sha(&format!("orchestrator-{seed}")));
+    chain
+        .fund_and_stake(
+            &hanzod::chain::account::signer(&orchestrator),
+            hanzod::chain::ORCHESTRATOR_MIN_STAKE,
+        )
+        .await
+        .expect("orchestrator staked");
+    for i in 0..NODES {
+        let key = hanzod::identity::Identity::generate();
+        key.save(&c.dir.join(format!("n{i}.key")), true)
+            .expect("node key");
+        chain
+            .stake_and_bind(&key.node_id(), hanzod_actors::types::GymWei::gym(20_000))
+            .await
+            .expect("operator staked and bound");
+    }
+    c.start_replica(0);
+    let within = Duration::from_secs(30);
+    c.until_ready(0, within, "replica a never became ready")
+        .await;
+    c.start_replica(1);
+    c.start_nodes();
+    c.submit();
+    c.wait("epoch 2 under way", within, |c| {
+        c.fold.jobs.get(&JOB).is_some_and(|j| {
+            matches!(j.job.phase, JobPhase::Running { epoch, .. } if epoch >= 2)
+                && !j.receipts.is_empty()
+        })
+    })
+    .await;
+    let reader =
+        hanzod::chain::EvmChain::reader(&anvil.url(), chain.pool, 36900, Duration::from_secs(5))
+            .await
+            .expect("chain reader");
+
+    // The whole node goes: the leader, and Valkey with its data.
+    let t0 = Instant::now();
+    c.replicas[0].proc.as_mut().unwrap().kill();
+    c.valkey.kill();
+    let recorded_at_crash = reader.publications().await.expect("records").len();
+    for entry in std::fs::read_dir(c.valkey.dir()).unwrap().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            let _ = std::fs::remove_dir_all(&p);
+        } else if !p.to_string_lossy().ends_with(".log") && !p.to_string_lossy().ends_with(".conf")
+        {
+            let _ = std::fs::remove_file(&p);
+        }
+    }
+    c.valkey.restart().await.expect("Valkey restarts empty");
+    c.fold = LogFold::default();
+    c.records.clear();
+    c.until_ready(1, within, "the standby never took over")
+        .await;
+    c.wait(
+        "the new leader rebuilt the job from the chain",
+        within,
+        |c| {
+            c.records.iter().any(
+                |r| matches!(&r.event, Event::JobSubmitted { resumed, .. } if !resumed.is_empty()),
+            )
+        },
+    )
+    .await;
+    let resumed_from = c
+        .records
+        .iter()
+        .find_map(|r| match &r.event {
+            Event::JobSubmitted { resumed, .. } => Some(resumed.len()),
+            _ => None,
+        })
+        .unwrap_or(0);
+    c.wait("the rebuilt job trains again", within, |c| {
+        c.records
+            .iter()
+            .any(|r| matches!(r.event, Event::DeltaAccepted(_)))
+    })
+    .await;
+    let recovered_ms = t0.elapsed().as_millis() as u64;
+    c.wait(
+        "the rebuilt job reaches Published",
+        Duration::from_secs(90),
+        |c| c.published(),
+    )
+    .await;
+    assert!(
+        resumed_from >= 2 && resumed_from >= recorded_at_crash.min(6),
+        "resumed after {resumed_from} epochs; {recorded_at_crash} were on chain at the crash"
+    );
+    // Every epoch recorded on chain once, each paid at most once, all by this key.
+    let records = reader.publications().await.expect("records");
+    let mut epochs: Vec<u32> = records.iter().map(|p| p.record.epoch).collect();
+    epochs.sort_unstable();
+    assert_eq!(epochs, (0..6).collect::<Vec<u32>>(), "one record per epoch");
+    assert!(records.iter().all(|p| p.signer == orchestrator.node_id().0));
+    let batches = reader.reward_batches().await.expect("batches");
+    let mut paid: Vec<u32> = batches.iter().map(|b| b.epoch).collect();
+    paid.sort_unstable();
+    let before = paid.len();
+    paid.dedup();
+    assert_eq!(before, paid.len(), "no epoch paid twice: {paid:?}");
+    // The job's checkpoints: the chain's for the epochs before the crash, then new ones.
+    let checkpoints = match c.phase() {
+        Some(JobPhase::Published { .. }) => c.fold.jobs[&JOB].job.checkpoints.clone(),
+        other => c.fail(&format!("not published: {other:?}")),
+    };
+    for p in &records {
+        assert_eq!(
+            checkpoints.get(p.record.epoch as usize),
+            Some(&p.record.cid),
+            "epoch {}'s checkpoint is the one on chain",
+            p.record.epoch
+        );
+    }
+    eprintln!(
+        "full node failure (seed {seed}): resumed from epoch {resumed_from} \
+         ({recorded_at_crash} records on chain at the crash); training again {recovered_ms} ms \
+         after the kill"
+    );
+    c.done();
 }

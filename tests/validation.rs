@@ -468,6 +468,9 @@ impl hanzod::core::ports::ChainReader for FlakyLedger {
     ) -> Result<Option<hanzod::core::types::Timestamp>, hanzod::core::ports::ChainError> {
         self.inner.penalty_until(node).await
     }
+    async fn orchestrator_stake(&self) -> Result<GymWei, hanzod::core::ports::ChainError> {
+        self.inner.orchestrator_stake().await
+    }
 }
 
 #[async_trait::async_trait]

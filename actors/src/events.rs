@@ -76,6 +76,12 @@ pub enum Event {
         job: JobId,
         /// Its spec.
         spec: JobSpec,
+        /// The checkpoints (CIDs) of the epochs already published, in epoch order, when
+        /// the job is resumed rather than new: a job rebuilt from the chain's publication
+        /// records by an orchestrator that lost its state store (paper §10, "full node
+        /// failure"; `hanzod::chain::recovery`). It trains from epoch `resumed.len()`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        resumed: Vec<String>,
     },
     /// The scheduler gave nodes to a pending job.
     JobPlaced {

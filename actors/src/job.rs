@@ -446,6 +446,29 @@ impl Job {
         }
     }
 
+    /// A job resumed after `checkpoints` (one CID per published epoch, in order) were
+    /// published: `Pending` as [`Job::new`], training from epoch `checkpoints.len()` once
+    /// its model is distributed; `Published` (with the last checkpoint) when every epoch
+    /// is.
+    pub fn resume(
+        id: JobId,
+        spec: JobSpec,
+        submitted_at: Timestamp,
+        checkpoints: Vec<String>,
+    ) -> Job {
+        let mut job = Job::new(id, spec, submitted_at);
+        if checkpoints.len() >= job.spec.epochs as usize {
+            if let Some(last) = checkpoints.last() {
+                job.phase = JobPhase::Published {
+                    epochs: job.spec.epochs,
+                    checkpoint: last.clone(),
+                };
+            }
+        }
+        job.checkpoints = checkpoints;
+        job
+    }
+
     /// Applies one event at time `now` (used only to stamp `Failed { at }`). On error the job
     /// is left exactly as it was. See the module docs for the transition table.
     pub fn apply(&mut self, event: &JobEvent, now: Timestamp) -> Result<(), JobError> {
@@ -473,9 +496,10 @@ impl Job {
                     ring_version: *ring_version,
                 }
             }
+            // A resumed job trains from its first unpublished epoch.
             (JobPhase::Provisioning { ring_version }, JobEvent::ModelDistributed) => {
                 JobPhase::Running {
-                    epoch: 0,
+                    epoch: u32::try_from(self.checkpoints.len()).unwrap_or(u32::MAX),
                     ring_version: *ring_version,
                 }
             }

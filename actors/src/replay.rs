@@ -134,11 +134,11 @@ impl LogFold {
             Event::LinkMeasured { from, to, mbps } => {
                 self.links.insert((*from, *to), *mbps);
             }
-            Event::JobSubmitted { job, spec } => {
+            Event::JobSubmitted { job, spec, resumed } => {
                 self.jobs.insert(
                     *job,
                     JobFold {
-                        job: Job::new(*job, spec.clone(), r.at),
+                        job: Job::resume(*job, spec.clone(), r.at, resumed.clone()),
                         placed: None,
                         ring: None,
                         receipts: BTreeMap::new(),
@@ -341,7 +341,14 @@ mod tests {
         };
         let ev = |event| Event::Job { job, event };
         let records = vec![
-            rec(1, Event::JobSubmitted { job, spec }),
+            rec(
+                1,
+                Event::JobSubmitted {
+                    job,
+                    spec,
+                    resumed: vec![],
+                },
+            ),
             rec(2, ev(JobEvent::NodesReady { ring_version: 1 })),
             rec(3, ev(JobEvent::ModelDistributed)),
             rec(4, delta(a, 0)),
@@ -459,7 +466,8 @@ mod tests {
             }),
             job.clone().prop_map(move |job| Event::JobSubmitted {
                 job,
-                spec: spec.clone()
+                spec: spec.clone(),
+                resumed: vec![],
             }),
             (job.clone(), job_event).prop_map(|(job, event)| Event::Job { job, event }),
             (
@@ -524,7 +532,14 @@ mod tests {
         let job = JobId(1);
         let spec = spec();
         store
-            .append(Timestamp(1), Event::JobSubmitted { job, spec })
+            .append(
+                Timestamp(1),
+                Event::JobSubmitted {
+                    job,
+                    spec,
+                    resumed: vec![],
+                },
+            )
             .await
             .unwrap();
         let mut known = None;

@@ -17,6 +17,7 @@ pub mod account;
 pub mod anvil;
 pub mod contracts;
 mod evm;
+pub mod recovery;
 
 pub use evm::{EvmChain, EvmError, EvmOptions};
 

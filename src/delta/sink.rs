@@ -41,7 +41,7 @@ use super::validate::{
     seed_norms, EpochContext, Rejection, SlashEvidence, SpotCheck, Submission, ValidationConfig,
     ValidatorPool, Verdict, SUSPECT_LOSS_RISE,
 };
-use crate::core::job::TrainingSpec;
+use crate::core::job::{JobSpec, TrainingSpec};
 use crate::core::ports::memory::MemoryStateStore;
 use crate::core::ports::{
     ChainError, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput, Ledger, Metrics,
@@ -241,7 +241,7 @@ enum KeeperMsg {
     Publish {
         job: JobId,
         epoch: u32,
-        training: TrainingSpec,
+        spec: Box<JobSpec>,
         base: Option<String>,
         deltas: Vec<DeltaReceipt>,
         reply: RpcReplyPort<Result<String, CheckpointError>>,
@@ -342,17 +342,51 @@ pub fn repo_of(org: &str, model: &str, job: JobId, epoch: u32) -> String {
 }
 
 /// The `config.json` published beside a built-in model's weights: its name, the trainer,
-/// the dtype and every tensor's shape (PyTorch `[out, in]` order).
-pub fn model_config_json(model: &str, spec: &ModelSpec) -> Vec<u8> {
-    let tensors: BTreeMap<&str, &Vec<usize>> =
-        spec.params.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    serde_json::to_vec_pretty(&serde_json::json!({
-        "model_type": model,
-        "library_name": "hanzod",
-        "torch_dtype": "float32",
-        "tensors": tensors,
-    }))
-    .unwrap_or_default()
+/// the dtype and every tensor's shape (PyTorch `[out, in]` order), and, given `job`, the
+/// job that trained it under `hanzod_job` (`{"id", "spec"}`, the [`JobSpec`] as submitted):
+/// the recipe that reproduces the checkpoint, and what a new orchestrator reads back to
+/// resume the job from its last published epoch ([`crate::chain::recovery`]).
+pub fn model_config_json(model: &str, spec: &ModelSpec, job: Option<(JobId, &JobSpec)>) -> Vec<u8> {
+    // Serialised from structs, not a `serde_json::Value`: a spec's GYM wei amounts are
+    // u128, which a `Value` cannot hold.
+    #[derive(Serialize)]
+    struct Config<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        hanzod_job: Option<JobRef<'a>>,
+        library_name: &'static str,
+        model_type: &'a str,
+        tensors: BTreeMap<&'a str, &'a Vec<usize>>,
+        torch_dtype: &'static str,
+    }
+    #[derive(Serialize)]
+    struct JobRef<'a> {
+        id: u64,
+        spec: &'a JobSpec,
+    }
+    let config = Config {
+        hanzod_job: job.map(|(id, spec)| JobRef { id: id.0, spec }),
+        library_name: "hanzod",
+        model_type: model,
+        tensors: spec.params.iter().map(|(k, v)| (k.as_str(), v)).collect(),
+        torch_dtype: "float32",
+    };
+    serde_json::to_vec_pretty(&config).unwrap_or_default()
+}
+
+/// The job a published `config.json` names (`hanzod_job`, see [`model_config_json`]), if
+/// it names one that parses.
+pub fn job_of_config(config_json: &[u8]) -> Option<(JobId, JobSpec)> {
+    #[derive(Deserialize)]
+    struct Config {
+        hanzod_job: Option<JobBack>,
+    }
+    #[derive(Deserialize)]
+    struct JobBack {
+        id: u64,
+        spec: JobSpec,
+    }
+    let c: Config = serde_json::from_slice(config_json).ok()?;
+    c.hanzod_job.map(|j| (JobId(j.id), j.spec))
 }
 
 /// The trainer recipe of `job`'s training spec, whose model the catalog resolved to
@@ -592,10 +626,11 @@ impl KeeperState {
         &mut self,
         job: JobId,
         epoch: u32,
-        training: TrainingSpec,
+        spec: JobSpec,
         base: Option<String>,
         deltas: Vec<DeltaReceipt>,
     ) -> Result<String, CheckpointError> {
+        let training = spec.training.clone();
         self.settle_pending().await;
         self.push_pending().await;
         if let Some(r) = self.reports.get(&(job, epoch)) {
@@ -611,7 +646,7 @@ impl KeeperState {
                 (staged, None)
             }
             None => {
-                self.aggregate(job, epoch, &training, base, &deltas, &publisher)
+                self.aggregate(job, epoch, &spec, base, &deltas, &publisher)
                     .await?
             }
         };
@@ -691,11 +726,12 @@ impl KeeperState {
         &mut self,
         job: JobId,
         epoch: u32,
-        training: &TrainingSpec,
+        spec: &JobSpec,
         base: Option<String>,
         deltas: &[DeltaReceipt],
         publisher: &Publisher,
     ) -> Result<(Staged, Option<Arc<[u8]>>), CheckpointError> {
+        let training = &spec.training;
         let d = &self.deps;
         let (blobs, pool, data, config, seed) = (
             d.blobs.clone(),
@@ -818,7 +854,7 @@ impl KeeperState {
             job,
             epoch,
             weights: bytes.clone(),
-            config_json: model_config_json(&training.model, model_spec),
+            config_json: model_config_json(&training.model, model_spec, Some((job, spec))),
             card: ModelCard {
                 cid: String::new(),
                 epoch,
@@ -1223,12 +1259,12 @@ impl Actor for Keeper {
             KeeperMsg::Publish {
                 job,
                 epoch,
-                training,
+                spec,
                 base,
                 deltas,
                 reply,
             } => {
-                let result = state.publish(job, epoch, training, base, deltas).await;
+                let result = state.publish(job, epoch, *spec, base, deltas).await;
                 if let Err(e) = &result {
                     tracing::warn!(job = %job, epoch, error = %e, "aggregation failed");
                 }
@@ -1335,7 +1371,7 @@ impl CheckpointSink for TrainingSink {
         let msg = |reply| KeeperMsg::Publish {
             job: input.job,
             epoch: input.epoch,
-            training: input.spec.training.clone(),
+            spec: Box::new(input.spec.clone()),
             base: input.base.map(str::to_string),
             deltas: input.deltas.to_vec(),
             reply,

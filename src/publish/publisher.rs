@@ -32,7 +32,6 @@ use hanzod_actors::ports::{Clock, Snapshot, StateStore, StoreError};
 use hanzod_actors::types::JobId;
 use serde::{Deserialize, Serialize};
 
-use super::cid::cid_of;
 use super::objects::{ObjectError, ObjectStore};
 use super::record::{sign, PublicationRecord, SignedPublication};
 use super::registry::{ModelCard, ModelRegistry, ModelUpload, Published, RegistryError};
@@ -188,17 +187,11 @@ impl Publisher {
             ..checkpoint.card
         };
         let readme = card.render();
-        let (config_cid, card_cid) = {
-            let (config, readme) = (config_json.clone(), readme.clone());
-            tokio::task::spawn_blocking(move || {
-                (
-                    cid_of(config.as_bytes()).to_string(),
-                    cid_of(readme.as_bytes()).to_string(),
-                )
-            })
-            .await
-            .map_err(|e| ObjectError::Io(format!("hashing task: {e}")))?
-        };
+        // config.json and the card go to the object store too: the record names their
+        // CIDs, so anyone (and a recovering orchestrator, which reads the job's spec from
+        // config.json) can fetch them by CID.
+        let config_cid = self.put(Bytes::from(config_json.clone())).await?;
+        let card_cid = self.put(Bytes::from(readme.clone())).await?;
         let record = PublicationRecord {
             job: checkpoint.job,
             epoch: checkpoint.epoch,
@@ -252,7 +245,43 @@ impl Publisher {
             .await?)
     }
 
-    /// Completes `staged` (module docs, step 2): pins the weights, then publishes the repo
+    /// Stores `bytes` in the object store, retrying transient failures; returns the CID.
+    async fn put(&self, bytes: Bytes) -> Result<String, ObjectError> {
+        (|| self.objects.put(bytes.clone()))
+            .retry(store_backoff())
+            .when(|e| matches!(e, ObjectError::Io(_)))
+            .await
+    }
+
+    /// Pins `cid`, retrying transient failures; when the store no longer has it (a garbage
+    /// collection between the unpinned add and the pin), adds `bytes` again (they must hash
+    /// to `cid`, which is checked) and pins them.
+    async fn pin_or_add(&self, cid: &str, bytes: &[u8]) -> Result<(), PublishError> {
+        let pin = || async {
+            (|| self.objects.pin(cid))
+                .retry(store_backoff())
+                .when(|e| matches!(e, ObjectError::Io(_)))
+                .await
+        };
+        match pin().await {
+            Err(ObjectError::NotFound(missing)) => {
+                tracing::warn!(%cid, %missing, "a staged file left the object store before it was pinned; adding it again");
+                let again = self.put(Bytes::copy_from_slice(bytes)).await?;
+                if again != cid {
+                    return Err(PublishError::Objects(ObjectError::Corrupt {
+                        expected: cid.to_string(),
+                        found: again,
+                    }));
+                }
+                pin().await?;
+                Ok(())
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// Completes `staged` (module docs, step 2): pins the weights, config.json and card,
+    /// then publishes the repo
     /// when the record names one and a registry is set. Returns the registry's outcome
     /// (`None` when there is no repo or no registry), which is returned, not raised, since
     /// the checkpoint is published by CID either way: the caller retries a transient failure
@@ -269,31 +298,12 @@ impl Publisher {
         staged: &Staged,
         weights: Arc<[u8]>,
     ) -> Result<Option<Result<Published, RegistryError>>, PublishError> {
-        let cid = staged.cid();
-        let pin = || async {
-            (|| self.objects.pin(cid))
-                .retry(store_backoff())
-                .when(|e| matches!(e, ObjectError::Io(_)))
-                .await
-        };
-        match pin().await {
-            Err(ObjectError::NotFound(missing)) => {
-                tracing::warn!(%cid, %missing, "the staged checkpoint left the object store before it was pinned; adding it again");
-                let bytes = Bytes::copy_from_slice(&weights);
-                let again = (|| self.objects.put(bytes.clone()))
-                    .retry(store_backoff())
-                    .when(|e| matches!(e, ObjectError::Io(_)))
-                    .await?;
-                if again != cid {
-                    return Err(PublishError::Objects(ObjectError::Corrupt {
-                        expected: cid.to_string(),
-                        found: again,
-                    }));
-                }
-                pin().await?;
-            }
-            other => other?,
-        }
+        let record = &staged.publication.record;
+        self.pin_or_add(&record.cid, &weights).await?;
+        self.pin_or_add(&record.config_cid, staged.config_json.as_bytes())
+            .await?;
+        self.pin_or_add(&record.card_cid, staged.readme.as_bytes())
+            .await?;
         let record = &staged.publication.record;
         let Some(registry) = self
             .registry

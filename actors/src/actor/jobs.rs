@@ -281,6 +281,7 @@ impl Actor for JobSupervisor {
                     .persist(Event::JobSubmitted {
                         job: id,
                         spec: spec.clone(),
+                        resumed: Vec::new(),
                     })
                     .await
                 {
