@@ -7,6 +7,8 @@
 //! |---|---|
 //! | `HANZO_RPC` | `chain.rpc_url` |
 //! | `HANZO_CHAIN_ID` | `chain.chain_id` |
+//! | `HANZO_GYM_TOKEN` | `chain.gym_token` |
+//! | `HANZO_MINING_POOL` | `chain.mining_pool` |
 //! | `IPFS_URL` | `publish.ipfs_url` |
 //! | `VALKEY_URL` | `state.valkey_url` |
 //! | `HF_TOKEN` | `publish.hf_token` |
@@ -431,6 +433,8 @@ impl Config {
         };
         for (var, section, key) in [
             ("HANZO_RPC", "chain", "rpc_url"),
+            ("HANZO_GYM_TOKEN", "chain", "gym_token"),
+            ("HANZO_MINING_POOL", "chain", "mining_pool"),
             ("IPFS_URL", "publish", "ipfs_url"),
             ("VALKEY_URL", "state", "valkey_url"),
             ("HF_TOKEN", "publish", "hf_token"),
@@ -686,6 +690,8 @@ const CHUNK_FRAMING: usize = 16;
 pub const KNOWN_HANZO_VARS: &[&str] = &[
     "HANZO_RPC",
     "HANZO_CHAIN_ID",
+    "HANZO_GYM_TOKEN",
+    "HANZO_MINING_POOL",
     "HANZO_LOG",
     "HANZO_LOG_FORMAT",
 ];
@@ -713,6 +719,8 @@ mod tests {
         let env = |k: &str| {
             Some(match k {
                 "HANZO_RPC" => "http://127.0.0.1:8545".to_string(),
+                "HANZO_GYM_TOKEN" => "0x5FbDB2315678afecb367f032d93F642f64180aa3".into(),
+                "HANZO_MINING_POOL" => "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512".into(),
                 "IPFS_URL" => "http://ipfs:5001".into(),
                 "VALKEY_URL" => "redis://kv:6379".into(),
                 "HF_TOKEN" => "hf_secret".into(),
@@ -723,6 +731,24 @@ mod tests {
         };
         let c = Config::load(None, env).unwrap();
         assert_eq!(c.chain.rpc_url, "http://127.0.0.1:8545");
+        assert_eq!(
+            c.chain.evm_options().map(|o| (o.token, o.pool)),
+            Ok((
+                "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+                    .parse()
+                    .unwrap(),
+                "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512"
+                    .parse()
+                    .unwrap()
+            ))
+        );
+        // An endpoint without its contracts is refused, naming the key.
+        let err = Config::load(None, |k| {
+            (k == "HANZO_RPC").then(|| "http://127.0.0.1:8545".to_string())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("chain.gym_token"), "{err}");
         assert_eq!(c.publish.ipfs_url, "http://ipfs:5001");
         assert_eq!(c.state.valkey_url, "redis://kv:6379");
         assert_eq!(c.publish.hf_token, "hf_secret");

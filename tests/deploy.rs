@@ -138,8 +138,9 @@ fn assert_every_variable_is_read(
     }
 }
 
-/// The adapters `hanzod serve` still refuses (src/serve.rs, `Daemon::start_with`): the
-/// variable, the key, and the value it produced. Remove an entry when its adapter lands.
+/// The adapters deployments leave off: the variable, the key, and the value it produced.
+/// The chain (`HANZO_RPC`) stays off in compose and k8s until its contracts are deployed
+/// and the orchestrator's account staked, which those files cannot do (README, The chain).
 fn refused_adapters(cfg: &Config) -> [(&'static str, &'static str, &str); 1] {
     [("HANZO_RPC", "chain.rpc_url", cfg.chain.rpc_url.as_str())]
 }
@@ -148,9 +149,8 @@ fn assert_refused_adapters_off(ctx: &str, cfg: &Config) {
     for (var, key, value) in refused_adapters(cfg) {
         assert!(
             value.is_empty(),
-            "{ctx}: {var} ({key}) is {value:?}, but this build of hanzod refuses to start with \
-             it set (src/serve.rs, Daemon::start_with): leave it commented out until its \
-             adapter lands"
+            "{ctx}: {var} ({key}) is {value:?}, but the deployment cannot deploy the contracts \
+             or stake the orchestrator's account: leave it commented out (README, The chain)"
         );
     }
 }

@@ -247,11 +247,22 @@ async fn crash_and_resume(point: CrashPoint) {
         assert_eq!(check_signature(p), Ok(()));
         assert_eq!(p.signer, world.key.node_id().0);
     }
-    // One pin per epoch: the checkpoints, nothing else.
+    // Pinned: each epoch's three files (the checkpoint, config.json and the card, which
+    // the record names), nothing else.
     let mut pins = world.objects.pins().await.expect("pins");
     pins.sort();
-    let mut expected = checkpoints.clone();
+    let mut expected: Vec<String> = records
+        .iter()
+        .flat_map(|p| {
+            [
+                p.record.cid.clone(),
+                p.record.config_cid.clone(),
+                p.record.card_cid.clone(),
+            ]
+        })
+        .collect();
     expected.sort();
+    expected.dedup();
     assert_eq!(pins, expected);
     // One repo per epoch, each whole, and each verifies against its record.
     let repos = repos(&registry_dir);

@@ -329,6 +329,7 @@ impl Publisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::publish::cid_of;
     use crate::publish::record::check_signature;
     use crate::publish::{FolderRegistry, MemoryObjectStore};
     use hanzod_actors::ports::memory::MemoryStateStore;
