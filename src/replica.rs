@@ -656,4 +656,59 @@ mod tests {
         assert!(err.to_string().contains("ORCHESTRATOR_KEY"), "{err}");
         assert_eq!(store.leader().await.unwrap(), None, "it resigned");
     }
+
+    /// A replica whose orchestrator holds less than 50,000 GYM of stake does not campaign
+    /// (paper §1.1); once its stake reaches the minimum it leads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_without_the_orchestrator_stake_does_not_campaign() {
+        use hanzod_actors::ports::memory::MemoryChain;
+        use hanzod_actors::types::GymWei;
+        let store = Arc::new(MemoryStateStore::new());
+        let h = Health::new(Role::Standby);
+        let short = Arc::new(
+            MemoryChain::new()
+                .with_orchestrator_stake(GymWei(crate::chain::ORCHESTRATOR_MIN_STAKE.0 - 1)),
+        );
+        let parts = DaemonParts {
+            ledger: Some(short),
+            ..DaemonParts::default()
+        };
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let a = {
+            let (store, h) = (store.clone(), h.clone());
+            tokio::spawn(async move {
+                run(&cfg("short"), store, parts, h, async {
+                    let _ = rx.await;
+                })
+                .await
+            })
+        };
+        // Many campaign intervals (50 ms) pass: it never takes the free lease.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(h.role(), Role::Standby);
+        assert_eq!(store.leader().await.unwrap(), None, "the lease stays free");
+        stop.send(()).unwrap();
+        a.await.unwrap().unwrap();
+        // With the minimum it leads.
+        let parts = DaemonParts {
+            ledger: Some(Arc::new(
+                MemoryChain::new().with_orchestrator_stake(crate::chain::ORCHESTRATOR_MIN_STAKE),
+            )),
+            ..DaemonParts::default()
+        };
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let h2 = Health::new(Role::Standby);
+        let b = {
+            let (store, h) = (store.clone(), h2.clone());
+            tokio::spawn(async move {
+                run(&cfg("staked"), store, parts, h, async {
+                    let _ = rx.await;
+                })
+                .await
+            })
+        };
+        until("the staked replica leads", || h2.role() == Role::Leader).await;
+        stop.send(()).unwrap();
+        b.await.unwrap().unwrap();
+    }
 }

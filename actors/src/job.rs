@@ -609,6 +609,43 @@ impl Job {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A resumed job (rebuilt from the chain) trains from its first unpublished epoch, and
+    /// one with every epoch published is Published.
+    #[test]
+    fn a_resumed_job_trains_from_its_first_unpublished_epoch() {
+        let spec = spec(4);
+        let cps = |n: usize| (0..n).map(|e| format!("cid-{e}")).collect::<Vec<_>>();
+        let mut j = Job::resume(JobId(7), spec.clone(), Timestamp(0), cps(2));
+        assert!(matches!(j.phase, JobPhase::Pending { .. }));
+        j.apply(&JobEvent::NodesReady { ring_version: 1 }, Timestamp(1))
+            .unwrap();
+        j.apply(&JobEvent::ModelDistributed, Timestamp(2)).unwrap();
+        assert!(
+            matches!(j.phase, JobPhase::Running { epoch: 2, .. }),
+            "{:?}",
+            j.phase
+        );
+        j.apply(&JobEvent::EpochComplete { epoch: 2 }, Timestamp(3))
+            .unwrap();
+        j.apply(
+            &JobEvent::CheckpointPublished {
+                epoch: 2,
+                checkpoint: "cid-2".into(),
+            },
+            Timestamp(4),
+        )
+        .unwrap();
+        assert_eq!(j.checkpoints, cps(3));
+        let done = Job::resume(JobId(8), spec, Timestamp(0), cps(4));
+        assert_eq!(
+            done.phase,
+            JobPhase::Published {
+                epochs: 4,
+                checkpoint: "cid-3".into()
+            }
+        );
+    }
     use proptest::prelude::*;
 
     fn spec(epochs: u32) -> JobSpec {
