@@ -184,19 +184,29 @@ pub async fn ledger(
 }
 
 /// Checks that the orchestrator's own stake on `ledger` is at least 50,000 GYM
-/// ([`crate::chain::ORCHESTRATOR_MIN_STAKE`], paper §1.1) before it leads; returns it.
+/// ([`crate::chain::ORCHESTRATOR_MIN_STAKE`], paper §1.1) before it leads; returns it, or
+/// `None` when the chain cannot be reached: the check is then skipped with a warning
+/// rather than keep every replica from leading through a chain outage (the contracts
+/// refuse every payment, slash and record by an account below the minimum anyway).
 ///
-/// Errors: [`StartError::Material`] naming the stake held and the account to stake from,
-/// or the chain's error.
+/// Errors: [`StartError::Material`] naming the stake held and the account to stake from.
 pub async fn check_orchestrator_stake(
     ledger: &dyn Ledger,
     identity: &Identity,
-) -> Result<GymWei, StartError> {
+) -> Result<Option<GymWei>, StartError> {
     let need = crate::chain::ORCHESTRATOR_MIN_STAKE;
-    let have = ledger
-        .orchestrator_stake()
-        .await
-        .map_err(|e| StartError::Material(format!("cannot read the orchestrator's stake: {e}")))?;
+    let have = match ledger.orchestrator_stake().await {
+        Ok(have) => have,
+        Err(hanzod_actors::ports::ChainError::Unavailable(why)) => {
+            tracing::warn!(%why, "cannot read the orchestrator's stake: the chain is unavailable; leading without the check");
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(StartError::Material(format!(
+                "cannot read the orchestrator's stake: {e}"
+            )))
+        }
+    };
     if have < need {
         return Err(StartError::Material(format!(
             "the orchestrator's stake is {} GYM wei, below the 50,000 GYM ({} GYM wei) an \
@@ -206,7 +216,7 @@ pub async fn check_orchestrator_stake(
             crate::chain::account::address(identity)
         )));
     }
-    Ok(have)
+    Ok(Some(have))
 }
 
 /// A running daemon.
@@ -520,8 +530,9 @@ impl Daemon {
         };
         // An orchestrator leads only on its own stake (paper §1.1); a replica checked it
         // before campaigning too.
-        let own = check_orchestrator_stake(&*ledger, &identity).await?;
-        tracing::info!(stake_wei = %own.0, "orchestrator stake checked");
+        if let Some(own) = check_orchestrator_stake(&*ledger, &identity).await? {
+            tracing::info!(stake_wei = %own.0, "orchestrator stake checked");
+        }
         let chain: Arc<dyn hanzod_actors::ports::ChainReader> = ledger.clone();
         let publication = publication(
             cfg,

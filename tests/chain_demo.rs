@@ -76,11 +76,15 @@ async fn the_demo_on_anvil_pays_slashes_records_and_survives_an_endpoint_outage(
     );
 
     // What the chain holds, read back through the adapter.
-    let reader = hanzod::chain::EvmChain::reader(
+    // The orchestrator's own view: its batches and slashes (the contracts key them by
+    // account).
+    let orchestrator =
+        hanzod::identity::Identity::from_hex(&demo::orchestrator_key(s.plan.seed), "the demo key")
+            .expect("key");
+    let reader = hanzod::chain::EvmChain::connect(
         &anvil.url(),
-        deployment.pool,
-        36900,
-        std::time::Duration::from_secs(5),
+        hanzod::chain::account::signer(&orchestrator),
+        deployment.options(),
     )
     .await
     .expect("reader");

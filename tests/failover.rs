@@ -1017,10 +1017,13 @@ async fn full_node_failure_rebuilds_the_job_from_the_chain() {
         })
     })
     .await;
-    let reader =
-        hanzod::chain::EvmChain::reader(&anvil.url(), chain.pool, 36900, Duration::from_secs(5))
-            .await
-            .expect("chain reader");
+    let reader = hanzod::chain::EvmChain::connect(
+        &anvil.url(),
+        hanzod::chain::account::signer(&orchestrator),
+        chain.options(),
+    )
+    .await
+    .expect("chain reader");
 
     // The whole node goes: the leader, and Valkey with its data.
     let t0 = Instant::now();

@@ -29,6 +29,12 @@ contract GYMToken is ERC20("Gym", "GYM") {
     /// @notice The operator a node key is bound to (the zero address when unbound).
     mapping(bytes32 => address) public nodeOperator;
 
+    /// @notice The operator that last unbound a node key (the zero address when the key was
+    /// never unbound). Written by `unbindNode`, never cleared, and not cleared when the key is
+    /// bound again: `slash` falls back to it only while `nodeOperator` of the key is zero, so an
+    /// operator cannot escape a slash by unbinding the key first.
+    mapping(bytes32 => address) public formerOperator;
+
     /// @notice Unix seconds until which a node key is penalized (0 when it never was).
     mapping(bytes32 => uint64) public penaltyUntil;
 
@@ -60,7 +66,8 @@ contract GYMToken is ERC20("Gym", "GYM") {
 
     /// @notice A node was slashed.
     /// @param node The slashed node key.
-    /// @param operator The operator the node is bound to, whose stake was slashed.
+    /// @param operator The operator whose stake was slashed: the one the node is bound to, or
+    /// when it is unbound, its former operator (see `slash`).
     /// @param evidenceHash SHA-256 of `evidence`.
     /// @param reporter The address the orchestrator named as reporter.
     /// @param pct The percentage slashed, 1..=100.
@@ -104,7 +111,7 @@ contract GYMToken is ERC20("Gym", "GYM") {
     error ZeroReporter();
     /// @notice No evidence was given.
     error EmptyEvidence();
-    /// @notice `node` is bound to no operator.
+    /// @notice `node` is bound to no operator and never was (no current or former operator).
     error Unbound(bytes32 node);
     /// @notice The evidence with this SHA-256 hash was already used.
     error EvidenceUsed(bytes32 evidenceHash);
@@ -168,11 +175,14 @@ contract GYMToken is ERC20("Gym", "GYM") {
         emit NodeBound(nodeKey, msg.sender);
     }
 
-    /// @notice Unbinds `nodeKey` from the caller, its operator. Any penalty stays on the key.
+    /// @notice Unbinds `nodeKey` from the caller, its operator, which stays slashable for the
+    /// key: the caller becomes `formerOperator(nodeKey)`, and `slash` of the key hits it while
+    /// the key is bound to no one (see `slash`). Any penalty stays on the key.
     /// @param nodeKey A node key bound to the caller.
     function unbindNode(bytes32 nodeKey) external {
         if (nodeOperator[nodeKey] != msg.sender) revert NotNodeOperator(nodeKey, msg.sender);
         delete nodeOperator[nodeKey];
+        formerOperator[nodeKey] = msg.sender;
         emit NodeUnbound(nodeKey, msg.sender);
     }
 
@@ -207,7 +217,13 @@ contract GYMToken is ERC20("Gym", "GYM") {
     /// unbonding amount (both rounded down, both burned), and penalizes `node` until at least
     /// `penaltyWindow` seconds from now. Each piece of evidence (by SHA-256) slashes once.
     /// Only an orchestrator may call this; it gains nothing from it (no bounty).
-    /// @param node The node key to slash; must be bound.
+    /// The operator hit is `nodeOperator(node)`, the one the key is bound to now; when the key
+    /// is unbound, it is `formerOperator(node)`, the operator that last unbound it, so unbinding
+    /// before a slash lands does not escape it. Reverts `Unbound` only when the key has neither
+    /// (it was never bound). The current operator always comes first: once a key is unbound,
+    /// anyone may bind it again, and a later slash of the key then hits that new operator, not
+    /// the former one, whenever the misbehaviour took place.
+    /// @param node The node key to slash; bound now, or bound and unbound earlier.
     /// @param pct Percentage to slash, 1..=100.
     /// @param reporter The address that reported the misbehaviour; not zero. Recorded only.
     /// @param evidence The evidence; not empty. Not interpreted here: readers verify it.
@@ -221,7 +237,10 @@ contract GYMToken is ERC20("Gym", "GYM") {
         if (reporter == address(0)) revert ZeroReporter();
         if (evidence.length == 0) revert EmptyEvidence();
         address op = nodeOperator[node];
-        if (op == address(0)) revert Unbound(node);
+        if (op == address(0)) {
+            op = formerOperator[node];
+            if (op == address(0)) revert Unbound(node);
+        }
         bytes32 h = sha256(evidence);
         if (evidenceUsed[h]) revert EvidenceUsed(h);
         evidenceUsed[h] = true;

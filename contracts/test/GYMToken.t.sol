@@ -201,8 +201,19 @@ contract GYMTokenTest is Fixture {
         vm.prank(alice);
         token.unbindNode(NODE_A);
         assertEq(token.nodeOperator(NODE_A), address(0), "cleared");
+        assertEq(token.formerOperator(NODE_A), alice, "former operator recorded");
         bindAs(bob, NODE_A); // free for anyone now
         assertEq(token.nodeOperator(NODE_A), bob, "rebound");
+        assertEq(token.formerOperator(NODE_A), alice, "former operator kept on rebinding");
+        vm.prank(bob);
+        token.unbindNode(NODE_A);
+        assertEq(token.formerOperator(NODE_A), bob, "the last to unbind");
+    }
+
+    function test_formerOperator_of_never_unbound_key_is_zero() public {
+        assertEq(token.formerOperator(NODE_A), address(0), "never bound");
+        bindAs(alice, NODE_A);
+        assertEq(token.formerOperator(NODE_A), address(0), "bound, never unbound");
     }
 
     function test_unbind_by_non_operator_reverts() public {
@@ -211,6 +222,7 @@ contract GYMTokenTest is Fixture {
         vm.prank(bob);
         token.unbindNode(NODE_A);
         assertEq(token.nodeOperator(NODE_A), alice, "unchanged");
+        assertEq(token.formerOperator(NODE_A), address(0), "no former operator");
     }
 
     function test_unbind_unbound_reverts() public {
@@ -362,10 +374,69 @@ contract GYMTokenTest is Fixture {
     }
 
     function test_slash_unbound_node_reverts() public {
+        // NODE_B was never bound: no current and no former operator.
         _slashable();
         vm.expectRevert(abi.encodeWithSelector(GYMToken.Unbound.selector, NODE_B));
         vm.prank(orch);
         token.slash(NODE_B, 10, carol, "e");
+        assertFalse(token.evidenceUsed(sha256(bytes("e"))), "evidence not used");
+    }
+
+    function test_slash_after_unbind_hits_the_former_operator() public {
+        // The offence happens while bound; the operator unbinds before the slash lands.
+        stakeAs(alice, 1_000 ether);
+        bindAs(alice, NODE_A);
+        vm.prank(alice);
+        token.unstake(400 ether);
+        vm.prank(alice);
+        token.unbindNode(NODE_A);
+        uint256 supplyBefore = token.totalSupply();
+
+        bytes memory ev = "offence while bound";
+        vm.expectEmit(true, true, true, true, address(token));
+        emit GYMToken.Slashed(
+            NODE_A, alice, sha256(ev), carol, 50, 300 ether, 200 ether, 300 ether, uint64(T0) + PENALTY, ev
+        );
+        vm.prank(orch);
+        uint256 slashed = token.slash(NODE_A, 50, carol, ev);
+
+        assertEq(slashed, 300 ether, "returned");
+        assertEq(token.stakes(alice), 300 ether, "active stake reduced");
+        (uint256 pending,) = token.unbonding(alice);
+        assertEq(pending, 200 ether, "unbonding reduced");
+        assertEq(token.totalSupply(), supplyBefore - 500 ether, "burned");
+        assertEq(uint256(token.penaltyUntil(NODE_A)), T0 + PENALTY, "key penalized");
+        assertEq(token.nodeOperator(NODE_A), address(0), "still unbound");
+        (address op,,) = token.nodeStake(NODE_A);
+        assertEq(op, address(0), "nodeStake: unbound");
+    }
+
+    function test_slash_after_rebind_hits_the_current_operator() public {
+        // Once another operator binds the key, a slash hits it (current operator first), not the
+        // former one.
+        stakeAs(alice, 10_000 ether);
+        stakeAs(bob, 10_000 ether);
+        bindAs(alice, NODE_A);
+        vm.prank(alice);
+        token.unbindNode(NODE_A);
+        bindAs(bob, NODE_A);
+
+        bytes memory ev = "e";
+        vm.expectEmit(true, true, true, true, address(token));
+        emit GYMToken.Slashed(NODE_A, bob, sha256(ev), carol, 10, 1_000 ether, 0, 9_000 ether, uint64(T0) + PENALTY, ev);
+        vm.prank(orch);
+        token.slash(NODE_A, 10, carol, ev);
+        assertEq(token.stakes(bob), 9_000 ether, "current operator slashed");
+        assertEq(token.stakes(alice), 10_000 ether, "former operator untouched");
+        assertEq(token.formerOperator(NODE_A), alice, "former operator still recorded");
+
+        // Bob unbinds too: the key's former operator is now bob, who is hit next.
+        vm.prank(bob);
+        token.unbindNode(NODE_A);
+        vm.prank(orch);
+        token.slash(NODE_A, 10, carol, "e2");
+        assertEq(token.stakes(bob), 8_100 ether, "the last to unbind slashed");
+        assertEq(token.stakes(alice), 10_000 ether, "alice still untouched");
     }
 
     function test_slash_reused_evidence_reverts() public {

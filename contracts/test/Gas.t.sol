@@ -54,7 +54,7 @@ abstract contract GasFixture is Fixture {
         console.log(label, n);
         console.log("  gas", g);
         console.log("  gas per node", g / n);
-        assertTrue(pool.epochPaid(99, 1), "paid");
+        assertTrue(pool.epochPaid(orch, 99, 1), "paid");
     }
 }
 
@@ -121,6 +121,28 @@ contract GasFirstPayoutTest is GasFixture {
         token.slash(nodeKeys[1], 10, address(0xBEEF), evidence);
         g -= gasleft();
         console.log("slash, 256-byte evidence, operator also unbonding", g);
+    }
+
+    function test_gas_unbindNode() public {
+        vm.prank(nodeOperators[2]);
+        uint256 g = gasleft();
+        token.unbindNode(nodeKeys[2]);
+        g -= gasleft();
+        console.log("unbindNode (records the former operator)", g);
+    }
+
+    function test_gas_slash_unbound() public {
+        // The key's operator unbound it first: slash falls back to its former operator. (The
+        // unbind warms the key's slots, so this is a little below a cold slash.)
+        vm.prank(nodeOperators[3]);
+        token.unbindNode(nodeKeys[3]);
+        bytes memory evidence = new bytes(256);
+        evidence[0] = 0x03;
+        vm.prank(orch);
+        uint256 g = gasleft();
+        token.slash(nodeKeys[3], 10, address(0xBEEF), evidence);
+        g -= gasleft();
+        console.log("slash, 256-byte evidence, key unbound by its operator", g);
     }
 
     function test_gas_recordPublication() public {

@@ -19,7 +19,7 @@ contract MiningPoolTest is Fixture {
     function test_deployment() public view {
         assertEq(address(pool.token()), address(token), "token");
         assertEq(token.balanceOf(address(pool)), POOL_FUNDS, "funded");
-        assertFalse(pool.epochPaid(1, 1), "unpaid");
+        assertFalse(pool.epochPaid(orch, 1, 1), "unpaid");
         assertEq(pool.rewardsOf(NODE_A), 0, "no rewards");
         assertEq(pool.publicationCount(), 0, "no publications");
     }
@@ -42,9 +42,10 @@ contract MiningPoolTest is Fixture {
         assertEq(pool.rewardsOf(NODE_A), 10 ether, "rewards A");
         assertEq(pool.rewardsOf(NODE_B), 20 ether, "rewards B");
         assertEq(pool.rewardsOf(NODE_C), 30 ether, "rewards C");
-        assertTrue(pool.epochPaid(7, 3), "paid");
-        assertFalse(pool.epochPaid(7, 4), "other epoch unpaid");
-        assertFalse(pool.epochPaid(8, 3), "other job unpaid");
+        assertTrue(pool.epochPaid(orch, 7, 3), "paid");
+        assertFalse(pool.epochPaid(orch, 7, 4), "other epoch unpaid");
+        assertFalse(pool.epochPaid(orch, 8, 3), "other job unpaid");
+        assertFalse(pool.epochPaid(carol, 7, 3), "another orchestrator's (7, 3) unpaid");
     }
 
     function test_distribute_rewards_accumulate_across_epochs() public {
@@ -84,25 +85,72 @@ contract MiningPoolTest is Fixture {
         assertEq(token.balanceOf(bob), 0, "bob unpaid");
         assertEq(token.balanceOf(address(pool)), POOL_FUNDS, "pool untouched");
         assertEq(pool.rewardsOf(NODE_A), 0, "no rewards recorded");
-        assertFalse(pool.epochPaid(1, 1), "epoch still unpaid");
+        assertFalse(pool.epochPaid(orch, 1, 1), "epoch still unpaid");
     }
 
     function test_distribute_same_epoch_twice_reverts() public {
         vm.prank(orch);
         pool.distributeEpochRewards(1, 1, one(NODE_A), one(1 ether));
-        vm.expectRevert(abi.encodeWithSelector(MiningPool.EpochAlreadyPaid.selector, uint64(1), uint32(1)));
+        vm.expectRevert(
+            abi.encodeWithSelector(MiningPool.EpochAlreadyPaid.selector, orch, uint64(1), uint32(1))
+        );
         vm.prank(orch);
         pool.distributeEpochRewards(1, 1, one(NODE_C), one(1 ether));
         assertEq(token.balanceOf(bob), 0, "second batch unpaid");
     }
 
-    function test_distribute_same_epoch_twice_by_other_orchestrator_reverts() public {
+    function test_distribute_same_empty_epoch_twice_reverts() public {
+        vm.prank(orch);
+        pool.distributeEpochRewards(4, 2, new bytes32[](0), new uint256[](0));
+        vm.expectRevert(
+            abi.encodeWithSelector(MiningPool.EpochAlreadyPaid.selector, orch, uint64(4), uint32(2))
+        );
+        vm.prank(orch);
+        pool.distributeEpochRewards(4, 2, new bytes32[](0), new uint256[](0));
+    }
+
+    function test_distribute_two_orchestrators_same_job_epoch_each_pay_once() public {
+        // Job ids are numbered per orchestrator: both have a job 1 with an epoch 1.
         stakeAs(carol, 50_000 ether);
         vm.prank(orch);
-        pool.distributeEpochRewards(1, 1, new bytes32[](0), new uint256[](0));
-        vm.expectRevert(abi.encodeWithSelector(MiningPool.EpochAlreadyPaid.selector, uint64(1), uint32(1)));
+        assertEq(pool.distributeEpochRewards(1, 1, one(NODE_A), one(1 ether)), 1 ether, "orch total");
+        assertTrue(pool.epochPaid(orch, 1, 1), "orch paid");
+        assertFalse(pool.epochPaid(carol, 1, 1), "carol not yet");
+
+        bytes32[] memory nodes = one(NODE_C);
+        uint256[] memory amounts = one(2 ether);
+        vm.expectEmit(true, true, true, true, address(pool));
+        emit MiningPool.EpochRewarded(1, 1, carol, nodes, amounts, 2 ether);
         vm.prank(carol);
+        assertEq(pool.distributeEpochRewards(1, 1, nodes, amounts), 2 ether, "carol total");
+        assertTrue(pool.epochPaid(carol, 1, 1), "carol paid");
+        assertEq(token.balanceOf(alice), 1 ether, "orch's batch paid");
+        assertEq(token.balanceOf(bob), 2 ether, "carol's batch paid");
+
+        // Each once: a second payout by either reverts with its own account in the error.
+        vm.expectRevert(
+            abi.encodeWithSelector(MiningPool.EpochAlreadyPaid.selector, orch, uint64(1), uint32(1))
+        );
+        vm.prank(orch);
         pool.distributeEpochRewards(1, 1, one(NODE_A), one(1 ether));
+        vm.expectRevert(
+            abi.encodeWithSelector(MiningPool.EpochAlreadyPaid.selector, carol, uint64(1), uint32(1))
+        );
+        vm.prank(carol);
+        pool.distributeEpochRewards(1, 1, one(NODE_C), one(2 ether));
+        assertEq(token.balanceOf(address(pool)), POOL_FUNDS - 3 ether, "paid once each");
+    }
+
+    function test_distribute_cannot_squat_another_orchestrators_epoch() public {
+        // A staked account paying (1, 1) first, even an empty batch, does not mark orch's (1, 1).
+        stakeAs(carol, 50_000 ether);
+        vm.prank(carol);
+        pool.distributeEpochRewards(1, 1, new bytes32[](0), new uint256[](0));
+        assertTrue(pool.epochPaid(carol, 1, 1), "carol's own (1, 1)");
+        assertFalse(pool.epochPaid(orch, 1, 1), "orch's (1, 1) untouched");
+        vm.prank(orch);
+        assertEq(pool.distributeEpochRewards(1, 1, one(NODE_A), one(1 ether)), 1 ether, "orch still pays");
+        assertEq(token.balanceOf(alice), 1 ether, "paid");
     }
 
     function test_distribute_other_job_same_epoch_pays() public {
@@ -111,7 +159,7 @@ contract MiningPoolTest is Fixture {
         vm.prank(orch);
         assertEq(pool.distributeEpochRewards(2, 1, one(NODE_A), one(2 ether)), 2 ether, "total");
         assertEq(token.balanceOf(alice), 3 ether, "paid twice");
-        assertTrue(pool.epochPaid(2, 1), "paid");
+        assertTrue(pool.epochPaid(orch, 2, 1), "paid");
     }
 
     function test_distribute_duplicates_paid_twice() public {
@@ -134,7 +182,7 @@ contract MiningPoolTest is Fixture {
         assertEq(token.balanceOf(alice), 0, "first transfer undone");
         assertEq(token.balanceOf(address(pool)), POOL_FUNDS, "pool untouched");
         assertEq(pool.rewardsOf(NODE_A), 0, "no rewards recorded");
-        assertFalse(pool.epochPaid(1, 1), "epoch still unpaid");
+        assertFalse(pool.epochPaid(orch, 1, 1), "epoch still unpaid");
     }
 
     function test_distribute_exactly_the_pool_balance() public {
@@ -151,7 +199,7 @@ contract MiningPoolTest is Fixture {
         emit MiningPool.EpochRewarded(5, 9, orch, nodes, amounts, 0);
         vm.prank(orch);
         assertEq(pool.distributeEpochRewards(5, 9, nodes, amounts), 0, "total");
-        assertTrue(pool.epochPaid(5, 9), "marked paid");
+        assertTrue(pool.epochPaid(orch, 5, 9), "marked paid");
     }
 
     function test_distribute_zero_amount_skips_transfer() public {
@@ -204,11 +252,14 @@ contract MiningPoolTest is Fixture {
         vm.prank(orch);
         pool.recordPublication(p);
 
-        assertTrue(pool.isRecorded(7, 3), "recorded");
-        assertFalse(pool.isRecorded(7, 4), "other epoch not");
+        assertTrue(pool.isRecorded(orch, 7, 3), "recorded");
+        assertFalse(pool.isRecorded(orch, 7, 4), "other epoch not");
+        assertFalse(pool.isRecorded(orch, 8, 3), "other job not");
+        assertFalse(pool.isRecorded(carol, 7, 3), "another orchestrator's (7, 3) not");
         assertEq(pool.publicationCount(), 1, "count");
-        assertPublication(pool.publication(7, 3), p);
+        assertPublication(pool.publication(orch, 7, 3), p);
         assertPublication(pool.publicationAt(0), p);
+        assertEq(pool.publicationRecorder(0), orch, "recorder");
     }
 
     function test_recordPublication_empty_strings() public {
@@ -216,8 +267,8 @@ contract MiningPoolTest is Fixture {
         (p.cid, p.configCid, p.cardCid, p.hfRepo, p.signer) = ("", "", "", "", bytes32(0));
         vm.prank(orch);
         pool.recordPublication(p);
-        assertTrue(pool.isRecorded(0, 0), "recorded");
-        assertPublication(pool.publication(0, 0), p);
+        assertTrue(pool.isRecorded(orch, 0, 0), "recorded");
+        assertPublication(pool.publication(orch, 0, 0), p);
     }
 
     function test_recordPublication_keeps_order() public {
@@ -235,7 +286,45 @@ contract MiningPoolTest is Fixture {
         assertPublication(pool.publicationAt(0), p1);
         assertPublication(pool.publicationAt(1), p2);
         assertPublication(pool.publicationAt(2), p3);
-        assertPublication(pool.publication(1, 7), p2);
+        assertPublication(pool.publication(orch, 1, 7), p2);
+        for (uint256 i = 0; i < 3; ++i) {
+            assertEq(pool.publicationRecorder(i), orch, "recorder");
+        }
+    }
+
+    function test_recordPublication_two_orchestrators_same_job_epoch() public {
+        stakeAs(carol, 50_000 ether);
+        MiningPool.Publication memory mine = publicationFixture(1, 1);
+        MiningPool.Publication memory theirs = publicationFixture(1, 1);
+        theirs.cid = "bafkreicarols";
+        theirs.signer = keccak256("carol ed25519 key");
+
+        vm.prank(orch);
+        pool.recordPublication(mine);
+        assertTrue(pool.isRecorded(orch, 1, 1), "orch recorded");
+        assertFalse(pool.isRecorded(carol, 1, 1), "carol not yet");
+        vm.expectRevert(abi.encodeWithSelector(MiningPool.NotRecorded.selector, carol, uint64(1), uint32(1)));
+        pool.publication(carol, 1, 1);
+
+        vm.expectEmit(true, true, true, true, address(pool));
+        emit MiningPool.PublicationRecorded(1, 1, theirs.signer, carol, theirs.cid);
+        vm.prank(carol);
+        pool.recordPublication(theirs);
+
+        assertTrue(pool.isRecorded(carol, 1, 1), "carol recorded");
+        assertPublication(pool.publication(orch, 1, 1), mine);
+        assertPublication(pool.publication(carol, 1, 1), theirs);
+        assertEq(pool.publicationCount(), 2, "one global list");
+        assertPublication(pool.publicationAt(0), mine);
+        assertPublication(pool.publicationAt(1), theirs);
+        assertEq(pool.publicationRecorder(0), orch, "recorder 0");
+        assertEq(pool.publicationRecorder(1), carol, "recorder 1");
+
+        // Each once, the error naming the caller.
+        vm.expectRevert(abi.encodeWithSelector(MiningPool.AlreadyRecorded.selector, carol, uint64(1), uint32(1)));
+        vm.prank(carol);
+        pool.recordPublication(theirs);
+        assertEq(pool.publicationCount(), 2, "count unchanged");
     }
 
     function test_recordPublication_duplicate_reverts() public {
@@ -243,11 +332,11 @@ contract MiningPoolTest is Fixture {
         pool.recordPublication(publicationFixture(7, 3));
         MiningPool.Publication memory again = publicationFixture(7, 3);
         again.cid = "bafkreidifferent";
-        vm.expectRevert(abi.encodeWithSelector(MiningPool.AlreadyRecorded.selector, uint64(7), uint32(3)));
+        vm.expectRevert(abi.encodeWithSelector(MiningPool.AlreadyRecorded.selector, orch, uint64(7), uint32(3)));
         vm.prank(orch);
         pool.recordPublication(again);
         assertEq(pool.publicationCount(), 1, "count");
-        assertEq(pool.publication(7, 3).cid, publicationFixture(7, 3).cid, "first kept");
+        assertEq(pool.publication(orch, 7, 3).cid, publicationFixture(7, 3).cid, "first kept");
     }
 
     function test_recordPublication_bad_signature_length_reverts() public {
@@ -259,7 +348,7 @@ contract MiningPoolTest is Fixture {
             vm.prank(orch);
             pool.recordPublication(p);
         }
-        assertFalse(pool.isRecorded(7, 3), "not recorded");
+        assertFalse(pool.isRecorded(orch, 7, 3), "not recorded");
     }
 
     function test_recordPublication_by_non_orchestrator_reverts() public {
@@ -269,8 +358,12 @@ contract MiningPoolTest is Fixture {
     }
 
     function test_publication_not_recorded_reverts() public {
-        vm.expectRevert(abi.encodeWithSelector(MiningPool.NotRecorded.selector, uint64(7), uint32(3)));
-        pool.publication(7, 3);
+        vm.expectRevert(abi.encodeWithSelector(MiningPool.NotRecorded.selector, orch, uint64(7), uint32(3)));
+        pool.publication(orch, 7, 3);
+        vm.prank(orch);
+        pool.recordPublication(publicationFixture(7, 3));
+        vm.expectRevert(abi.encodeWithSelector(MiningPool.NotRecorded.selector, carol, uint64(7), uint32(3)));
+        pool.publication(carol, 7, 3);
     }
 
     function test_publicationAt_out_of_range_reverts() public {
@@ -280,5 +373,14 @@ contract MiningPoolTest is Fixture {
         pool.recordPublication(publicationFixture(7, 3));
         vm.expectRevert(abi.encodeWithSelector(MiningPool.IndexOutOfRange.selector, 1, 1));
         pool.publicationAt(1);
+    }
+
+    function test_publicationRecorder_out_of_range_reverts() public {
+        vm.expectRevert(abi.encodeWithSelector(MiningPool.IndexOutOfRange.selector, 0, 0));
+        pool.publicationRecorder(0);
+        vm.prank(orch);
+        pool.recordPublication(publicationFixture(7, 3));
+        vm.expectRevert(abi.encodeWithSelector(MiningPool.IndexOutOfRange.selector, 1, 1));
+        pool.publicationRecorder(1);
     }
 }

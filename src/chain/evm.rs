@@ -12,6 +12,13 @@
 //!   endpoint died after the send) is therefore never paid twice: the next attempt finds
 //!   the epoch paid, and a race with a transaction still in the mempool ends in a revert,
 //!   not in a second payment.
+//! - **Per orchestrator.** The contracts key payments and records by (orchestrator account,
+//!   job, epoch): job ids are each orchestrator's own. [`Ledger::reward_batches`] and
+//!   [`Ledger::slashes`] list this account's; [`Ledger::publications`] lists every record on
+//!   the pool, whoever made it (a reader checks the signer it trusts).
+//! - **`duplicate`** means "not written by this call": a write this call sent, whose answer
+//!   was lost, is recognised by its transaction hash and is not a duplicate; one an earlier
+//!   call (or process) made is.
 //! - **Nonces.** Writes are serialised by one lock and each takes the account's pending
 //!   nonce from the node (alloy's simple nonce manager): a failed send cannot leave a gap
 //!   that blocks later transactions, as a cached counter would.
@@ -476,8 +483,9 @@ impl<P: Provider + Clone> EvmChain<P> {
         }
     }
 
-    /// The `EpochRewarded` log of (`job`, `epoch`) as a receipt, with the hash of the
-    /// transaction that wrote it.
+    /// This account's `EpochRewarded` log of (`job`, `epoch`) as a receipt, with the hash of
+    /// the transaction that wrote it. Job ids are per orchestrator: the contract keys
+    /// payments by (orchestrator, job, epoch), and so does this lookup.
     async fn paid_batch(
         &self,
         job: JobId,
@@ -490,6 +498,7 @@ impl<P: Provider + Clone> EvmChain<P> {
                     .EpochRewarded_filter()
                     .topic1(topic(job.0))
                     .topic2(topic(u64::from(epoch)))
+                    .topic3(self.account.into_word())
                     .from_block(self.opts.from_block)
                     .query(),
             )
@@ -521,7 +530,7 @@ impl<P: Provider + Clone> EvmChain<P> {
         }
     }
 
-    /// The publication recorded for (`job`, `epoch`), if any.
+    /// The publication this account recorded for (`job`, `epoch`), if any.
     async fn recorded(
         &self,
         job: JobId,
@@ -530,7 +539,7 @@ impl<P: Provider + Clone> EvmChain<P> {
         let is = self
             .read(
                 "MiningPool.isRecorded",
-                self.pool.isRecorded(job.0, epoch).call(),
+                self.pool.isRecorded(self.account, job.0, epoch).call(),
             )
             .await?;
         if !is {
@@ -539,7 +548,7 @@ impl<P: Provider + Clone> EvmChain<P> {
         let p = self
             .read(
                 "MiningPool.publication",
-                self.pool.publication(job.0, epoch).call(),
+                self.pool.publication(self.account, job.0, epoch).call(),
             )
             .await?;
         publication_from(p).map(Some)
@@ -894,6 +903,7 @@ impl<P: Provider + Clone + 'static> Ledger for EvmChain<P> {
             .await?;
         Ok(logs
             .iter()
+            .filter(|(e, _)| e.reporter == self.account)
             .map(|(e, _)| slash_receipt(e))
             .collect::<Result<_, _>>()?)
     }
@@ -904,6 +914,7 @@ impl<P: Provider + Clone + 'static> Ledger for EvmChain<P> {
                 "EpochRewarded logs",
                 self.pool
                     .EpochRewarded_filter()
+                    .topic3(self.account.into_word())
                     .from_block(self.opts.from_block)
                     .query(),
             )

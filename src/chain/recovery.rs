@@ -15,7 +15,10 @@
 //!
 //! What is lost is what the paper's table says: the epoch in flight (its deltas are
 //! trained again). A settlement the crash cut short (an epoch recorded but not yet paid)
-//! is reported, not repaid: its scores were in the lost store.
+//! is reported, not repaid: its scores were in the lost store. A job found on chain that
+//! cannot be rebuilt (its `config.json` unreachable) is logged as failed, keeping its id.
+//! The chain does not know a job was cancelled or failed: such a job, if it published an
+//! epoch, is resumed.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -100,10 +103,12 @@ pub async fn rebuild(
         .publications()
         .await
         .map_err(|e| RecoveryError::Chain(e.to_string()))?;
-    let batches = ledger
-        .reward_batches()
-        .await
-        .map_err(|e| RecoveryError::Chain(e.to_string()))?;
+    // The batches only say which epochs were paid (reported, not acted on): a chain whose
+    // log queries fail (a provider capping eth_getLogs ranges) does not stop the rebuild.
+    let batches = ledger.reward_batches().await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot read the reward batches; paid epochs unknown");
+        Vec::new()
+    });
     let mut by_job: BTreeMap<JobId, BTreeMap<u32, SignedPublication>> = BTreeMap::new();
     for p in publications {
         if p.signer != signer || crate::publish::record::check_signature(&p).is_err() {
@@ -120,11 +125,12 @@ pub async fn rebuild(
         skipped: Vec::new(),
         took: Duration::ZERO,
     };
+    let mut skipped: Vec<(JobId, usize, String)> = Vec::new();
     for (job, epochs) in by_job {
         // Epochs 0, 1, … up to the first gap.
         let contiguous: Vec<&SignedPublication> = (0u32..).map_while(|e| epochs.get(&e)).collect();
         let Some(last) = contiguous.last() else {
-            out.skipped.push((job, "no record of epoch 0".into()));
+            skipped.push((job, 0, "no record of epoch 0".into()));
             continue;
         };
         let config = match objects.get(&last.record.config_cid).await {
@@ -138,13 +144,19 @@ pub async fn rebuild(
         let spec = match crate::delta::sink::job_of_config(&config) {
             Some((id, spec)) if id == job => spec,
             Some((id, _)) => {
-                out.skipped
-                    .push((job, format!("its config.json names job {id}")));
+                skipped.push((
+                    job,
+                    contiguous.len(),
+                    format!("its config.json names job {id}"),
+                ));
                 continue;
             }
             None => {
-                out.skipped
-                    .push((job, "its config.json names no job spec".into()));
+                skipped.push((
+                    job,
+                    contiguous.len(),
+                    "its config.json names no job spec".into(),
+                ));
                 continue;
             }
         };
@@ -175,6 +187,45 @@ pub async fn rebuild(
             paid,
             unpaid,
         });
+    }
+    // A job found but not rebuilt still holds its id: it is logged as failed, so a new job
+    // never reuses an id whose (job, epoch) records and payments are on chain.
+    for (job, published, why) in skipped {
+        let placeholder = JobSpec {
+            name: format!("job {job}, found on chain but not rebuilt"),
+            epochs: u32::try_from(published)
+                .unwrap_or(u32::MAX)
+                .saturating_add(1),
+            min_nodes: 1,
+            max_nodes: 1,
+            min_vram_bytes: 0,
+            pending_deadline_ms: 1,
+            epoch_deadline_ms: 1,
+            utility: 1.0,
+            submitter_stake: crate::core::types::GymWei(0),
+            training: Default::default(),
+        };
+        for event in [
+            Event::JobSubmitted {
+                job,
+                spec: placeholder,
+                resumed: Vec::new(),
+            },
+            Event::Job {
+                job,
+                event: crate::core::job::JobEvent::Fail {
+                    reason: crate::core::job::FailReason::Other(format!(
+                        "found on chain but not rebuilt: {why}"
+                    )),
+                },
+            },
+        ] {
+            store
+                .append(at, event)
+                .await
+                .map_err(|e| RecoveryError::Store(e.to_string()))?;
+        }
+        out.skipped.push((job, why));
     }
     out.took = started.elapsed();
     Ok(out)
@@ -274,7 +325,8 @@ mod tests {
         assert_eq!(r.skipped.len(), 1, "{r:?}");
         assert_eq!(r.skipped[0].0, JobId(3));
         let log = store.read_after(0).await.expect("log");
-        assert_eq!(log.len(), 1);
+        // Job 1 rebuilt; job 3 kept as failed so that its id is not reused.
+        assert_eq!(log.len(), 3);
         assert_eq!(
             log[0].event,
             Event::JobSubmitted {
@@ -286,11 +338,15 @@ mod tests {
         // The fold resumes the job at epoch 2: Pending, two checkpoints.
         let fold = crate::core::replay::load(&store).await.expect("fold");
         assert_eq!(fold.jobs[&JobId(1)].job.checkpoints.len(), 2);
-        assert_eq!(fold.next_job_id(), JobId(2));
+        assert!(matches!(
+            fold.jobs[&JobId(3)].job.phase,
+            crate::core::job::JobPhase::Failed { .. }
+        ));
+        assert_eq!(fold.next_job_id(), JobId(4));
         // A store with events is never rebuilt over.
         assert_eq!(
             rebuild(&chain, &objects, &store, me.node_id().0, Timestamp(6)).await,
-            Err(RecoveryError::NotEmpty(1))
+            Err(RecoveryError::NotEmpty(3))
         );
     }
 }

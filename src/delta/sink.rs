@@ -44,8 +44,8 @@ use super::validate::{
 use crate::core::job::{JobSpec, TrainingSpec};
 use crate::core::ports::memory::MemoryStateStore;
 use crate::core::ports::{
-    ChainError, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput, Ledger, Metrics,
-    StateStore, SystemClock,
+    ChainError, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput, Ledger,
+    LedgerError, Metrics, StateStore, SystemClock,
 };
 use crate::core::rewards::split_rewards;
 use crate::core::types::{GymWei, JobId, NodeId};
@@ -1103,6 +1103,14 @@ impl KeeperState {
                         slashed_wei: r.slashed.0.to_string(),
                         stake_after_wei: r.stake_after.0.to_string(),
                     });
+                }
+                // A refusal that repeats (the key was never bound, a malformed request) is
+                // final: retrying it would hold up the epoch's settlement for ever.
+                Ok(Err(
+                    e @ (LedgerError::Chain(ChainError::Unbound(_)) | LedgerError::Invalid(_)),
+                )) => {
+                    tracing::warn!(job = %job, epoch = report.epoch, node = %evidence.node, error = %e, "slash refused for good; not retried");
+                    self.deps.metrics.incr("slashes", "refused", 1);
                 }
                 Ok(Err(e)) => errors.push(format!("slashing {}: {e}", evidence.node)),
                 Err(_) => errors.push(bounded(format!("slashing {}", evidence.node))),
