@@ -21,14 +21,7 @@ use hanzod::identity::Identity;
 const WINDOW_S: u64 = 3600;
 
 fn skip() -> bool {
-    match hanzod::chain::anvil::skip_reason() {
-        Ok(None) => false,
-        Ok(Some(why)) => {
-            eprintln!("SKIPPED: {why}");
-            true
-        }
-        Err(e) => panic!("{e}"),
-    }
+    hanzod::chain::anvil::skip_test()
 }
 
 /// A node, the contracts, the orchestrator's account staked with `orchestrator_stake`,

@@ -17,13 +17,8 @@ use hanzod::demo::{self, Attack, DemoArgs, DemoChain, DEMO_NODE_STAKE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_on_anvil_pays_slashes_records_and_survives_an_endpoint_outage() {
-    match hanzod::chain::anvil::skip_reason() {
-        Ok(None) => {}
-        Ok(Some(why)) => {
-            eprintln!("SKIPPED: {why}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
+    if hanzod::chain::anvil::skip_test() {
+        return;
     }
     let out = std::env::temp_dir().join(format!("hanzod-chain-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);

@@ -220,6 +220,22 @@ pub enum LedgerError {
     Invalid(String),
 }
 
+/// The checks every [`Ledger::slash`] makes before touching the chain: `pct` within
+/// 1..=100 and non-empty evidence.
+///
+/// Errors: [`LedgerError::Invalid`] naming what is wrong.
+pub fn check_slash(pct: u8, evidence: &[u8]) -> Result<(), LedgerError> {
+    if !(1..=100).contains(&pct) {
+        return Err(LedgerError::Invalid(format!(
+            "slashing percentage {pct} is outside 1..=100"
+        )));
+    }
+    if evidence.is_empty() {
+        return Err(LedgerError::Invalid("slashing evidence is empty".into()));
+    }
+    Ok(())
+}
+
 /// The outcome of one [`Ledger::distribute_epoch_rewards`] batch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RewardReceipt {

@@ -77,6 +77,22 @@ pub fn skip_reason() -> Result<Option<String>, AnvilError> {
     crate::testkit_process::skip_reason(find().map(|p| p.display().to_string())).map_err(AnvilError)
 }
 
+/// For a test about to start anvil: `true` (after printing `SKIPPED: why`) when there is
+/// none and `CI` is unset; `false` to run.
+///
+/// # Panics
+/// When there is no anvil and `CI` is set: under CI a missing node is a failure.
+pub fn skip_test() -> bool {
+    match skip_reason() {
+        Ok(None) => false,
+        Ok(Some(why)) => {
+            eprintln!("SKIPPED: {why}");
+            true
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// `eth_chainId` over a plain socket: the chain id when the node answers.
 fn chain_id(port: u16) -> Option<u64> {
     use std::io::{Read, Write};

@@ -49,7 +49,7 @@ use sha2::{Digest, Sha256};
 
 use super::contracts::{GYMToken, MiningPool};
 use crate::core::ports::{
-    ChainError, ChainReader, Ledger, LedgerError, RewardReceipt, SlashReceipt,
+    check_slash, ChainError, ChainReader, Ledger, LedgerError, RewardReceipt, SlashReceipt,
 };
 use crate::core::publication::{PublicationReceipt, PublicationRecord, SignedPublication};
 use crate::core::types::{GymWei, JobId, NodeId, Timestamp};
@@ -850,14 +850,7 @@ impl<P: Provider + Clone + 'static> Ledger for EvmChain<P> {
         pct: u8,
         evidence: &[u8],
     ) -> Result<SlashReceipt, LedgerError> {
-        if !(1..=100).contains(&pct) {
-            return Err(LedgerError::Invalid(format!(
-                "slashing percentage {pct} is outside 1..=100"
-            )));
-        }
-        if evidence.is_empty() {
-            return Err(LedgerError::Invalid("slashing evidence is empty".into()));
-        }
+        check_slash(pct, evidence)?;
         let hash = B256::from(<[u8; 32]>::from(Sha256::digest(evidence)));
         let _writing = self.writes.lock().await;
         let mut sent = HashSet::new();

@@ -11,8 +11,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::{
-    ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput,
-    LeaderLease, Lease, Ledger, LedgerError, LinkError, Metrics, NodeCommand, NodeLink,
+    check_slash, ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, DeltaReceipt,
+    EpochInput, LeaderLease, Lease, Ledger, LedgerError, LinkError, Metrics, NodeCommand, NodeLink,
     RewardReceipt, SlashReceipt, Snapshot, StateStore, StoreError,
 };
 use crate::events::{Event, Record};
@@ -494,14 +494,7 @@ impl Ledger for MemoryChain {
         pct: u8,
         evidence: &[u8],
     ) -> Result<SlashReceipt, LedgerError> {
-        if !(1..=100).contains(&pct) {
-            return Err(LedgerError::Invalid(format!(
-                "slashing percentage {pct} is outside 1..=100"
-            )));
-        }
-        if evidence.is_empty() {
-            return Err(LedgerError::Invalid("slashing evidence is empty".into()));
-        }
+        check_slash(pct, evidence)?;
         let evidence_hash: [u8; 32] = Sha256::digest(evidence).into();
         let mut book = self.ledger.write().unwrap_or_else(|p| p.into_inner());
         if let Some(&i) = book.evidence.get(&evidence_hash) {
