@@ -169,15 +169,21 @@ impl ChainConfig {
     ///
     /// Errors: `gym_token` or `mining_pool` is not an address.
     pub fn evm_options(&self) -> Result<crate::chain::EvmOptions, String> {
-        let address = |key: &str, v: &str| {
+        let address = |key: &str, var: &str, v: &str| {
+            if v.is_empty() {
+                return Err(format!(
+                    "chain.rpc_url (HANZO_RPC) is set, so chain.{key} ({var}) must name the \
+                     contract (0x and 40 hex digits); `hanzod chain deploy` prints it"
+                ));
+            }
             v.parse::<alloy::primitives::Address>().map_err(|e| {
-                format!("chain.{key} {v:?} is not a contract address (0x and 40 hex digits): {e}")
+                format!("chain.{key} ({var}) {v:?} is not a contract address (0x and 40 hex digits): {e}")
             })
         };
         Ok(crate::chain::EvmOptions {
             chain_id: self.chain_id,
-            token: address("gym_token", &self.gym_token)?,
-            pool: address("mining_pool", &self.mining_pool)?,
+            token: address("gym_token", "HANZO_GYM_TOKEN", &self.gym_token)?,
+            pool: address("mining_pool", "HANZO_MINING_POOL", &self.mining_pool)?,
             from_block: self.from_block,
             call_timeout: std::time::Duration::from_millis(self.call_timeout_ms),
             tx_timeout: std::time::Duration::from_millis(self.tx_timeout_ms),
@@ -654,8 +660,9 @@ impl Config {
     }
 
     /// The configuration with secrets (`publish.hf_token`, `orchestrator.key`,
-    /// `server.admin_token`, and credentials inside URLs such as `redis://user:pw@host`)
-    /// replaced by `"<redacted>"`, for printing.
+    /// `server.admin_token`, credentials inside URLs such as `redis://user:pw@host`, and the
+    /// path of `chain.rpc_url`, where providers put API keys) replaced by `"<redacted>"`, for
+    /// printing.
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
         for url in [
@@ -668,6 +675,12 @@ impl Config {
                 if let Some(at) = rest[..authority_end].rfind('@') {
                     *url = format!("{scheme}://<redacted>@{}", &rest[at + 1..]);
                 }
+            }
+        }
+        // JSON-RPC providers put their API key in the path (`/v3/<key>`): keep the host.
+        if let Some((scheme, rest)) = c.chain.rpc_url.split_once("://") {
+            if let Some(slash) = rest.find('/').filter(|&i| i + 1 < rest.len()) {
+                c.chain.rpc_url = format!("{scheme}://{}/<redacted>", &rest[..slash]);
             }
         }
         for s in [

@@ -176,6 +176,10 @@ Examples:
   hanzod verify hanzo-gym/wine-mlp-job-1-epoch-2 --orchestrator <hex key>   from the Hub, records from the daemon
   hanzod verify bafybei… --ipfs-url http://127.0.0.1:5001                  weights by CID from IPFS")]
     Verify(VerifyArgs),
+    /// Set up a chain for `hanzod serve` (DESIGN §8): the orchestrator's account, deploying
+    /// the contracts, staking and binding node keys.
+    #[command(subcommand)]
+    Chain(ChainCommand),
     /// Run a job on simulated nodes with seeded faults, in simulated time, and report how
     /// failures were detected and rings repaired (the fault-injection harness).
     Sim {
@@ -228,6 +232,53 @@ struct VerifyArgs {
     download_dir: Option<PathBuf>,
     #[command(flatten)]
     client: ClientArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum ChainCommand {
+    /// Print the orchestrator's EVM account, derived from ORCHESTRATOR_KEY
+    /// (orchestrator.key): fund it with gas and stake 50,000 GYM from it.
+    Account,
+    /// Deploy GYMToken and MiningPool from the committed artefacts, fund the pool, and,
+    /// when ORCHESTRATOR_KEY is set, fund and stake the orchestrator's account; prints the
+    /// settings to use (HANZO_GYM_TOKEN, HANZO_MINING_POOL, chain.from_block).
+    #[command(
+        after_help = "Example (a local anvil, chain id 36900):\n  anvil --chain-id 36900 &\n  ORCHESTRATOR_KEY=<hex> hanzod chain deploy --rpc http://127.0.0.1:8545"
+    )]
+    Deploy {
+        /// The JSON-RPC endpoint.
+        #[arg(long)]
+        rpc: String,
+        /// The deployer's secp256k1 key (64 hex digits), which pays the gas and receives
+        /// the GYM supply [default: anvil's first development account, for local chains].
+        #[arg(long, env = "HANZOD_DEPLOYER_KEY", hide_env_values = true)]
+        deployer_key: Option<String>,
+        /// GYM sent to the MiningPool for rewards.
+        #[arg(long, default_value_t = 1_000_000)]
+        pool_gym: u64,
+        /// GYM staked for the orchestrator's account (at least 50,000 to lead).
+        #[arg(long, default_value_t = 50_000)]
+        orchestrator_stake_gym: u64,
+    },
+    /// Stake GYM from an operator account and bind a node key to it (the operator must
+    /// hold the GYM and gas).
+    Bind {
+        /// The JSON-RPC endpoint.
+        #[arg(long)]
+        rpc: String,
+        /// The GYMToken contract.
+        #[arg(long)]
+        gym_token: String,
+        /// The operator's secp256k1 key (64 hex digits).
+        #[arg(long, env = "HANZOD_OPERATOR_KEY", hide_env_values = true)]
+        operator_key: String,
+        /// The node's key file (`hanzod node --key`).
+        #[arg(long)]
+        node_key: PathBuf,
+        /// GYM to stake first (0: bind only).
+        #[arg(long, default_value_t = 10_000)]
+        stake_gym: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -529,6 +580,103 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// `hanzod chain …`.
+async fn run_chain(cfg: &Config, command: ChainCommand) -> ExitCode {
+    use hanzod::chain::anvil::{self, DeployOptions, Deployment};
+    use hanzod_actors::types::GymWei;
+    let signer = |text: &str, what: &str| {
+        text.trim()
+            .trim_start_matches("0x")
+            .parse::<alloy::signers::local::PrivateKeySigner>()
+            .map_err(|e| format!("{what}: not a secp256k1 key (64 hex digits): {e}"))
+    };
+    let orchestrator = || -> Result<Option<hanzod::identity::Identity>, String> {
+        if cfg.orchestrator.key.is_empty() {
+            return Ok(None);
+        }
+        hanzod::serve::orchestrator_identity(&cfg.orchestrator.key)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    };
+    let result: Result<(), String> = async {
+        match command {
+            ChainCommand::Account => {
+                let id = orchestrator()?.ok_or(
+                    "ORCHESTRATOR_KEY (orchestrator.key) is not set: the account derives from it",
+                )?;
+                println!("{}", hanzod::chain::account::address(&id));
+                Ok(())
+            }
+            ChainCommand::Deploy {
+                rpc,
+                deployer_key,
+                pool_gym,
+                orchestrator_stake_gym,
+            } => {
+                let deployer = match deployer_key {
+                    Some(k) => signer(&k, "--deployer-key")?,
+                    None => anvil::deployer(),
+                };
+                let d = Deployment::deploy_with(
+                    &rpc,
+                    deployer,
+                    &DeployOptions {
+                        pool_funding: GymWei::gym(pool_gym),
+                        ..DeployOptions::default()
+                    },
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+                if let Some(id) = orchestrator()? {
+                    let account = hanzod::chain::account::signer(&id);
+                    d.fund_and_stake(&account, GymWei::gym(orchestrator_stake_gym))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    eprintln!(
+                        "orchestrator account {} funded and staked {orchestrator_stake_gym} GYM",
+                        account.address()
+                    );
+                } else {
+                    eprintln!("ORCHESTRATOR_KEY is not set: no orchestrator account staked");
+                }
+                println!("HANZO_GYM_TOKEN={}", d.token);
+                println!("HANZO_MINING_POOL={}", d.pool);
+                println!("# [chain] from_block = {}", d.from_block);
+                Ok(())
+            }
+            ChainCommand::Bind {
+                rpc,
+                gym_token,
+                operator_key,
+                node_key,
+                stake_gym,
+            } => {
+                let operator = signer(&operator_key, "--operator-key")?;
+                let token = gym_token
+                    .parse()
+                    .map_err(|e| format!("--gym-token {gym_token:?}: {e}"))?;
+                let node = hanzod::identity::Identity::load(&node_key)
+                    .map_err(|e| format!("{}: {e}", node_key.display()))?
+                    .node_id();
+                let address = operator.address();
+                anvil::stake_and_bind_with(&rpc, token, operator, &node, GymWei::gym(stake_gym))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!("node {node} bound to operator {address} ({stake_gym} GYM staked)");
+                Ok(())
+            }
+        }
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `hanzod verify`: exit 0 verified, 1 a check failed, 2 could not verify.
 async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
     use hanzod::publish::verify::{self, FetchError, Target};
@@ -680,6 +828,12 @@ async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
                 }
                 records
             }),
+        None if args.mining_pool.is_some()
+            && args.rpc.is_none()
+            && cfg.chain.rpc_url.is_empty() =>
+        {
+            Err("--mining-pool needs --rpc (or HANZO_RPC): the chain to read it on".to_string())
+        }
         None if args.rpc.is_some() || !cfg.chain.rpc_url.is_empty() => {
             let url = args
                 .rpc
@@ -859,6 +1013,10 @@ fn main() -> ExitCode {
         Command::Demo { .. } => ExitCode::SUCCESS,
         Command::Verify(args) => match runtime() {
             Ok(rt) => rt.block_on(run_verify(&cfg, args)),
+            Err(e) => fail(e),
+        },
+        Command::Chain(command) => match runtime() {
+            Ok(rt) => rt.block_on(run_chain(&cfg, command)),
             Err(e) => fail(e),
         },
         Command::Config => match toml::to_string_pretty(&cfg.redacted()) {

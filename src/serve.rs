@@ -166,6 +166,15 @@ pub async fn ledger(
         }
         return Ok(Arc::new(chain));
     }
+    if cfg.orchestrator.key.is_empty() {
+        // A fresh key per start would be a fresh account per start, never staked.
+        return Err(StartError::Material(
+            "HANZO_RPC is set, so ORCHESTRATOR_KEY (orchestrator.key) must be too: the \
+             orchestrator's EVM account, which holds its stake, derives from that key \
+             (`hanzod chain account` prints it)"
+                .into(),
+        ));
+    }
     let url = cfg.redacted().chain.rpc_url;
     let opts = cfg.chain.evm_options().map_err(StartError::Material)?;
     let signer = crate::chain::account::signer(identity);
@@ -256,7 +265,12 @@ fn read(path: &str, what: &str) -> Result<Vec<u8>, StartError> {
     std::fs::read(path).map_err(|e| StartError::Material(format!("{what} {path}: {e}")))
 }
 
-pub(crate) fn orchestrator_identity(key: &str) -> Result<Identity, StartError> {
+/// The orchestrator's identity from `orchestrator.key` (`ORCHESTRATOR_KEY`): 64 hex digits,
+/// or the path of a key file; empty generates a fresh one.
+///
+/// Errors: [`StartError::Material`] for a key that does not parse or a file that cannot
+/// be read.
+pub fn orchestrator_identity(key: &str) -> Result<Identity, StartError> {
     if key.is_empty() {
         return Ok(Identity::generate());
     }

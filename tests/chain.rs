@@ -11,6 +11,7 @@
 use std::time::{Duration, Instant};
 
 use hanzod::chain::anvil::{AnvilNode, DeployOptions, Deployment, ProxyMode, RpcProxy};
+use hanzod::chain::contracts::GYMToken;
 use hanzod::chain::{account, EvmChain, EvmError, EvmOptions, ORCHESTRATOR_MIN_STAKE};
 use hanzod::core::ports::ledger_conformance::{self as suite, staked, STAKE};
 use hanzod::core::ports::{ChainError, ChainReader, Ledger, LedgerError};
@@ -361,4 +362,111 @@ async fn reward_batch_gas_and_step_times() {
         .await
         .expect("slash");
     println!("slash: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+}
+
+/// `hanzod chain deploy` and `hanzod chain bind` set up a chain for `hanzod serve`: the
+/// contracts deployed, the orchestrator's account (from ORCHESTRATOR_KEY) staked, a node
+/// key bound to an operator; `hanzod serve` on that chain without ORCHESTRATOR_KEY refuses
+/// to start rather than send from a throwaway account.
+#[tokio::test]
+async fn the_chain_commands_set_up_a_chain_for_serve() {
+    if skip() {
+        return;
+    }
+    let node = AnvilNode::start().await.expect("anvil");
+    let key = "33".repeat(32);
+    let bin = env!("CARGO_BIN_EXE_hanzod");
+    let out = std::process::Command::new(bin)
+        .args(["chain", "deploy", "--rpc", &node.url()])
+        .env("ORCHESTRATOR_KEY", &key)
+        .output()
+        .expect("hanzod chain deploy runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .to_string()
+    };
+    let (token, pool) = (value("HANZO_GYM_TOKEN"), value("HANZO_MINING_POOL"));
+    let account = std::process::Command::new(bin)
+        .args(["chain", "account"])
+        .env("ORCHESTRATOR_KEY", &key)
+        .output()
+        .expect("hanzod chain account runs");
+    let identity = Identity::from_hex(&key, "key").expect("key");
+    assert_eq!(
+        String::from_utf8_lossy(&account.stdout).trim(),
+        account::address(&identity).to_string()
+    );
+    let opts = EvmOptions {
+        token: token.parse().expect("token address"),
+        pool: pool.parse().expect("pool address"),
+        ..EvmOptions::default()
+    };
+    let chain = EvmChain::connect(&node.url(), account::signer(&identity), opts.clone())
+        .await
+        .expect("the deployed contracts pass the start checks");
+    assert_eq!(chain.orchestrator_stake().await, Ok(ORCHESTRATOR_MIN_STAKE));
+
+    // An operator (funded by the deployer) stakes and binds a node key.
+    let deployment = Deployment::deploy(&node.url(), &DeployOptions::default())
+        .await
+        .expect("a second deployment, for its transfer helpers");
+    let operator = alloy::signers::local::PrivateKeySigner::random();
+    // Gas and GYM for the operator, from the deployer (anvil's first account holds both
+    // the ETH and, from `chain deploy`, the GYM supply of the contracts under test).
+    deployment
+        .fund_and_stake(&operator, GymWei(1))
+        .await
+        .expect("gas for the operator");
+    let gym = GYMToken::new(
+        opts.token,
+        hanzod::chain::anvil::wallet_provider(&node.url(), hanzod::chain::anvil::deployer())
+            .expect("provider"),
+    );
+    gym.transfer(operator.address(), alloy::primitives::U256::from(STAKE.0))
+        .send()
+        .await
+        .expect("send")
+        .get_receipt()
+        .await
+        .expect("GYM for the operator");
+    let dir = std::env::temp_dir().join(format!("hanzod-chain-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let node_key = dir.join("node.key");
+    let node_identity = Identity::from_seed([7; 32]);
+    node_identity.save(&node_key, true).expect("node key");
+    let bind = std::process::Command::new(bin)
+        .args(["chain", "bind", "--rpc", &node.url(), "--gym-token", &token])
+        .args(["--operator-key", &hex::encode(operator.to_bytes())])
+        .arg("--node-key")
+        .arg(&node_key)
+        .output()
+        .expect("hanzod chain bind runs");
+    assert!(
+        bind.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bind.stderr)
+    );
+    assert_eq!(chain.stake_of(&node_identity.node_id()).await, Ok(STAKE));
+
+    // serve on this chain without ORCHESTRATOR_KEY: refused, naming the variable.
+    let serve = std::process::Command::new(bin)
+        .arg("serve")
+        .env("HANZO_RPC", node.url())
+        .env("HANZO_GYM_TOKEN", &token)
+        .env("HANZO_MINING_POOL", &pool)
+        .env_remove("ORCHESTRATOR_KEY")
+        .output()
+        .expect("hanzod serve runs");
+    assert!(!serve.status.success());
+    let err = String::from_utf8_lossy(&serve.stderr);
+    assert!(err.contains("ORCHESTRATOR_KEY"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -321,8 +321,20 @@ impl Deployment {
     ///
     /// Errors: any transaction failing (the message names it).
     pub async fn deploy(url: &str, opts: &DeployOptions) -> Result<Deployment, AnvilError> {
-        let holder = self::deployer().address();
-        let deployer = wallet_provider(url, self::deployer())?;
+        Deployment::deploy_with(url, self::deployer(), opts).await
+    }
+
+    /// As [`Deployment::deploy`], from `deployer` (which must hold gas), which receives the
+    /// GYM supply.
+    ///
+    /// Errors: any transaction failing (the message names it).
+    pub async fn deploy_with(
+        url: &str,
+        deployer: PrivateKeySigner,
+        opts: &DeployOptions,
+    ) -> Result<Deployment, AnvilError> {
+        let holder = deployer.address();
+        let deployer = wallet_provider(url, deployer)?;
         let token = GYMToken::deploy(
             deployer.clone(),
             holder,
@@ -388,8 +400,8 @@ impl Deployment {
         mined("stake", token.stake(U256::from(stake.0)).send()).await
     }
 
-    /// Funds and stakes `stake` for `node`'s [`operator_of`] account and binds the node key
-    /// to it; returns the operator's address.
+    /// Funds and stakes `stake` for `node`'s [`operator_of`] account (a test account) and
+    /// binds the node key to it; returns the operator's address.
     pub async fn stake_and_bind(
         &self,
         node: &NodeId,
@@ -566,4 +578,25 @@ impl Drop for RpcProxy {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Stakes `stake` GYM wei from `operator`'s own balance on the `GYMToken` at `token` (on the
+/// node at `url`) and binds `node` to it (`hanzod chain bind`). The operator must hold the
+/// GYM and gas.
+///
+/// Errors: a transaction failing (the message names it: `stake` reverts when the balance
+/// is short, `bindNode` when another operator holds the key).
+pub async fn stake_and_bind_with(
+    url: &str,
+    token: Address,
+    operator: PrivateKeySigner,
+    node: &NodeId,
+    stake: GymWei,
+) -> Result<(), AnvilError> {
+    let own = wallet_provider(url, operator)?;
+    let token = GYMToken::new(token, own);
+    if stake.0 > 0 {
+        mined("stake", token.stake(U256::from(stake.0)).send()).await?;
+    }
+    mined("bindNode", token.bindNode(B256::from(node.0)).send()).await
 }

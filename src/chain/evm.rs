@@ -255,7 +255,15 @@ impl EvmChain<DynProvider> {
             MiningPool::new(pool, provider.clone()).token().call(),
         )
         .await
-        .map_err(|e| EvmError::Contract(format!("{pool} is not a MiningPool: {e}")))?;
+        .map_err(|e| match e {
+            // `within` names an unreachable endpoint as Unavailable: not the address's fault.
+            EvmError::Unavailable(m)
+                if m.contains("error sending request") || m.contains("no answer") =>
+            {
+                EvmError::Unavailable(m)
+            }
+            e => EvmError::Contract(format!("{pool} is not a MiningPool: {e}")),
+        })?;
         let opts = EvmOptions {
             chain_id,
             token,
