@@ -546,28 +546,9 @@ pub async fn stake_accounts(
 }
 
 /// What the chain holds for the demo's job, once every epoch is settled there (waited for
-/// up to 60 s: a settlement cut short by an outage is retried by the daemon).
-#[cfg(feature = "testkit")]
+/// up to 60 s: a settlement cut short by an outage is retried by the daemon); `refused`:
+/// the requests the endpoint refused while it was down.
 async fn chain_summary(
-    cfg: &Config,
-    d: &Daemon,
-    summary: &DemoSummary,
-    proxy: Option<&crate::chain::anvil::RpcProxy>,
-) -> ChainSummary {
-    chain_summary_with(cfg, d, summary, proxy.map_or(0, |p| p.refused())).await
-}
-
-#[cfg(not(feature = "testkit"))]
-async fn chain_summary(
-    cfg: &Config,
-    d: &Daemon,
-    summary: &DemoSummary,
-    _: Option<&()>,
-) -> ChainSummary {
-    chain_summary_with(cfg, d, summary, 0).await
-}
-
-async fn chain_summary_with(
     cfg: &Config,
     d: &Daemon,
     summary: &DemoSummary,
@@ -677,6 +658,7 @@ pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
     // alive until the demo ends), or none (the embedded ledger).
     #[cfg(feature = "testkit")]
     let mut _anvil = None;
+    #[cfg_attr(not(feature = "testkit"), allow(unused_mut))]
     let mut chain = plan.chain.clone();
     if plan.anvil && chain.is_none() {
         #[cfg(feature = "testkit")]
@@ -711,8 +693,6 @@ pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
         )),
         _ => None,
     };
-    #[cfg(not(feature = "testkit"))]
-    let proxy: Option<std::sync::Arc<()>> = None;
     if let Some(c) = &chain {
         #[cfg(feature = "testkit")]
         let url = proxy.as_ref().map_or_else(|| c.url.clone(), |p| p.url());
@@ -737,7 +717,11 @@ pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
     let outage = None;
     let mut result = drive(&plan, &daemon, &keys, &logs, outage).await;
     if let (Ok(summary), Some(_)) = (&mut result, &chain) {
-        summary.chain = Some(chain_summary(&cfg, &daemon, summary, proxy.as_deref()).await);
+        #[cfg(feature = "testkit")]
+        let refused = proxy.as_ref().map_or(0, |p| p.refused());
+        #[cfg(not(feature = "testkit"))]
+        let refused = 0;
+        summary.chain = Some(chain_summary(&cfg, &daemon, summary, refused).await);
     }
     // The embedded ledger lives in the daemon: its publication records are written out so
     // that `hanzod verify <folder> --records <out>/publications.json` can check the
@@ -761,6 +745,9 @@ async fn drive(
     logs: &Path,
     outage: Outage,
 ) -> Result<DemoSummary, DemoError> {
+    // Without the testkit there is no endpoint to take down.
+    #[cfg(not(feature = "testkit"))]
+    let _ = outage;
     let setup = |what: String, e: &dyn std::fmt::Display| DemoError::Setup(format!("{what}: {e}"));
     let view = View::new(plan);
     let (behaviours, to_kill) = plan.roles();

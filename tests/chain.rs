@@ -69,6 +69,22 @@ impl Fixture {
             .expect("adapter connects")
     }
 
+    /// An [`RpcProxy`] in front of the node, and an adapter through it retrying after
+    /// `retry_delay`.
+    async fn behind_proxy(&self, retry_delay: Duration) -> (RpcProxy, EvmChain) {
+        let proxy = RpcProxy::start(&self.node.url()).await.expect("proxy");
+        let chain = self
+            .chain_at(
+                &proxy.url(),
+                EvmOptions {
+                    retry_delay,
+                    ..self.deployment.options()
+                },
+            )
+            .await;
+        (proxy, chain)
+    }
+
     async fn chain(&self) -> EvmChain {
         self.chain_at(&self.node.url(), self.deployment.options())
             .await
@@ -178,6 +194,30 @@ async fn start_checks_chain_id_and_contracts() {
     )
     .await;
     assert!(matches!(dead, Err(EvmError::Unavailable(_))), "{dead:?}");
+    // A reader (hanzod verify) says the endpoint is unreachable, not that the address is
+    // not a pool; an address that is not a pool is a contract error.
+    let unreachable = EvmChain::reader(
+        "http://127.0.0.1:9",
+        f.deployment.pool,
+        36900,
+        Duration::from_secs(2),
+    )
+    .await;
+    assert!(
+        matches!(unreachable, Err(EvmError::Unavailable(_))),
+        "{unreachable:?}"
+    );
+    let not_a_pool = EvmChain::reader(
+        &f.node.url(),
+        f.deployment.token,
+        36900,
+        Duration::from_secs(2),
+    )
+    .await;
+    assert!(
+        matches!(not_a_pool, Err(EvmError::Contract(_))),
+        "{not_a_pool:?}"
+    );
 }
 
 #[tokio::test]
@@ -219,16 +259,7 @@ async fn a_lost_answer_is_never_paid_twice() {
         return;
     }
     let f = Fixture::start(ORCHESTRATOR_MIN_STAKE).await;
-    let proxy = RpcProxy::start(&f.node.url()).await.expect("proxy");
-    let chain = f
-        .chain_at(
-            &proxy.url(),
-            EvmOptions {
-                retry_delay: Duration::from_millis(50),
-                ..f.deployment.options()
-            },
-        )
-        .await;
+    let (proxy, chain) = f.behind_proxy(Duration::from_millis(50)).await;
     let operator = hanzod::chain::anvil::operator_of(&staked(1)).address();
     let held = f.deployment.gym_balance(operator).await.expect("balance");
     // Every send is mined, but the orchestrator never hears of it.
@@ -272,16 +303,7 @@ async fn a_dead_endpoint_fails_the_write_and_a_later_retry_pays_once() {
         return;
     }
     let f = Fixture::start(ORCHESTRATOR_MIN_STAKE).await;
-    let proxy = RpcProxy::start(&f.node.url()).await.expect("proxy");
-    let chain = f
-        .chain_at(
-            &proxy.url(),
-            EvmOptions {
-                retry_delay: Duration::from_millis(20),
-                ..f.deployment.options()
-            },
-        )
-        .await;
+    let (proxy, chain) = f.behind_proxy(Duration::from_millis(20)).await;
     proxy.set_mode(ProxyMode::Down);
     let e = chain
         .distribute_epoch_rewards(JobId(3), 7, &[(staked(3), GymWei(11))])

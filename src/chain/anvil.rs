@@ -199,23 +199,8 @@ impl Drop for AnvilNode {
     }
 }
 
-/// A plain-HTTP reqwest client (hanzod's rustls set-up; reqwest's own default client has
-/// no TLS provider in this build).
-fn http_client() -> Result<reqwest::Client, AnvilError> {
-    crate::publish::tls::client_builder(false, None, crate::publish::tls::Alpn::Http1)
-        .map_err(|e| AnvilError(e.to_string()))?
-        .build()
-        .map_err(|e| AnvilError(format!("HTTP client: {e}")))
-}
-
 fn rpc_client(url: &str) -> Result<alloy::rpc::client::RpcClient, AnvilError> {
-    let url = url
-        .parse()
-        .map_err(|e| AnvilError(format!("bad URL {url}: {e}")))?;
-    Ok(alloy::rpc::client::RpcClient::new_http_with_client(
-        http_client()?,
-        url,
-    ))
+    super::evm::rpc_client(url, None).map_err(AnvilError)
 }
 
 /// A provider on `url` that signs with `signer` (alloy's recommended fillers).
@@ -527,7 +512,17 @@ impl RpcProxy {
         }
         let state = std::sync::Arc::new(ProxyState {
             upstream: upstream.to_string(),
-            http: http_client()?,
+            // reqwest's own default client has no TLS provider in this build.
+            http: crate::publish::tls::client_builder(
+                false,
+                None,
+                crate::publish::tls::Alpn::Http1,
+            )
+            .and_then(|b| {
+                b.build()
+                    .map_err(|e| crate::publish::tls::TlsError(e.to_string()))
+            })
+            .map_err(|e| AnvilError(format!("HTTP client: {e}")))?,
             mode: std::sync::Mutex::new(ProxyMode::Forward),
             lost: AtomicU64::new(0),
             sends: AtomicU64::new(0),

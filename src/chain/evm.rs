@@ -159,22 +159,56 @@ async fn within<T, E: std::fmt::Display>(
 /// request bounded by `timeout`, without fillers or wallet: [`EvmChain::send`] builds and
 /// signs transactions itself.
 fn http_provider(url: &str, timeout: Duration) -> Result<DynProvider, EvmError> {
-    let parsed = reqwest::Url::parse(url).map_err(|e| EvmError::Url(format!("{e}")))?;
-    let http = crate::publish::tls::client_builder(
+    Ok(ProviderBuilder::new()
+        .disable_recommended_fillers()
+        .connect_client(rpc_client(url, Some(timeout)).map_err(EvmError::Url)?)
+        .erased())
+}
+
+/// A JSON-RPC client on `url` (http or https) over hanzod's reqwest/rustls set-up
+/// ([`crate::publish::tls::client_builder`]), each request bounded by `timeout` when given.
+///
+/// Errors: the URL does not parse, or the TLS set-up fails (the message says which).
+pub(crate) fn rpc_client(url: &str, timeout: Option<Duration>) -> Result<RpcClient, String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url}: {e}"))?;
+    let mut http = crate::publish::tls::client_builder(
         parsed.scheme() == "https",
         None,
         crate::publish::tls::Alpn::Http1,
     )
-    .map_err(|e| EvmError::Url(e.to_string()))?
-    .timeout(timeout)
-    .connect_timeout(timeout)
-    .build()
-    .map_err(|e| EvmError::Url(e.to_string()))?;
-    let client = RpcClient::new_http_with_client(http, parsed);
-    Ok(ProviderBuilder::new()
-        .disable_recommended_fillers()
-        .connect_client(client)
-        .erased())
+    .map_err(|e| e.to_string())?;
+    if let Some(t) = timeout {
+        http = http.timeout(t).connect_timeout(t);
+    }
+    let http = http.build().map_err(|e| e.to_string())?;
+    Ok(RpcClient::new_http_with_client(http, parsed))
+}
+
+/// The token the `MiningPool` at `pool` pays in, bounded by `bound`: an endpoint that
+/// cannot be reached is [`EvmError::Unavailable`]; a call that fails at the address (no
+/// such function, no code) is [`EvmError::Contract`].
+async fn pool_token<P: Provider>(
+    provider: P,
+    pool: Address,
+    bound: Duration,
+) -> Result<Address, EvmError> {
+    match tokio::time::timeout(
+        bound,
+        MiningPool::new(pool, provider).token().call().into_future(),
+    )
+    .await
+    {
+        Ok(Ok(token)) => Ok(token),
+        Ok(Err(alloy::contract::Error::TransportError(e))) if e.is_transport_error() => {
+            Err(EvmError::Unavailable(format!("MiningPool.token(): {e}")))
+        }
+        Ok(Err(e)) => Err(EvmError::Contract(format!(
+            "{pool} is not a MiningPool (token() failed: {e})"
+        ))),
+        Err(_) => Err(EvmError::Unavailable(format!(
+            "MiningPool.token(): no answer within {bound:?}"
+        ))),
+    }
 }
 
 fn node_key(node: &NodeId) -> B256 {
@@ -249,21 +283,7 @@ impl EvmChain<DynProvider> {
         call_timeout: Duration,
     ) -> Result<EvmChain<DynProvider>, EvmError> {
         let provider = http_provider(url, call_timeout)?;
-        let token = within(
-            "MiningPool.token()",
-            call_timeout,
-            MiningPool::new(pool, provider.clone()).token().call(),
-        )
-        .await
-        .map_err(|e| match e {
-            // `within` names an unreachable endpoint as Unavailable: not the address's fault.
-            EvmError::Unavailable(m)
-                if m.contains("error sending request") || m.contains("no answer") =>
-            {
-                EvmError::Unavailable(m)
-            }
-            e => EvmError::Contract(format!("{pool} is not a MiningPool: {e}")),
-        })?;
+        let token = pool_token(provider.clone(), pool, call_timeout).await?;
         let opts = EvmOptions {
             chain_id,
             token,
@@ -311,15 +331,7 @@ impl<P: Provider + Clone> EvmChain<P> {
         }
         let token = GYMToken::new(opts.token, provider.clone());
         let pool = MiningPool::new(opts.pool, provider.clone());
-        let pool_token = tokio::time::timeout(bound, pool.token().call().into_future())
-            .await
-            .map_err(|_| EvmError::Unavailable("MiningPool.token(): timed out".into()))?
-            .map_err(|e| {
-                EvmError::Contract(format!(
-                    "{} is not a MiningPool (token() failed: {e})",
-                    opts.pool
-                ))
-            })?;
+        let pool_token = pool_token(provider.clone(), opts.pool, bound).await?;
         if pool_token != opts.token {
             return Err(EvmError::Contract(format!(
                 "the MiningPool at {} pays in {pool_token}, not the configured GYMToken {}",
