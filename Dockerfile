@@ -12,7 +12,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin hanzod \
+    cargo build --release --locked -p hanzod --no-default-features --bin hanzod \
  && install -D -m 0755 target/release/hanzod /out/hanzod
 
 FROM debian:bookworm-slim

@@ -1,4 +1,4 @@
-//! Merge benchmarks (DESIGN §6 "Merge", issue 4 item 7): score-weighted merge of 8 and 64
+//! Merge benchmarks (DESIGN §6 "Merge"): score-weighted merge of 8 and 64
 //! deltas of 10 M f32 parameters, side by side with a plain memory copy of the same input
 //! bytes into one buffer (the memory-bandwidth ceiling), and the coordinate-wise median of
 //! 8 × 10 M and 64 × 1 M. Throughput is reported over the total input bytes (N × len × 4);

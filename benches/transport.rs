@@ -31,7 +31,7 @@ fn session_message(c: &mut Criterion) {
             let msg = pb::NodeMessage::decode(env.payload.as_slice()).expect("payload");
             verify(
                 &key,
-                hanzod_proto::domain::SESSION,
+                hanzod_actors::domain::SESSION,
                 &[&env.payload],
                 &env.signature,
             )

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use hanzod::agent::protocol::{delta_upload_parts, upload_delta};
 use hanzod::config::Config;
+use hanzod::core::domain;
 use hanzod::core::events::Event;
 use hanzod::core::job::{JobPhase, TrainingSpec};
 use hanzod::core::ports::DeltaReceipt;
@@ -28,7 +29,6 @@ use hanzod::delta::format::{
 use hanzod::delta::model::ModelSpec;
 use hanzod::identity::{verifying_key, Identity};
 use hanzod::serve::{Daemon, DaemonParts};
-use hanzod_proto::domain;
 use hanzod_proto::v1 as pb;
 use hanzod_proto::v1::job_service_client::JobServiceClient;
 use hanzod_proto::v1::node_service_client::NodeServiceClient;
@@ -398,7 +398,7 @@ async fn running_job(d: &Daemon, members: usize, epochs: u32, model: Option<&str
 // ---------------------------------------------------------------------------------------
 
 fn wine() -> ModelSpec {
-    ModelSpec::builtin("wine-mlp").expect("the built-in model")
+    hanzod::train::builtin_model("wine-mlp").expect("the built-in model")
 }
 
 /// Deterministic small values for a tensor of `n` elements.

@@ -110,13 +110,32 @@ fn load_config(ctx: &str, file: Option<&Path>, env: &BTreeMap<String, String>) -
     }
 }
 
-/// The variables the command line reads (clap `env = "…"` in src/main.rs): HANZOD_CONFIG.
+/// The variables the command line reads (clap `env = "…"` in crates/cli/src): HANZOD_CONFIG,
+/// HANZOD_ENDPOINT, HANZOD_ADMIN_TOKEN.
 fn cli_env_names() -> BTreeSet<String> {
-    let main = read("src/main.rs");
-    main.split("env = \"")
-        .skip(1)
-        .filter_map(|s| s.split('"').next())
-        .map(str::to_string)
+    fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = e.expect("directory entry").path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    sources(&root().join("crates/cli/src"), &mut files);
+    files
+        .iter()
+        .flat_map(|f| {
+            let text =
+                std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            text.split("env = \"")
+                .skip(1)
+                .filter_map(|s| s.split('"').next())
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 
@@ -133,7 +152,7 @@ fn assert_every_variable_is_read(
         assert!(
             asked.contains(k) || cli.contains(k) || helpers.contains(k),
             "{ctx}: {k} is set, but hanzod never reads it (neither the configuration loader, \
-             src/config.rs, nor the command line, src/main.rs)"
+             crates/daemon/src/config.rs, nor the command line, crates/cli/src)"
         );
     }
 }
@@ -1382,7 +1401,28 @@ fn dockerignore_excludes_build_output_but_not_what_the_build_reads() {
     let members = cargo["workspace"]["members"]
         .as_array()
         .expect("workspace.members");
-    for m in members.iter().filter_map(|m| m.as_str()) {
+    // A member may be a glob (`crates/*`): every folder it names.
+    let members: Vec<String> = members
+        .iter()
+        .filter_map(|m| m.as_str())
+        .flat_map(|m| match m.strip_suffix("/*") {
+            Some(dir) => {
+                let mut found: Vec<String> = std::fs::read_dir(root().join(dir))
+                    .unwrap_or_else(|e| panic!("{dir}: {e}"))
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.path().join("Cargo.toml").exists())
+                    .map(|e| format!("{dir}/{}", e.file_name().to_string_lossy()))
+                    .collect();
+                found.sort();
+                assert!(!found.is_empty(), "{m} names no crate (test out of date)");
+                found
+            }
+            None => vec![m.to_string()],
+        })
+        .collect();
+    // The declared test targets' files (cargo reads their paths with the manifest).
+    needed.push("tests/main.rs".into());
+    for m in &members {
         needed.push(format!("{m}/Cargo.toml"));
         needed.push(format!("{m}/src/lib.rs"));
         if root().join(m).join("build.rs").exists() {

@@ -132,11 +132,7 @@ fn hanzod() -> Command {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    hanzod::testkit::process::free_port().expect("a free loopback port")
 }
 
 fn tail(path: &Path, lines: usize) -> String {

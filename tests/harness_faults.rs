@@ -1,5 +1,6 @@
 //! Seeded fault-injection runs of the whole actor tree under paused tokio time.
 
+use hanzod::core::ports::{Counter, Histogram};
 use std::time::Duration;
 
 use hanzod::core::job::JobPhase;
@@ -94,9 +95,13 @@ async fn hung_node_fails_at_thirty_seconds_and_not_before() {
             .count()
             == 2
     );
-    assert_eq!(h.metrics.counter("node_failures", "heartbeat_timeout"), 1);
     assert_eq!(
-        h.metrics.counter("heartbeats", "accepted"),
+        h.metrics
+            .counter(Counter::NodeFailures, "heartbeat_timeout"),
+        1
+    );
+    assert_eq!(
+        h.metrics.counter(Counter::Heartbeats, "accepted"),
         h.status(0).heartbeats + h.status(1).heartbeats + h.status(2).heartbeats
     );
 }
@@ -266,9 +271,12 @@ async fn simultaneous_disconnects_are_one_reconfiguration_detected_at_once() {
         }
     }
     assert_eq!(failures.len(), 3);
-    assert_eq!(h.metrics.counter("node_failures", "session_closed"), 3);
-    assert_eq!(h.metrics.counter("ring_changes", "reconfigured"), 1);
-    let repair = h.metrics.samples("ring_repair_seconds");
+    assert_eq!(
+        h.metrics.counter(Counter::NodeFailures, "session_closed"),
+        3
+    );
+    assert_eq!(h.metrics.counter(Counter::RingChanges, "reconfigured"), 1);
+    let repair = h.metrics.samples(Histogram::RingRepairSeconds);
     assert_eq!(repair.len(), 1);
     // The coalescing window (200 ms) plus the reconfiguration itself.
     assert!((0.2..0.3).contains(&repair[0]), "{repair:?}");
@@ -338,5 +346,8 @@ async fn the_close_of_an_old_session_does_not_fail_a_reregistered_node() {
     );
     h.orch.session_closed(id, 2);
     h.await_node_failed(0, MIN).await.unwrap();
-    assert_eq!(h.metrics.counter("node_failures", "session_closed"), 1);
+    assert_eq!(
+        h.metrics.counter(Counter::NodeFailures, "session_closed"),
+        1
+    );
 }

@@ -21,8 +21,7 @@ use hanzod::publish::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
 use hanzod::publish::{cid_of, Location, ModelCard, ModelRegistry, ModelUpload, RegistryError};
 use rand::{Rng, SeedableRng};
 
-#[path = "support/test_tls.rs"]
-mod test_tls;
+use crate::support::test_tls;
 
 /// Random bytes from a printed seed.
 fn random_bytes(len: usize, what: &str) -> Vec<u8> {

@@ -31,8 +31,7 @@ use hanzod::publish::{cid_of, dag, Cid, ObjectError, ObjectStore};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-#[path = "support/test_tls.rs"]
-mod test_tls;
+use crate::support::test_tls;
 
 /// The node-side bound on lookups in these tests: a missing block is reported within it.
 const LOOKUP: Duration = Duration::from_secs(2);

@@ -206,9 +206,9 @@ fn delta_bytes_round_trip_and_format_check() {
     let bytes = delta.to_delta_bytes(7).unwrap();
     let view = DeltaView::parse(&bytes).unwrap();
     assert_eq!(view.header.base_version, 7);
-    let spec = ModelSpec::builtin("wine-mlp").unwrap();
+    let spec = hanzod::train::builtin_model("wine-mlp").unwrap();
     assert_eq!(spec, model_spec(32));
-    assert!(ModelSpec::builtin("gpt2").is_none());
+    assert!(hanzod::train::builtin_model("gpt2").is_none());
     check_against(&view, &spec).unwrap();
     let back = Weights::from_delta_view(&view, g.layout.clone()).unwrap();
     assert_eq!(back, delta);

@@ -1,10 +1,11 @@
-//! The validator and the merging sink (issue 4, DESIGN §6): real burn training on the
+//! The validator and the merging sink (DESIGN §6): real burn training on the
 //! built-in Wine Quality MLP, real signatures, the blob store, the supervised pool.
 //!
 //! Each scenario trains honest nodes with the job's recipe, adds dishonest ones (a node
 //! that lies about its loss; a node that sends a sign-flipped, scaled delta with an honest
 //! claim), and runs the epoch through [`TrainingSink`] exactly as the job actor does.
 
+use hanzod::core::ports::Counter;
 use std::sync::Arc;
 
 use hanzod::core::job::JobSpec;
@@ -201,8 +202,8 @@ async fn honest_epochs_lower_the_validation_loss_and_cheaters_are_caught() {
     assert_eq!(r0.slashes[0].node, hex::encode(deltas[4].node.0));
     assert_eq!(r0.slashes[0].signature, hex::encode(&deltas[4].signature));
     assert!(r0.slashes[0].claimed_loss > r0.slashes[0].measured_loss * 1.5);
-    assert_eq!(f.metrics.counter("spot_checks", "failed"), 2);
-    assert_eq!(f.metrics.counter("deltas_validated", "accepted"), 4);
+    assert_eq!(f.metrics.counter(Counter::SpotChecks, "failed"), 2);
+    assert_eq!(f.metrics.counter(Counter::DeltasValidated, "accepted"), 4);
 
     // The checkpoint is stored and loads; epoch 1 trains from it and improves again.
     let w0 = f.weights(&cp0).await;
@@ -337,7 +338,7 @@ async fn a_crashed_validator_worker_is_restarted_and_the_pool_keeps_serving() {
     }
     // Both restarts are observed before the epoch is judged (bounded wait, no fixed sleep).
     for _ in 0..500 {
-        if f.metrics.counter("actor_restarts", "validator") == 2 {
+        if f.metrics.counter(Counter::ActorRestarts, "validator") == 2 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -349,7 +350,7 @@ async fn a_crashed_validator_worker_is_restarted_and_the_pool_keeps_serving() {
     f.publish(0, None, &deltas).await;
     let r = f.sink.report(JOB, 0).await.unwrap();
     assert!(r.deltas.iter().all(|d| d.rejected.is_none()), "{r:#?}");
-    assert_eq!(f.metrics.counter("actor_restarts", "validator"), 2);
+    assert_eq!(f.metrics.counter(Counter::ActorRestarts, "validator"), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,9 @@
 //! └── JobSupervisor ── JobActor per job ── RingActor per job ring
 //! ```
 //!
-//! - Every supervisor overrides `handle_supervisor_evt`, maps the failed child's actor id to
-//!   the spec it keeps, and rebuilds it after a backoff unless its [`RestartBudget`] is spent.
+//! - Every supervisor overrides `handle_supervisor_evt` and keeps its children in one
+//!   [`children::Children`] map: the failed child's actor id maps back to the key it is
+//!   rebuilt from, which is rebuilt after a backoff unless its [`RestartBudget`] is spent.
 //! - A NodeActor that fails is a node failure for its ring. A JobActor or RingActor that
 //!   fails is rebuilt from the event log ([`crate::replay`]) with nothing lost.
 //! - Actors share no mutable state: they own their state and talk by typed messages; the
@@ -20,6 +21,7 @@
 //! [`RestartBudget`]: crate::supervision::RestartBudget
 //! [`CoreConfig::call_timeout_ms`]: crate::config::CoreConfig
 
+pub mod children;
 pub mod job;
 pub mod jobs;
 pub mod node;

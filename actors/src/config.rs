@@ -24,6 +24,10 @@ pub struct CoreConfig {
     pub probe: ProbeConfig,
     /// Deadline of every actor-to-actor call, in ms.
     pub call_timeout_ms: u64,
+    /// How long an epoch's publication (validate, merge, publish, settle: the
+    /// [`CheckpointSink`](crate::ports::CheckpointSink)) may take before the job fails with
+    /// `PublicationFailed`, in ms. It runs beside the job actor, which keeps answering.
+    pub publish_deadline_ms: u64,
 }
 
 impl Default for CoreConfig {
@@ -36,6 +40,7 @@ impl Default for CoreConfig {
             supervision: SupervisionConfig::default(),
             probe: ProbeConfig::default(),
             call_timeout_ms: 5_000,
+            publish_deadline_ms: 3_600_000,
         }
     }
 }
@@ -60,6 +65,9 @@ impl CoreConfig {
                 reason: reason.to_string(),
             })
         };
+        if self.publish_deadline_ms == 0 {
+            return err("publish_deadline_ms", "must be > 0");
+        }
         let hb = &self.heartbeat;
         if hb.interval_ms == 0 {
             return err("heartbeat.interval_ms", "must be > 0");

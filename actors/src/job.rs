@@ -23,7 +23,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{GymWei, JobId, Timestamp};
+use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
 /// What a submitter asks for (paper §3, "Job Scheduler"). Unknown fields are refused when it
 /// is deserialised; call [`JobSpec::validate`] before accepting it.
@@ -584,6 +584,51 @@ impl Job {
         }
     }
 
+    /// What the running epoch calls for (DESIGN §5, the epoch's completion rules), if
+    /// anything; pure, the caller applies the event and logs it:
+    ///
+    /// | state | event |
+    /// |---|---|
+    /// | not Running | none |
+    /// | every member of the current ring delivered | `EpochComplete` |
+    /// | the epoch's deadline passed with at least one delta | `EpochComplete` (with those) |
+    /// | the epoch's deadline passed without a single delta | `Fail { DeadlinePassed }`: publishing an empty checkpoint would report progress that did not happen |
+    /// | otherwise | none (wait) |
+    ///
+    /// `members` is the current ring (`None` before one formed), `delivered(m)` whether
+    /// member `m` delivered this epoch, `deltas` how many deltas the epoch accepted, and
+    /// `deadline_passed` whether `now ≥ epoch start + epoch_deadline_ms`.
+    pub fn epoch_due(
+        &self,
+        members: Option<&[NodeId]>,
+        delivered: impl Fn(&NodeId) -> bool,
+        deltas: usize,
+        deadline_passed: bool,
+    ) -> Option<JobEvent> {
+        let JobPhase::Running { epoch, .. } = self.phase else {
+            return None;
+        };
+        let all_delivered = members.is_some_and(|m| m.iter().all(&delivered));
+        if all_delivered || (deadline_passed && deltas > 0) {
+            return Some(JobEvent::EpochComplete { epoch });
+        }
+        if deadline_passed {
+            return Some(JobEvent::Fail {
+                reason: FailReason::DeadlinePassed,
+            });
+        }
+        None
+    }
+
+    /// What a new ring of `size` live members calls for (DESIGN §5): `Fail { TooFewNodes }`
+    /// when it has fewer than the spec's `min_nodes` and the job has not ended, else none.
+    pub fn ring_due(&self, size: u32) -> Option<JobEvent> {
+        let min = self.spec.min_nodes;
+        (size < min && !self.is_terminal()).then_some(JobEvent::Fail {
+            reason: FailReason::TooFewNodes { alive: size, min },
+        })
+    }
+
     /// Rebuilds a job from its event log: [`Job::new`] then [`Job::apply`] for each
     /// `(time, event)` in order. A log holds only accepted events, so an error means the log
     /// is corrupt; the first one is returned.
@@ -684,6 +729,119 @@ mod tests {
         JobEvent::CheckpointPublished {
             epoch,
             checkpoint: format!("cid-{epoch}"),
+        }
+    }
+
+    // ---- the epoch's completion rules ----
+
+    fn nodes(n: u8) -> Vec<NodeId> {
+        (1..=n).map(|i| NodeId([i; 32])).collect()
+    }
+
+    #[test]
+    fn epoch_completes_when_every_member_delivered() {
+        let j = running0(3);
+        let ring = nodes(3);
+        let due = j.epoch_due(Some(&ring), |_| true, 3, false);
+        assert_eq!(due, Some(JobEvent::EpochComplete { epoch: 0 }));
+    }
+
+    #[test]
+    fn epoch_waits_for_a_missing_member_before_its_deadline() {
+        let j = running0(3);
+        let ring = nodes(3);
+        let missing = ring[2];
+        assert_eq!(j.epoch_due(Some(&ring), |m| *m != missing, 2, false), None);
+        // Without a ring, nothing is complete until the deadline.
+        assert_eq!(j.epoch_due(None, |_| true, 2, false), None);
+    }
+
+    #[test]
+    fn epoch_at_its_deadline_completes_with_the_deltas_it_has() {
+        let j = running0(3);
+        let ring = nodes(3);
+        let first = ring[0];
+        let due = j.epoch_due(Some(&ring), |m| *m == first, 1, true);
+        assert_eq!(due, Some(JobEvent::EpochComplete { epoch: 0 }));
+    }
+
+    #[test]
+    fn empty_epoch_at_its_deadline_fails_the_job() {
+        let j = running0(3);
+        let ring = nodes(3);
+        let due = j.epoch_due(Some(&ring), |_| false, 0, true);
+        assert_eq!(
+            due,
+            Some(JobEvent::Fail {
+                reason: FailReason::DeadlinePassed
+            })
+        );
+        let mut failed = j.clone();
+        failed.apply(&due.unwrap(), T0).unwrap();
+        assert!(failed.is_terminal());
+    }
+
+    #[test]
+    fn epoch_rules_only_apply_while_running() {
+        let ring = nodes(2);
+        let pending = job(3);
+        assert_eq!(pending.epoch_due(Some(&ring), |_| true, 2, true), None);
+        let mut aggregating = running0(3);
+        ok(&mut aggregating, JobEvent::EpochComplete { epoch: 0 });
+        assert_eq!(aggregating.epoch_due(Some(&ring), |_| true, 2, true), None);
+    }
+
+    #[test]
+    fn ring_below_min_nodes_fails_the_job() {
+        let j = running0(3);
+        assert_eq!(
+            j.ring_due(1),
+            Some(JobEvent::Fail {
+                reason: FailReason::TooFewNodes { alive: 1, min: 2 }
+            })
+        );
+        assert_eq!(j.ring_due(2), None);
+        let mut cancelled = j.clone();
+        ok(&mut cancelled, JobEvent::Cancel);
+        assert_eq!(
+            cancelled.ring_due(0),
+            None,
+            "an ended job is not failed again"
+        );
+    }
+
+    proptest! {
+        /// Completion never comes early: `EpochComplete` only when every member delivered
+        /// or the deadline passed with a delta, and always for the running epoch; a job
+        /// whose deadline passed is never left waiting.
+        #[test]
+        fn epoch_due_matches_its_rules(
+            members in 0u8..6,
+            delivered_mask in any::<u8>(),
+            deadline_passed in any::<bool>(),
+            epoch_published in 0u32..3,
+        ) {
+            let mut j = running0(5);
+            for e in 0..epoch_published {
+                ok(&mut j, JobEvent::EpochComplete { epoch: e });
+                ok(&mut j, published_event(e));
+            }
+            let ring = nodes(members);
+            let delivered = |m: &NodeId| delivered_mask & (1 << (m.0[0] - 1)) != 0;
+            let count = ring.iter().filter(|m| delivered(m)).count();
+            let all = ring.iter().all(delivered);
+            match j.epoch_due(Some(&ring), delivered, count, deadline_passed) {
+                Some(JobEvent::EpochComplete { epoch }) => {
+                    prop_assert_eq!(epoch, epoch_published);
+                    prop_assert!(all || (deadline_passed && count > 0));
+                }
+                Some(JobEvent::Fail { reason }) => {
+                    prop_assert_eq!(reason, FailReason::DeadlinePassed);
+                    prop_assert!(deadline_passed && count == 0 && !all);
+                }
+                Some(other) => prop_assert!(false, "unexpected {:?}", other),
+                None => prop_assert!(!deadline_passed && !all),
+            }
         }
     }
 

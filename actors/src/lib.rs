@@ -2,14 +2,17 @@
 //!
 //! The core of hanzod, the orchestrator for decentralized training: supervised ractor
 //! actors ([`actor`]), the pure state machines they wrap ([`job`], [`sched`], [`ring`],
-//! [`node`], [`uptime`], [`supervision`]), and the ports through which they reach the world
-//! ([`ports`]). No concrete I/O client lives here; `hanzod` plugs the adapters in.
+//! [`node`], [`uptime`], [`supervision`], [`rewards`], [`replay`]), the ports through which
+//! they reach the world ([`ports`]), and every signature and hash domain string
+//! ([`domain`]). No concrete I/O client lives here: `hanzod-adapters` holds the real
+//! adapters and `hanzod-daemon` plugs them in (DESIGN §1).
 //!
 //! Start with [`orchestrator::Orchestrator::builder`].
 #![warn(missing_docs)]
 
 pub mod actor;
 pub mod config;
+pub mod domain;
 pub mod events;
 pub mod job;
 pub mod node;

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorRef, ActorStatus, RpcReplyPort};
-use serde::Serialize;
 use tokio::sync::broadcast;
 
 use crate::actor::job::{JobRequestError, JobView};
@@ -185,8 +184,10 @@ impl From<CallError> for OrchestratorError {
     }
 }
 
-/// A fault to inject into a running orchestrator (the fault-injection harness uses these).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// A fault to inject into a running orchestrator (the fault-injection harness uses these;
+/// feature `fault-injection`, which the test kit turns on and the product binary leaves off).
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum ActorFault {
     /// Panic in the node's actor (the node counts as failed).
     PanicNodeActor(NodeId),
@@ -335,7 +336,9 @@ impl OrchestratorHandle {
             .await??)
     }
 
-    /// Injects a fault into an actor; returns whether the target existed.
+    /// Injects a fault into an actor; returns whether the target existed (feature
+    /// `fault-injection`).
+    #[cfg(feature = "fault-injection")]
     pub async fn inject(&self, fault: ActorFault) -> Result<bool, OrchestratorError> {
         self.ask(|reply| match fault {
             ActorFault::PanicNodeActor(node) => {

@@ -1,19 +1,20 @@
 //! Ports: the traits through which the core reaches the outside world.
 //!
 //! The core never names a concrete client (no Redis, no HTTP, no EVM library): it talks to
-//! these traits, and `hanzod` (or an embedder) plugs adapters in. Each port has an in-memory
+//! these traits, and the daemon (`hanzod-daemon`, with `hanzod-adapters` and
+//! `hanzod-pipeline`) or an embedder plugs adapters in. Each port has an in-memory
 //! implementation in [`memory`]; they are the embedded defaults and the test doubles.
 //!
-//! | port | in-memory | real adapter (later issues) |
+//! | port | in-memory | real adapter |
 //! |---|---|---|
 //! | [`Clock`] | [`TokioClock`] (follows paused tokio time), [`SystemClock`] | — |
-//! | [`StateStore`] | [`memory::MemoryStateStore`] | Valkey stream + snapshots (`hanzod::state`) |
-//! | [`LeaderLease`] | [`memory::MemoryStateStore`] | Valkey lease + fencing token (`hanzod::state`) |
-//! | [`ChainReader`] | [`memory::MemoryChain`] | EVM JSON-RPC (`GYMToken`) |
-//! | [`Ledger`] (chain writes: rewards, slashing) | [`memory::MemoryChain`] | EVM transactions (`MiningPool`, `GYMToken`) |
-//! | [`NodeLink`] | [`memory::ChannelNodeLink`] | gRPC session streams |
-//! | [`CheckpointSink`] | [`memory::MemoryCheckpointSink`] | validator + merge + IPFS/HF publisher |
-//! | [`Metrics`] | [`memory::MemoryMetrics`] | Prometheus registry on :9551 |
+//! | [`StateStore`] | [`memory::MemoryStateStore`] | Valkey stream + snapshots (`hanzod_adapters::valkey`) |
+//! | [`LeaderLease`] | [`memory::MemoryStateStore`] | Valkey lease + fencing token (`hanzod_adapters::valkey`) |
+//! | [`ChainReader`] | [`memory::MemoryChain`] | EVM JSON-RPC, `GYMToken` (`hanzod_adapters::chain::EvmChain`) |
+//! | [`Ledger`] (chain writes: rewards, slashing) | [`memory::MemoryChain`] | EVM transactions, `MiningPool` and `GYMToken` (`hanzod_adapters::chain::EvmChain`) |
+//! | [`NodeLink`] | [`memory::ChannelNodeLink`] | gRPC session streams (`hanzod_daemon::grpc::sessions::GrpcNodeLink`) |
+//! | [`CheckpointSink`] | [`memory::MemoryCheckpointSink`] | validate, merge, publish, settle (`hanzod_pipeline::sink::TrainingSink`) |
+//! | [`Metrics`] | [`memory::MemoryMetrics`] | Prometheus registry on :9551 (`hanzod_daemon::metrics`) |
 
 pub mod conformance;
 pub mod ledger_conformance;
@@ -450,7 +451,7 @@ pub enum CheckpointError {
 /// Turns an epoch's accepted deltas into a published checkpoint (validate, merge, publish).
 ///
 /// The core calls it once per epoch in `Aggregating(e)` and records the returned checkpoint
-/// reference (a CID once the publication issue lands).
+/// reference (the checkpoint's IPFS CID).
 ///
 /// Must be idempotent per (job, epoch): a job actor rebuilt while a publication was in
 /// flight calls it again for the same epoch with the same deltas, and must get the same
@@ -478,12 +479,212 @@ pub struct EpochInput<'a> {
     pub deltas: &'a [DeltaReceipt],
 }
 
+/// Every counter hanzod reports through [`Metrics::incr`] (DESIGN §10): an exporter
+/// exposes each as `hanzod_<name>_total{<label key>="<label>"}`. A closed set: a counter
+/// nobody declared cannot be reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Counter {
+    /// `probe_requests{outcome}`: Link probe requests to nodes, by outcome: sent or undeliverable.
+    ProbeRequests,
+    /// `session_messages_out{kind}`: Messages queued to node sessions, by kind (ring_update, release, probe_request) or undeliverable.
+    SessionMessagesOut,
+    /// `heartbeats{outcome}`: Heartbeats handled, by outcome: accepted or the refusal reason.
+    Heartbeats,
+    /// `registrations{outcome}`: Node registrations handled, by outcome: accepted or the refusal reason.
+    Registrations,
+    /// `node_failures{kind}`: Nodes declared failed, by failure kind.
+    NodeFailures,
+    /// `ring_changes{change}`: Ring versions recorded: formed (version 1) or reconfigured.
+    RingChanges,
+    /// `job_transitions{phase}`: Job state-machine transitions, by the phase entered.
+    JobTransitions,
+    /// `actor_restarts{actor}`: Actors rebuilt by their supervisor, by actor or subsystem.
+    ActorRestarts,
+    /// `rejected_messages{reason}`: Messages refused by the gRPC transport, by reason.
+    RejectedMessages,
+    /// `session_messages{kind}`: Messages received on node sessions, by kind.
+    SessionMessages,
+    /// `sessions{event}`: Node sessions opened and closed.
+    Sessions,
+    /// `deltas{outcome}`: Delta uploads handled, by outcome: accepted or the refusal reason.
+    Deltas,
+    /// `delta_bytes_received{outcome}`: Payload bytes received by delta uploads, by the upload's outcome.
+    DeltaBytesReceived,
+    /// `deltas_validated{outcome}`: Deltas judged at aggregation, by outcome: accepted or the rejection reason.
+    DeltasValidated,
+    /// `spot_checks{outcome}`: Spot-checks run (DESIGN §6), passed or failed.
+    SpotChecks,
+    /// `merges{aggregator}`: Epochs merged, by aggregator (weighted_mean, median) or kept.
+    Merges,
+    /// `rewards_milli_gym{outcome}`: Epoch rewards paid on the ledger, in thousandths of a GYM (paper §8).
+    RewardsMilliGym,
+    /// `slashes{outcome}`: Slashes applied on the ledger for failed spot-checks (paper §8).
+    Slashes,
+    /// `registry_refusals{outcome}`: Checkpoints the model registry refused (published by CID only).
+    RegistryRefusals,
+    /// `registry_failures{outcome}`: Publications the model registry failed transiently (retried from the journal).
+    RegistryFailures,
+}
+
+impl Counter {
+    /// Every counter, in declaration order.
+    pub const ALL: [Counter; 20] = [
+        Counter::ProbeRequests,
+        Counter::SessionMessagesOut,
+        Counter::Heartbeats,
+        Counter::Registrations,
+        Counter::NodeFailures,
+        Counter::RingChanges,
+        Counter::JobTransitions,
+        Counter::ActorRestarts,
+        Counter::RejectedMessages,
+        Counter::SessionMessages,
+        Counter::Sessions,
+        Counter::Deltas,
+        Counter::DeltaBytesReceived,
+        Counter::DeltasValidated,
+        Counter::SpotChecks,
+        Counter::Merges,
+        Counter::RewardsMilliGym,
+        Counter::Slashes,
+        Counter::RegistryRefusals,
+        Counter::RegistryFailures,
+    ];
+
+    /// The family name, snake_case without prefix or suffix (`heartbeats`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::ProbeRequests => "probe_requests",
+            Counter::SessionMessagesOut => "session_messages_out",
+            Counter::Heartbeats => "heartbeats",
+            Counter::Registrations => "registrations",
+            Counter::NodeFailures => "node_failures",
+            Counter::RingChanges => "ring_changes",
+            Counter::JobTransitions => "job_transitions",
+            Counter::ActorRestarts => "actor_restarts",
+            Counter::RejectedMessages => "rejected_messages",
+            Counter::SessionMessages => "session_messages",
+            Counter::Sessions => "sessions",
+            Counter::Deltas => "deltas",
+            Counter::DeltaBytesReceived => "delta_bytes_received",
+            Counter::DeltasValidated => "deltas_validated",
+            Counter::SpotChecks => "spot_checks",
+            Counter::Merges => "merges",
+            Counter::RewardsMilliGym => "rewards_milli_gym",
+            Counter::Slashes => "slashes",
+            Counter::RegistryRefusals => "registry_refusals",
+            Counter::RegistryFailures => "registry_failures",
+        }
+    }
+
+    /// The key of the counter's one label (`outcome`, `reason`, `kind`, …).
+    pub fn label_key(self) -> &'static str {
+        match self {
+            Counter::ProbeRequests => "outcome",
+            Counter::SessionMessagesOut => "kind",
+            Counter::Heartbeats => "outcome",
+            Counter::Registrations => "outcome",
+            Counter::NodeFailures => "kind",
+            Counter::RingChanges => "change",
+            Counter::JobTransitions => "phase",
+            Counter::ActorRestarts => "actor",
+            Counter::RejectedMessages => "reason",
+            Counter::SessionMessages => "kind",
+            Counter::Sessions => "event",
+            Counter::Deltas => "outcome",
+            Counter::DeltaBytesReceived => "outcome",
+            Counter::DeltasValidated => "outcome",
+            Counter::SpotChecks => "outcome",
+            Counter::Merges => "aggregator",
+            Counter::RewardsMilliGym => "outcome",
+            Counter::Slashes => "outcome",
+            Counter::RegistryRefusals => "outcome",
+            Counter::RegistryFailures => "outcome",
+        }
+    }
+
+    /// The family's help text.
+    pub fn help(self) -> &'static str {
+        match self {
+            Counter::ProbeRequests => "Link probe requests to nodes, by outcome: sent or undeliverable",
+            Counter::SessionMessagesOut => "Messages queued to node sessions, by kind (ring_update, release, probe_request) or undeliverable",
+            Counter::Heartbeats => "Heartbeats handled, by outcome: accepted or the refusal reason",
+            Counter::Registrations => "Node registrations handled, by outcome: accepted or the refusal reason",
+            Counter::NodeFailures => "Nodes declared failed, by failure kind",
+            Counter::RingChanges => "Ring versions recorded: formed (version 1) or reconfigured",
+            Counter::JobTransitions => "Job state-machine transitions, by the phase entered",
+            Counter::ActorRestarts => "Actors rebuilt by their supervisor, by actor or subsystem",
+            Counter::RejectedMessages => "Messages refused by the gRPC transport, by reason",
+            Counter::SessionMessages => "Messages received on node sessions, by kind",
+            Counter::Sessions => "Node sessions opened and closed",
+            Counter::Deltas => "Delta uploads handled, by outcome: accepted or the refusal reason",
+            Counter::DeltaBytesReceived => "Payload bytes received by delta uploads, by the upload's outcome",
+            Counter::DeltasValidated => "Deltas judged at aggregation, by outcome: accepted or the rejection reason",
+            Counter::SpotChecks => "Spot-checks run (DESIGN §6), passed or failed",
+            Counter::Merges => "Epochs merged, by aggregator (weighted_mean, median) or kept",
+            Counter::RewardsMilliGym => "Epoch rewards paid on the ledger, in thousandths of a GYM (paper §8)",
+            Counter::Slashes => "Slashes applied on the ledger for failed spot-checks (paper §8)",
+            Counter::RegistryRefusals => "Checkpoints the model registry refused (published by CID only)",
+            Counter::RegistryFailures => "Publications the model registry failed transiently (retried from the journal)",
+        }
+    }
+}
+
+/// Every histogram hanzod records through [`Metrics::observe`], all in seconds (DESIGN
+/// §10): an exporter exposes each as `hanzod_<name>` with `_bucket`, `_sum` and `_count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Histogram {
+    /// `ring_repair_seconds`: Time from the first node failure reported to the ring actor until the new ring is recorded, including the coalescing window.
+    RingRepairSeconds,
+    /// `heartbeat_handling_seconds`: Time the gRPC transport spends handling one heartbeat.
+    HeartbeatHandlingSeconds,
+    /// `publish_stage_seconds`: One epoch's publication: adding the checkpoint to the object store and staging it.
+    PublishStageSeconds,
+    /// `publish_push_seconds`: One epoch's publication: pinning the checkpoint and pushing the repo to the model registry.
+    PublishPushSeconds,
+    /// `publish_record_seconds`: One epoch's publication: recording the signed record on the ledger.
+    PublishRecordSeconds,
+}
+
+impl Histogram {
+    /// Every histogram, in declaration order.
+    pub const ALL: [Histogram; 5] = [
+        Histogram::RingRepairSeconds,
+        Histogram::HeartbeatHandlingSeconds,
+        Histogram::PublishStageSeconds,
+        Histogram::PublishPushSeconds,
+        Histogram::PublishRecordSeconds,
+    ];
+
+    /// The family name, snake_case without prefix, ending in `_seconds`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Histogram::RingRepairSeconds => "ring_repair_seconds",
+            Histogram::HeartbeatHandlingSeconds => "heartbeat_handling_seconds",
+            Histogram::PublishStageSeconds => "publish_stage_seconds",
+            Histogram::PublishPushSeconds => "publish_push_seconds",
+            Histogram::PublishRecordSeconds => "publish_record_seconds",
+        }
+    }
+
+    /// The family's help text.
+    pub fn help(self) -> &'static str {
+        match self {
+            Histogram::RingRepairSeconds => "Time from the first node failure reported to the ring actor until the new ring is recorded, including the coalescing window",
+            Histogram::HeartbeatHandlingSeconds => "Time the gRPC transport spends handling one heartbeat",
+            Histogram::PublishStageSeconds => "One epoch's publication: adding the checkpoint to the object store and staging it",
+            Histogram::PublishPushSeconds => "One epoch's publication: pinning the checkpoint and pushing the repo to the model registry",
+            Histogram::PublishRecordSeconds => "One epoch's publication: recording the signed record on the ledger",
+        }
+    }
+}
+
 /// Where the actors report what they count and time. One instance per orchestrator (not a
 /// process-global registry), so two orchestrators in one process keep separate figures.
 ///
-/// Names are snake_case without a prefix (the exporter adds `hanzod_`); each counter has
-/// one label value (e.g. the refusal reason). Implementations must be cheap and must not
-/// block: they are called from actor handlers.
+/// Names are the closed sets [`Counter`] and [`Histogram`]; each counter has one label
+/// value (e.g. the refusal reason). Implementations must be cheap and must not block: they
+/// are called from actor handlers.
 ///
 /// | name | label | meaning |
 /// |---|---|---|
@@ -502,7 +703,20 @@ pub struct EpochInput<'a> {
 /// actor → new ring recorded, including the coalescing window).
 pub trait Metrics: Send + Sync + std::fmt::Debug + 'static {
     /// Adds `by` to counter `name{label}`.
-    fn incr(&self, name: &'static str, label: &str, by: u64);
-    /// Records one sample of histogram `name`.
-    fn observe(&self, name: &'static str, value: f64);
+    fn incr(&self, name: Counter, label: &str, by: u64);
+    /// Records one sample of histogram `name`, in seconds.
+    fn observe(&self, name: Histogram, value: f64);
+}
+
+/// A state store's health as its adapter sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StoreHealth {
+    /// Whether the last command reached the store.
+    pub reachable: bool,
+    /// Commands that failed (connection refused, timeout, pool exhausted), since start.
+    pub errors_total: u64,
+    /// Commands retried after a failure, since start.
+    pub retries_total: u64,
+    /// The last failure, if any.
+    pub last_error: Option<String>,
 }

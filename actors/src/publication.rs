@@ -8,7 +8,7 @@
 //! (`card_cid`), so that one flipped byte in any published file fails verification.
 //!
 //! Signing and checking use Ed25519 over [`PublicationRecord::canonical_bytes`]; the keys live
-//! in the `hanzod` crate (`hanzod::publish::record`), this crate only carries the bytes.
+//! in `hanzod_protocol::record`, this crate only carries the bytes.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,7 +16,7 @@ use crate::types::{JobId, Timestamp};
 
 /// The domain separator that starts [`PublicationRecord::canonical_bytes`], so that a
 /// signature over a record can never be replayed as a signature over another message kind.
-pub const RECORD_DOMAIN: &[u8] = b"hanzod/publication-record/v1\0";
+pub const RECORD_DOMAIN: &[u8] = crate::domain::PUBLICATION_RECORD;
 
 /// One published checkpoint (paper §7.1 `PublishRecord`, plus the job, and the CIDs of the
 /// repo's other two files).

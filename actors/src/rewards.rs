@@ -1,6 +1,6 @@
 //! Epoch reward split (paper §8 "Reward Distribution": the pool split by composite score
-//! over accepted deltas). Pure: the job actor computes the amounts here and pays them
-//! through [`crate::ports::Ledger::distribute_epoch_rewards`].
+//! over accepted deltas). Pure: the epoch's settlement (`hanzod_pipeline::sink`) computes the
+//! amounts here and pays them through [`crate::ports::Ledger::distribute_epoch_rewards`].
 //!
 //! Amounts are integers in GYM wei (10^-18 GYM); the split is exact: the amounts sum to
 //! the pool, the rounding remainder going to the largest share.

@@ -1,6 +1,7 @@
 //! Link probing after admission (DESIGN §4): the registry asks nodes to measure the links
 //! to their peers through the node link, capped by `core.probe.peers_per_node`.
 
+use hanzod_actors::ports::Counter;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,8 +99,11 @@ async fn admissions_request_probes_of_every_new_pair() {
         assert_eq!(probes(rx, 3).await, set(&others), "node {i}");
     }
     assert_quiet(&mut rxs).await;
-    assert_eq!(s.metrics.counter("probe_requests", "sent"), 12);
-    assert_eq!(s.metrics.counter("probe_requests", "undeliverable"), 0);
+    assert_eq!(s.metrics.counter(Counter::ProbeRequests, "sent"), 12);
+    assert_eq!(
+        s.metrics.counter(Counter::ProbeRequests, "undeliverable"),
+        0
+    );
 
     // A re-registration (the node may have moved) is probed again; measured pairs wait for
     // unmeasured ones. Node 3's links with its same-region peer 1 are measured, so with
@@ -113,7 +117,7 @@ async fn admissions_request_probes_of_every_new_pair() {
         assert_eq!(probes(&mut rxs[peer], 1).await, set(&[3]), "node {peer}");
     }
     assert_quiet(&mut rxs).await;
-    assert_eq!(s.metrics.counter("probe_requests", "sent"), 18);
+    assert_eq!(s.metrics.counter(Counter::ProbeRequests, "sent"), 18);
     s.orch.shutdown().await;
 }
 
@@ -133,7 +137,7 @@ async fn peers_per_node_caps_probes_and_prefers_same_region_then_unmeasured() {
     assert_eq!(probes(&mut rxs[2], 1).await, set(&[0]));
     assert_eq!(probes(&mut rxs[3], 1).await, set(&[1]));
     assert_quiet(&mut rxs).await;
-    assert_eq!(s.metrics.counter("probe_requests", "sent"), 6);
+    assert_eq!(s.metrics.counter(Counter::ProbeRequests, "sent"), 6);
 
     // Node 1 re-registers with both directions to its same-region peer 3 measured: its one
     // probed peer is now an unmeasured one from the other region.
@@ -146,8 +150,11 @@ async fn peers_per_node_caps_probes_and_prefers_same_region_then_unmeasured() {
     let peer = (0..4).find(|&j| asked.contains(&id(j))).unwrap();
     assert_eq!(probes(&mut rxs[peer], 1).await, set(&[1]));
     assert_quiet(&mut rxs).await;
-    assert_eq!(s.metrics.counter("probe_requests", "sent"), 8);
-    assert_eq!(s.metrics.counter("probe_requests", "undeliverable"), 0);
+    assert_eq!(s.metrics.counter(Counter::ProbeRequests, "sent"), 8);
+    assert_eq!(
+        s.metrics.counter(Counter::ProbeRequests, "undeliverable"),
+        0
+    );
     s.orch.shutdown().await;
 }
 
@@ -163,16 +170,22 @@ async fn requests_without_a_session_are_retried_once_after_a_heartbeat_interval(
     }
     assert_eq!(probes(&mut rx0, 2).await, set(&[1, 2]));
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert_eq!(s.metrics.counter("probe_requests", "sent"), 2);
-    assert_eq!(s.metrics.counter("probe_requests", "undeliverable"), 0);
+    assert_eq!(s.metrics.counter(Counter::ProbeRequests, "sent"), 2);
+    assert_eq!(
+        s.metrics.counter(Counter::ProbeRequests, "undeliverable"),
+        0
+    );
     // Node 1 opens its session in time; node 2 never does.
     let mut rx1 = s.link.connect(id(1));
     tokio::time::advance(interval).await;
     // Retried: 1→0 and 1→2 reach node 1; 2→0 and 2→1 have no session to go to.
     assert_eq!(probes(&mut rx1, 2).await, set(&[0, 2]));
     assert_quiet(std::slice::from_mut(&mut rx0)).await;
-    assert_eq!(s.metrics.counter("probe_requests", "sent"), 4);
-    assert_eq!(s.metrics.counter("probe_requests", "undeliverable"), 2);
+    assert_eq!(s.metrics.counter(Counter::ProbeRequests, "sent"), 4);
+    assert_eq!(
+        s.metrics.counter(Counter::ProbeRequests, "undeliverable"),
+        2
+    );
     s.orch.shutdown().await;
 }
 
@@ -185,7 +198,10 @@ async fn zero_peers_per_node_disables_probing() {
     }
     s.orch.register_node(info(0)).await.unwrap();
     assert_quiet(&mut rxs).await;
-    assert_eq!(s.metrics.counter("probe_requests", "sent"), 0);
-    assert_eq!(s.metrics.counter("probe_requests", "undeliverable"), 0);
+    assert_eq!(s.metrics.counter(Counter::ProbeRequests, "sent"), 0);
+    assert_eq!(
+        s.metrics.counter(Counter::ProbeRequests, "undeliverable"),
+        0
+    );
     s.orch.shutdown().await;
 }

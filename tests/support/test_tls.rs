@@ -1,5 +1,5 @@
 //! A test CA and a TLS acceptor for `localhost` signed by it, for the adapters' https
-//! tests (tests/ipfs.rs, tests/hub.rs include this file with `#[path]`).
+//! tests (tests/ipfs.rs and tests/hub.rs use it).
 
 use std::path::Path;
 use std::sync::Arc;

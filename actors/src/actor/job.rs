@@ -5,12 +5,14 @@
 //! Every transition is made durable before it is applied, so a rebuilt actor replays the
 //! log ([`crate::replay`]) and resumes in the same phase with the same receipts.
 
+use crate::ports::Counter;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde::{Deserialize, Serialize};
 
+use super::children::{schedule_respawn, Children, Exit};
 use super::jobs::JobSupervisorMsg;
 use super::orchestrator::OrchestratorMsg;
 use super::ring::{RingActor, RingActorArgs, RingMsg};
@@ -19,7 +21,6 @@ use super::{answer, Deps, Notice};
 use crate::events::Event;
 use crate::job::{EpochAssignment, FailReason, Job, JobError, JobEvent, JobPhase, JobSpec};
 use crate::ports::{DeltaReceipt, EpochInput, NodeCommand, RingView};
-use crate::supervision::{RestartBudget, RestartDecision};
 use crate::types::{JobId, NodeId, Timestamp};
 
 /// Messages of a [`JobActor`].
@@ -82,12 +83,22 @@ pub enum JobMsg {
     /// provisioning, complete an epoch that is complete or past its deadline, publish an
     /// aggregated epoch.
     Reconcile,
+    /// The publication of `epoch` (run as its own task beside the actor) ended:
+    /// the checkpoint's reference, or why it failed (including its deadline passing).
+    Published {
+        /// The epoch published.
+        epoch: u32,
+        /// The checkpoint reference, or the failure.
+        result: Result<String, String>,
+    },
     /// Resend the running epoch's assignment to the ring members that have not delivered
     /// (every `ring.resync_ms`: a node that reconnected, or missed the first one, learns
     /// its work).
     Reassign,
+    #[cfg(feature = "fault-injection")]
     /// Fault injection: panic in this actor.
     InjectPanic,
+    #[cfg(feature = "fault-injection")]
     /// Fault injection: make the ring actor panic; replies whether it exists.
     InjectRingPanic {
         /// Whether the ring actor exists.
@@ -217,7 +228,10 @@ pub struct JobState {
     /// When the current phase (and epoch) began; timers count from here.
     phase_since: Timestamp,
     ring_actor: Option<ActorRef<RingMsg>>,
-    ring_budget: RestartBudget,
+    /// The ring actor, the one child (keyed by the job).
+    children: Children<JobId>,
+    /// The epoch whose publication task is running, if any: at most one at a time.
+    publishing: Option<u32>,
     root: ActorRef<OrchestratorMsg>,
     supervisor: ActorRef<JobSupervisorMsg>,
     deps: Deps,
@@ -263,7 +277,7 @@ impl JobState {
         tracing::info!(job = %self.job.id, phase = self.job.phase.name(), "job transition");
         self.deps
             .metrics
-            .incr("job_transitions", self.job.phase.name(), 1);
+            .incr(Counter::JobTransitions, self.job.phase.name(), 1);
         self.deps.notify(Notice::JobPhase {
             job: self.job.id,
             phase: self.job.phase.clone(),
@@ -348,16 +362,14 @@ impl JobState {
                     let _ = self.transition(myself, JobEvent::ModelDistributed).await;
                 }
             }
-            JobPhase::Running { epoch, .. } => {
+            JobPhase::Running { .. } => {
                 let due = self.phase_since.plus_ms(self.job.spec.epoch_deadline_ms);
-                if now >= due {
-                    self.complete_epoch(myself, epoch).await;
-                } else {
+                if now < due {
                     self.assign().await;
-                    self.maybe_complete(myself).await;
                 }
+                self.check_epoch(myself, now >= due).await;
             }
-            JobPhase::Aggregating { epoch, .. } => self.publish(myself, epoch).await,
+            JobPhase::Aggregating { epoch, .. } => self.publish(myself, epoch),
             JobPhase::Published { .. } | JobPhase::Failed { .. } => {}
         }
     }
@@ -395,7 +407,10 @@ impl JobState {
     /// tries again after the longest backoff without spending the restart budget.
     async fn spawn_ring(&mut self, myself: &ActorRef<JobMsg>) {
         match self.try_spawn_ring(myself).await {
-            Ok(actor) => self.ring_actor = Some(actor),
+            Ok(actor) => {
+                self.children.adopt(self.job.id, actor.get_id());
+                self.ring_actor = Some(actor);
+            }
             Err(e) => {
                 tracing::warn!(job = %self.job.id, error = %e, "ring actor could not start; retrying");
                 let wait = Duration::from_millis(self.deps.cfg.supervision.backoff_max_ms);
@@ -424,58 +439,94 @@ impl JobState {
         Ok(actor)
     }
 
-    /// Completes the running epoch when every ring member has submitted.
-    async fn maybe_complete(&mut self, myself: &ActorRef<JobMsg>) {
-        let JobPhase::Running { epoch, .. } = self.job.phase else {
+    /// Applies the epoch's completion rules ([`Job::epoch_due`]) and, when the epoch is
+    /// complete, starts its publication.
+    async fn check_epoch(&mut self, myself: &ActorRef<JobMsg>, deadline_passed: bool) {
+        let members = self.ring.as_ref().map(|r| r.members.as_slice());
+        let receipts = &self.receipts;
+        let Some(event) = self.job.epoch_due(
+            members,
+            |m| receipts.contains_key(m),
+            receipts.len(),
+            deadline_passed,
+        ) else {
             return;
         };
-        let Some(ring) = &self.ring else { return };
-        if ring.members.iter().all(|m| self.receipts.contains_key(m)) {
-            self.complete_epoch(myself, epoch).await;
-        }
-    }
-
-    async fn complete_epoch(&mut self, myself: &ActorRef<JobMsg>, epoch: u32) {
-        if self.receipts.is_empty() {
-            // The deadline passed and no node delivered any work this epoch: publishing an
-            // empty checkpoint would report progress that did not happen.
-            tracing::warn!(job = %self.job.id, epoch, "epoch deadline passed without a single delta");
-            let fail = JobEvent::Fail {
-                reason: FailReason::DeadlinePassed,
-            };
-            if let Err(e) = self.transition(myself, fail).await {
-                tracing::warn!(job = %self.job.id, error = %e, "could not fail the job");
+        match event {
+            JobEvent::EpochComplete { epoch } => {
+                if let Err(e) = self.transition(myself, event).await {
+                    tracing::warn!(job = %self.job.id, error = %e, "could not complete epoch");
+                    return;
+                }
+                self.publish(myself, epoch);
             }
-            return;
+            fail => {
+                tracing::warn!(job = %self.job.id, phase = ?self.job.phase, "epoch deadline passed without a single delta");
+                if let Err(e) = self.transition(myself, fail).await {
+                    tracing::warn!(job = %self.job.id, error = %e, "could not fail the job");
+                }
+            }
         }
-        if let Err(e) = self
-            .transition(myself, JobEvent::EpochComplete { epoch })
-            .await
-        {
-            tracing::warn!(job = %self.job.id, error = %e, "could not complete epoch");
-            return;
-        }
-        self.publish(myself, epoch).await;
     }
 
-    /// Publishes the aggregated epoch through the sink (idempotent per job and epoch, so a
-    /// rebuilt actor may publish again) and records the outcome.
-    async fn publish(&mut self, myself: &ActorRef<JobMsg>, epoch: u32) {
+    /// Starts the publication of the aggregated `epoch` through the sink as its own task,
+    /// with the `publish_deadline_ms` deadline; the outcome comes back as
+    /// [`JobMsg::Published`]. The actor keeps answering meanwhile, and other jobs'
+    /// publications run beside this one. The sink is idempotent per job and epoch, so a
+    /// rebuilt actor may start it again.
+    fn publish(&mut self, myself: &ActorRef<JobMsg>, epoch: u32) {
+        if self.publishing == Some(epoch) {
+            return;
+        }
+        self.publishing = Some(epoch);
         let deltas: Vec<DeltaReceipt> = self.receipts.values().cloned().collect();
-        let input = EpochInput {
-            job: self.job.id,
-            epoch,
-            spec: &self.job.spec,
-            base: epoch
-                .checked_sub(1)
-                .and_then(|e| self.job.checkpoints.get(e as usize))
-                .map(String::as_str),
-            deltas: &deltas,
-        };
-        let event = match self.deps.sink.publish(input).await {
+        let spec = self.job.spec.clone();
+        let base = epoch
+            .checked_sub(1)
+            .and_then(|e| self.job.checkpoints.get(e as usize))
+            .cloned();
+        let sink = self.deps.sink.clone();
+        let job = self.job.id;
+        let deadline = Duration::from_millis(self.deps.cfg.publish_deadline_ms);
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let input = EpochInput {
+                job,
+                epoch,
+                spec: &spec,
+                base: base.as_deref(),
+                deltas: &deltas,
+            };
+            let result = match tokio::time::timeout(deadline, sink.publish(input)).await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err(format!(
+                    "no result within publish_deadline_ms ({} ms)",
+                    deadline.as_millis()
+                )),
+            };
+            // The actor may have stopped meanwhile (cancelled, or rebuilt: the rebuilt
+            // one publishes again, idempotently).
+            let _ = me.cast(JobMsg::Published { epoch, result });
+        });
+    }
+
+    /// Records the outcome of `epoch`'s publication, if the job still waits for it.
+    async fn on_published(
+        &mut self,
+        myself: &ActorRef<JobMsg>,
+        epoch: u32,
+        result: Result<String, String>,
+    ) {
+        if self.publishing == Some(epoch) {
+            self.publishing = None;
+        }
+        if !matches!(self.job.phase, JobPhase::Aggregating { epoch: e, .. } if e == epoch) {
+            return;
+        }
+        let event = match result {
             Ok(checkpoint) => JobEvent::CheckpointPublished { epoch, checkpoint },
-            Err(e) => JobEvent::Fail {
-                reason: FailReason::PublicationFailed(e.to_string()),
+            Err(why) => JobEvent::Fail {
+                reason: FailReason::PublicationFailed(why),
             },
         };
         if let Err(e) = self.transition(myself, event).await {
@@ -495,17 +546,25 @@ impl JobState {
         let version = ring.version;
         let size = ring.members.len() as u32;
         self.ring = Some(ring);
-        let min = self.job.spec.min_nodes;
-        let result = match self.job.phase {
-            _ if size < min => {
-                self.transition(
-                    myself,
-                    JobEvent::Fail {
-                        reason: FailReason::TooFewNodes { alive: size, min },
-                    },
-                )
-                .await
-            }
+        let result = if let Some(fail) = self.job.ring_due(size) {
+            self.transition(myself, fail).await
+        } else {
+            self.on_new_ring(myself, version).await
+        };
+        if let Err(e) = result {
+            tracing::warn!(job = %self.job.id, error = %e, "ring change not applied to the job");
+        }
+        // The round restarts with the new membership; deltas already accepted are kept.
+        self.check_epoch(myself, false).await;
+    }
+
+    /// The transitions a new ring of version `version` (with enough members) calls for.
+    async fn on_new_ring(
+        &mut self,
+        myself: &ActorRef<JobMsg>,
+        version: u64,
+    ) -> Result<(), JobRequestError> {
+        match self.job.phase {
             JobPhase::Pending { .. } => {
                 // The ring is formed and every member was sent it (its assignment): the
                 // model is distributed by the members fetching the checkpoint it names.
@@ -539,12 +598,7 @@ impl JobState {
                 self.assign().await;
                 changed
             }
-        };
-        if let Err(e) = result {
-            tracing::warn!(job = %self.job.id, error = %e, "ring change not applied to the job");
         }
-        // The round restarts with the new membership; deltas already accepted are kept.
-        self.maybe_complete(myself).await;
     }
 }
 
@@ -570,7 +624,8 @@ impl Actor for JobActor {
             receipts: j.receipts,
             phase_since: j.phase_since,
             ring_actor: None,
-            ring_budget: RestartBudget::new(args.deps.cfg.supervision.clone()),
+            children: Children::new(args.deps.cfg.supervision.clone()),
+            publishing: None,
             root: args.root,
             supervisor: args.supervisor,
             deps: args.deps,
@@ -652,13 +707,13 @@ impl Actor for JobActor {
                 let accepted = result.is_ok();
                 answer(reply, result);
                 if accepted {
-                    state.maybe_complete(&myself).await;
+                    state.check_epoch(&myself, false).await;
                 }
             }
             JobMsg::EpochDeadline { epoch } => {
                 if matches!(state.job.phase, JobPhase::Running { epoch: e, .. } if e == epoch) {
                     tracing::info!(job = %state.job.id, epoch, deltas = state.receipts.len(), "epoch deadline passed");
-                    state.complete_epoch(&myself, epoch).await;
+                    state.check_epoch(&myself, true).await;
                 }
             }
             JobMsg::PendingDeadline => {
@@ -676,7 +731,7 @@ impl Actor for JobActor {
                 if state.ring_actor.is_none() && !state.job.phase.is_terminal() {
                     state.spawn_ring(&myself).await;
                     if state.ring_actor.is_some() {
-                        state.deps.metrics.incr("actor_restarts", "ring", 1);
+                        state.deps.metrics.incr(Counter::ActorRestarts, "ring", 1);
                         state.deps.notify(Notice::ActorRestarted {
                             what: format!("ring {}", state.job.id),
                         });
@@ -684,8 +739,11 @@ impl Actor for JobActor {
                 }
             }
             JobMsg::Reconcile => state.reconcile(&myself).await,
+            JobMsg::Published { epoch, result } => state.on_published(&myself, epoch, result).await,
             JobMsg::Reassign => state.assign().await,
+            #[cfg(feature = "fault-injection")]
             JobMsg::InjectPanic => panic!("injected fault: job actor panic"),
+            #[cfg(feature = "fault-injection")]
             JobMsg::InjectRingPanic { reply } => {
                 let found = state.ring_actor.is_some();
                 if let Some(r) = &state.ring_actor {
@@ -703,28 +761,25 @@ impl Actor for JobActor {
         event: SupervisionEvent,
         state: &mut JobState,
     ) -> Result<(), ActorProcessingErr> {
-        let SupervisionEvent::ActorFailed(cell, err) = event else {
+        let Some(Exit {
+            key: job,
+            failed,
+            why,
+        }) = state.children.exited(&event)
+        else {
             return Ok(());
         };
-        if state.ring_actor.as_ref().map(|r| r.get_id()) != Some(cell.get_id()) {
+        if !failed {
             return Ok(());
         }
         state.ring_actor = None;
-        tracing::warn!(job = %state.job.id, error = %err, "ring actor failed; rebuilding from the event log");
-        match state.ring_budget.on_failure(state.deps.now()) {
-            RestartDecision::RestartAfter(ms) => {
-                myself.send_after(Duration::from_millis(ms), || JobMsg::RespawnRing);
-            }
-            RestartDecision::GiveUp => {
-                let _ = state
-                    .transition(
-                        &myself,
-                        JobEvent::Fail {
-                            reason: FailReason::Other("ring actor restart budget spent".into()),
-                        },
-                    )
-                    .await;
-            }
+        tracing::warn!(%job, error = %why, "ring actor failed; rebuilding from the event log");
+        let decision = state.children.on_failure(&job, state.deps.now());
+        if !schedule_respawn(&myself, decision, || JobMsg::RespawnRing) {
+            let fail = JobEvent::Fail {
+                reason: FailReason::Other("ring actor restart budget spent".into()),
+            };
+            let _ = state.transition(&myself, fail).await;
         }
         Ok(())
     }
@@ -786,7 +841,7 @@ async fn accept_delta(state: &mut JobState, receipt: DeltaReceipt) -> Result<(),
     let id = {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
-        h.update(b"hanzod.receipt.v1");
+        h.update(crate::domain::RECEIPT);
         h.update(receipt.job.0.to_be_bytes());
         h.update(receipt.node.0);
         h.update(receipt.epoch.to_be_bytes());

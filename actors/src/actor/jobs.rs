@@ -6,11 +6,13 @@
 //! └── JobActor per job ── RingActor   (a failed JobActor is rebuilt from the log)
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use crate::ports::Counter;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
+use super::children::{schedule_respawn, Children, Exit};
 use super::job::{JobActor, JobActorArgs, JobMsg, JobRequestError, JobView};
 use super::orchestrator::OrchestratorMsg;
 use super::scheduler::{pending_of, SchedulerMsg};
@@ -18,7 +20,6 @@ use super::{answer, Deps, Notice};
 use crate::events::Event;
 use crate::job::{FailReason, Job, JobEvent, JobSpec, JobSpecError};
 use crate::ports::{DeltaReceipt, RingView};
-use crate::supervision::{RestartBudget, RestartDecision};
 use crate::types::{JobId, NodeId};
 
 /// Messages of the [`JobSupervisor`].
@@ -93,6 +94,7 @@ pub enum JobSupervisorMsg {
     },
     /// Fault injection: panic in the job supervisor (its job actors go with it).
     Panic,
+    #[cfg(feature = "fault-injection")]
     /// Fault injection: make the job's actor (`ring: false`) or its ring actor (`ring: true`)
     /// panic. Replies whether the target exists.
     InjectPanic {
@@ -126,13 +128,12 @@ pub struct JobSupervisorArgs {
 
 struct Live {
     actor: Option<ActorRef<JobMsg>>,
-    budget: RestartBudget,
 }
 
 /// State of the [`JobSupervisor`].
 pub struct JobSupervisorState {
     live: BTreeMap<JobId, Live>,
-    by_actor: HashMap<ActorId, JobId>,
+    children: Children<JobId>,
     finished: BTreeMap<JobId, JobView>,
     next_id: JobId,
     root: ActorRef<OrchestratorMsg>,
@@ -147,14 +148,10 @@ impl JobSupervisorState {
     /// stays live without an actor and a respawn is scheduled; requests meanwhile get
     /// `Restarting`.
     async fn spawn_job(&mut self, myself: &ActorRef<JobSupervisorMsg>, job: JobId) {
-        let budget = RestartBudget::new(self.deps.cfg.supervision.clone());
-        self.live.entry(job).or_insert(Live {
-            actor: None,
-            budget,
-        });
+        self.live.entry(job).or_insert(Live { actor: None });
         match self.try_spawn_job(myself, job).await {
             Ok(actor) => {
-                self.by_actor.insert(actor.get_id(), job);
+                self.children.adopt(job, actor.get_id());
                 if let Some(l) = self.live.get_mut(&job) {
                     l.actor = Some(actor);
                 }
@@ -207,6 +204,7 @@ impl JobSupervisorState {
             tracing::error!(%job, error = %e, "could not record job failure");
         }
         self.live.remove(&job);
+        self.children.forget(&job);
         let _ = self
             .root
             .cast(OrchestratorMsg::Scheduler(SchedulerMsg::Release { job }));
@@ -235,7 +233,7 @@ impl Actor for JobSupervisor {
     ) -> Result<JobSupervisorState, ActorProcessingErr> {
         Ok(JobSupervisorState {
             live: BTreeMap::new(),
-            by_actor: HashMap::new(),
+            children: Children::new(args.deps.cfg.supervision.clone()),
             finished: BTreeMap::new(),
             next_id: JobId(1),
             root: args.root,
@@ -406,23 +404,21 @@ impl Actor for JobSupervisor {
             },
             JobSupervisorMsg::Finished { view } => {
                 let job = view.id;
-                if let Some(l) = state.live.remove(&job) {
-                    if let Some(a) = l.actor {
-                        state.by_actor.remove(&a.get_id());
-                    }
-                }
+                state.live.remove(&job);
+                state.children.forget(&job);
                 state.finished.insert(job, view);
             }
             JobSupervisorMsg::Respawn { job } => {
                 if state.live.get(&job).is_some_and(|l| l.actor.is_none()) {
                     state.spawn_job(&myself, job).await;
-                    state.deps.metrics.incr("actor_restarts", "job", 1);
+                    state.deps.metrics.incr(Counter::ActorRestarts, "job", 1);
                     state.deps.notify(Notice::ActorRestarted {
                         what: format!("job {job}"),
                     });
                 }
             }
             JobSupervisorMsg::Panic => panic!("injected fault: job supervisor panic"),
+            #[cfg(feature = "fault-injection")]
             JobSupervisorMsg::InjectPanic { job, ring, reply } => match state.actor(job) {
                 Some(a) if ring => {
                     let _ = a.cast(JobMsg::InjectRingPanic { reply });
@@ -443,35 +439,25 @@ impl Actor for JobSupervisor {
         event: SupervisionEvent,
         state: &mut JobSupervisorState,
     ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorFailed(cell, err) => {
-                let Some(job) = state.by_actor.remove(&cell.get_id()) else {
-                    return Ok(());
-                };
-                tracing::warn!(%job, error = %err, "job actor failed; rebuilding from the event log");
-                let now = state.deps.now();
-                let decision = match state.live.get_mut(&job) {
-                    Some(l) => {
-                        l.actor = None;
-                        l.budget.on_failure(now)
-                    }
-                    None => return Ok(()),
-                };
-                match decision {
-                    RestartDecision::RestartAfter(ms) => {
-                        myself.send_after(Duration::from_millis(ms), move || {
-                            JobSupervisorMsg::Respawn { job }
-                        });
-                    }
-                    RestartDecision::GiveUp => {
-                        state.give_up(job, "job actor restart budget spent").await;
-                    }
-                }
-            }
-            SupervisionEvent::ActorTerminated(cell, _, _) => {
-                state.by_actor.remove(&cell.get_id());
-            }
-            _ => {}
+        let Some(Exit {
+            key: job,
+            failed,
+            why,
+        }) = state.children.exited(&event)
+        else {
+            return Ok(());
+        };
+        if !failed {
+            return Ok(());
+        }
+        tracing::warn!(%job, error = %why, "job actor failed; rebuilding from the event log");
+        match state.live.get_mut(&job) {
+            Some(l) => l.actor = None,
+            None => return Ok(()),
+        }
+        let decision = state.children.on_failure(&job, state.deps.now());
+        if !schedule_respawn(&myself, decision, move || JobSupervisorMsg::Respawn { job }) {
+            state.give_up(job, "job actor restart budget spent").await;
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! runs the watchdog (a node silent for the timeout is failed, exactly at the deadline), and
 //! reports status changes to the registry.
 
+use crate::ports::Counter;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -34,6 +35,7 @@ pub enum NodeMsg {
     SessionClosed,
     /// The watchdog timer fired (there is at most one outstanding at a time).
     Watchdog,
+    #[cfg(feature = "fault-injection")]
     /// Fault injection: panic inside the handler (tests supervision).
     InjectPanic,
 }
@@ -148,7 +150,7 @@ impl Actor for NodeActor {
                     }
                     Err(e) => e.reason(),
                 };
-                state.deps.metrics.incr("heartbeats", label, 1);
+                state.deps.metrics.incr(Counter::Heartbeats, label, 1);
                 answer(reply, result.map(|()| state.deps.cfg.heartbeat.interval_ms));
             }
             NodeMsg::Reregister { info, stake, reply } => {
@@ -166,6 +168,7 @@ impl Actor for NodeActor {
                     state.arm_watchdog(&myself);
                 }
             }
+            #[cfg(feature = "fault-injection")]
             NodeMsg::InjectPanic => panic!("injected fault: node actor panic"),
         }
         Ok(())

@@ -9,16 +9,16 @@
 //! └── JobSupervisor   (rebuilt: every live job actor respawned from the log)
 //! ```
 
-use std::collections::HashMap;
+use crate::ports::Counter;
 use std::time::Duration;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
+use super::children::{schedule_respawn, Children, Exit};
 use super::jobs::{JobSupervisor, JobSupervisorArgs, JobSupervisorMsg};
 use super::registry::{NodeRegistry, RegistryArgs, RegistryMsg};
 use super::scheduler::{Scheduler, SchedulerArgs, SchedulerMsg};
 use super::{Deps, Notice};
-use crate::supervision::{RestartBudget, RestartDecision};
 
 /// One of the root's children.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -41,12 +41,13 @@ pub enum OrchestratorMsg {
     Jobs(JobSupervisorMsg),
     /// Rebuild a failed subsystem (after the backoff).
     Respawn(Subsystem),
+    #[cfg(feature = "fault-injection")]
     /// Fault injection: make a subsystem panic (it is rebuilt from the log).
     InjectPanic {
         /// Which.
         which: Subsystem,
         /// Whether it was running.
-        reply: RpcReplyPort<bool>,
+        reply: ractor::RpcReplyPort<bool>,
     },
 }
 
@@ -55,8 +56,7 @@ pub struct OrchestratorState {
     registry: Option<ActorRef<RegistryMsg>>,
     scheduler: Option<ActorRef<SchedulerMsg>>,
     jobs: Option<ActorRef<JobSupervisorMsg>>,
-    by_actor: HashMap<ActorId, Subsystem>,
-    budgets: HashMap<Subsystem, RestartBudget>,
+    children: Children<Subsystem>,
     deps: Deps,
 }
 
@@ -102,7 +102,7 @@ impl OrchestratorState {
                 id
             }
         };
-        self.by_actor.insert(id, which);
+        self.children.adopt(which, id);
         Ok(())
     }
 }
@@ -117,16 +117,11 @@ impl Actor for OrchestratorActor {
         _myself: ActorRef<OrchestratorMsg>,
         deps: Deps,
     ) -> Result<OrchestratorState, ActorProcessingErr> {
-        let budgets = [Subsystem::Registry, Subsystem::Scheduler, Subsystem::Jobs]
-            .into_iter()
-            .map(|s| (s, RestartBudget::new(deps.cfg.supervision.clone())))
-            .collect();
         Ok(OrchestratorState {
             registry: None,
             scheduler: None,
             jobs: None,
-            by_actor: HashMap::new(),
-            budgets,
+            children: Children::new(deps.cfg.supervision.clone()),
             deps,
         })
     }
@@ -167,6 +162,7 @@ impl Actor for OrchestratorActor {
                     let _ = a.cast(m);
                 }
             }
+            #[cfg(feature = "fault-injection")]
             OrchestratorMsg::InjectPanic { which, reply } => {
                 let sent = match which {
                     Subsystem::Registry => state
@@ -194,7 +190,7 @@ impl Actor for OrchestratorActor {
                     return Ok(());
                 }
                 let what = format!("{which:?}").to_lowercase();
-                state.deps.metrics.incr("actor_restarts", &what, 1);
+                state.deps.metrics.incr(Counter::ActorRestarts, &what, 1);
                 state.deps.notify(Notice::ActorRestarted { what });
             }
         }
@@ -207,14 +203,11 @@ impl Actor for OrchestratorActor {
         event: SupervisionEvent,
         state: &mut OrchestratorState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, why) = match event {
-            SupervisionEvent::ActorFailed(cell, err) => (cell, err.to_string()),
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                (cell, reason.unwrap_or_else(|| "stopped".into()))
-            }
-            _ => return Ok(()),
-        };
-        let Some(which) = state.by_actor.remove(&cell.get_id()) else {
+        // A subsystem that stops, failed or not, is rebuilt: the orchestrator needs all three.
+        let Some(Exit {
+            key: which, why, ..
+        }) = state.children.exited(&event)
+        else {
             return Ok(());
         };
         match which {
@@ -223,21 +216,10 @@ impl Actor for OrchestratorActor {
             Subsystem::Jobs => state.jobs = None,
         }
         tracing::warn!(subsystem = ?which, %why, "subsystem stopped; rebuilding from the event log");
-        let now = state.deps.now();
-        let decision = state
-            .budgets
-            .get_mut(&which)
-            .map_or(RestartDecision::GiveUp, |b| b.on_failure(now));
-        match decision {
-            RestartDecision::RestartAfter(ms) => {
-                myself.send_after(Duration::from_millis(ms), move || {
-                    OrchestratorMsg::Respawn(which)
-                });
-            }
-            RestartDecision::GiveUp => {
-                tracing::error!(subsystem = ?which, "restart budget spent; orchestrator stopping");
-                myself.stop(Some(format!("{which:?} restart budget spent")));
-            }
+        let decision = state.children.on_failure(&which, state.deps.now());
+        if !schedule_respawn(&myself, decision, move || OrchestratorMsg::Respawn(which)) {
+            tracing::error!(subsystem = ?which, "restart budget spent; orchestrator stopping");
+            myself.stop(Some(format!("{which:?} restart budget spent")));
         }
         Ok(())
     }

@@ -8,12 +8,14 @@
 //! └── NodeActor per node   (a crash = a node failure; rebuilt as failed, awaiting re-registration)
 //! ```
 
+use crate::ports::Counter;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde::{Deserialize, Serialize};
 
+use super::children::{schedule_respawn, Children, Exit};
 use super::jobs::JobSupervisorMsg;
 use super::node::{NodeActor, NodeActorArgs, NodeMsg};
 use super::orchestrator::OrchestratorMsg;
@@ -24,7 +26,6 @@ use crate::node::{Heartbeat, HeartbeatError};
 use crate::ports::{ChainError, LinkError, NodeCommand, StoreError};
 use crate::ring::{plan_probes, ProbePair};
 use crate::sched::NodeView;
-use crate::supervision::{RestartBudget, RestartDecision};
 use crate::types::{GymWei, LinkProfile, NodeId, NodeInfo, Timestamp};
 
 /// Messages of the [`NodeRegistry`].
@@ -107,6 +108,7 @@ pub enum RegistryMsg {
     },
     /// Fault injection: panic in the registry itself (its node actors go with it).
     Panic,
+    #[cfg(feature = "fault-injection")]
     /// Fault injection: make the node's actor panic. Replies whether the node exists.
     InjectPanic {
         /// The node.
@@ -119,7 +121,7 @@ pub enum RegistryMsg {
 /// Counts and logs a refused registration.
 fn refused(deps: &Deps, e: &RegisterError) {
     tracing::info!(error = %e, "registration refused");
-    deps.metrics.incr("registrations", e.reason(), 1);
+    deps.metrics.incr(Counter::Registrations, e.reason(), 1);
 }
 
 /// A successful registration.
@@ -214,7 +216,6 @@ struct Entry {
     info: NodeInfo,
     stake: GymWei,
     view: NodeView,
-    budget: RestartBudget,
     /// Registrations of this key (the first is 1).
     sessions: u32,
 }
@@ -222,7 +223,7 @@ struct Entry {
 /// State of the [`NodeRegistry`].
 pub struct RegistryState {
     nodes: BTreeMap<NodeId, Entry>,
-    by_actor: HashMap<ActorId, NodeId>,
+    children: Children<NodeId>,
     links: HashMap<(NodeId, NodeId), f32>,
     root: ActorRef<OrchestratorMsg>,
     deps: Deps,
@@ -322,11 +323,11 @@ async fn send_probes(deps: Deps, plan: Vec<ProbePair>) {
             }
         }
         if sent > 0 {
-            deps.metrics.incr("probe_requests", "sent", sent);
+            deps.metrics.incr(Counter::ProbeRequests, "sent", sent);
         }
         if undeliverable > 0 {
             deps.metrics
-                .incr("probe_requests", "undeliverable", undeliverable);
+                .incr(Counter::ProbeRequests, "undeliverable", undeliverable);
         }
         if !again.is_empty() {
             tracing::debug!(
@@ -360,7 +361,7 @@ impl RegistryState {
             myself.get_cell(),
         )
         .await?;
-        self.by_actor.insert(actor.get_id(), id);
+        self.children.adopt(id, actor.get_id());
         Ok(actor)
     }
 
@@ -407,13 +408,10 @@ impl RegistryState {
                     .spawn_node(myself, info.clone(), stake, false)
                     .await
                     .map_err(|e| RegisterError::Store(format!("spawn node actor: {e}")))?;
-                // A node whose actor crashed keeps its restart budget and session count.
+                // A node whose actor crashed keeps its restart budget (in `children`) and
+                // its session count.
                 let prior = self.nodes.remove(&id);
                 let sessions = prior.as_ref().map_or(0, |e| e.sessions) + 1;
-                let budget = prior.map_or_else(
-                    || RestartBudget::new(self.deps.cfg.supervision.clone()),
-                    |e| e.budget,
-                );
                 let view = NodeView {
                     id,
                     stake,
@@ -431,7 +429,6 @@ impl RegistryState {
                         info: info.clone(),
                         stake,
                         view,
-                        budget,
                         sessions,
                     },
                 );
@@ -510,7 +507,9 @@ impl RegistryState {
             return;
         };
         entry.view.alive = false;
-        self.deps.metrics.incr("node_failures", kind.label(), 1);
+        self.deps
+            .metrics
+            .incr(Counter::NodeFailures, kind.label(), 1);
         if let Err(e) = self.deps.persist(Event::NodeFailed { node, kind }).await {
             // The failure is still acted on; a rebuilt ring re-derives it from the timeout.
             tracing::error!(node = %node.short(), error = %e, "could not record node failure");
@@ -541,7 +540,7 @@ impl Actor for NodeRegistry {
     ) -> Result<RegistryState, ActorProcessingErr> {
         Ok(RegistryState {
             nodes: BTreeMap::new(),
-            by_actor: HashMap::new(),
+            children: Children::new(args.deps.cfg.supervision.clone()),
             links: HashMap::new(),
             root: args.root,
             deps: args.deps,
@@ -578,7 +577,6 @@ impl Actor for NodeRegistry {
                     info: n.info,
                     stake: n.stake,
                     view,
-                    budget: RestartBudget::new(state.deps.cfg.supervision.clone()),
                     sessions: 1,
                 },
             );
@@ -627,7 +625,10 @@ impl Actor for NodeRegistry {
                 let result = state.register(&myself, info, stake, penalty).await;
                 match &result {
                     Ok(reg) => {
-                        state.deps.metrics.incr("registrations", "accepted", 1);
+                        state
+                            .deps
+                            .metrics
+                            .incr(Counter::Registrations, "accepted", 1);
                         state.request_probes(reg.node, reg.sessions);
                     }
                     Err(e) => refused(&state.deps, e),
@@ -640,7 +641,10 @@ impl Actor for NodeRegistry {
                         let _ = actor.cast(NodeMsg::Heartbeat { hb, reply });
                     }
                     None => {
-                        state.deps.metrics.incr("heartbeats", "unknown_node", 1);
+                        state
+                            .deps
+                            .metrics
+                            .incr(Counter::Heartbeats, "unknown_node", 1);
                         answer(reply, Err(HeartbeatError::UnknownNode));
                     }
                 }
@@ -746,12 +750,13 @@ impl Actor for NodeRegistry {
                 if let Some(e) = state.nodes.get_mut(&node) {
                     e.actor = Some(actor);
                 }
-                state.deps.metrics.incr("actor_restarts", "node", 1);
+                state.deps.metrics.incr(Counter::ActorRestarts, "node", 1);
                 state.deps.notify(Notice::ActorRestarted {
                     what: format!("node {}", node.short()),
                 });
             }
             RegistryMsg::Panic => panic!("injected fault: node registry panic"),
+            #[cfg(feature = "fault-injection")]
             RegistryMsg::InjectPanic { node, reply } => {
                 let actor = state.nodes.get(&node).and_then(|e| e.actor.clone());
                 let found = actor.is_some();
@@ -770,35 +775,28 @@ impl Actor for NodeRegistry {
         event: SupervisionEvent,
         state: &mut RegistryState,
     ) -> Result<(), ActorProcessingErr> {
-        let SupervisionEvent::ActorFailed(cell, err) = event else {
-            if let SupervisionEvent::ActorTerminated(cell, _, _) = event {
-                state.by_actor.remove(&cell.get_id());
-            }
+        let Some(Exit {
+            key: node,
+            failed,
+            why,
+        }) = state.children.exited(&event)
+        else {
             return Ok(());
         };
-        let Some(node) = state.by_actor.remove(&cell.get_id()) else {
+        if !failed {
             return Ok(());
-        };
-        tracing::warn!(node = %node.short(), error = %err, "node actor failed; treating as node failure");
-        let now = state.deps.now();
-        let decision = match state.nodes.get_mut(&node) {
-            Some(e) => {
-                e.actor = None;
-                e.budget.on_failure(now)
-            }
+        }
+        tracing::warn!(node = %node.short(), error = %why, "node actor failed; treating as node failure");
+        match state.nodes.get_mut(&node) {
+            Some(e) => e.actor = None,
             None => return Ok(()),
-        };
+        }
+        let decision = state.children.on_failure(&node, state.deps.now());
         state.node_down(node, FailureKind::ActorCrashed).await;
-        match decision {
-            RestartDecision::RestartAfter(ms) => {
-                myself.send_after(Duration::from_millis(ms), move || RegistryMsg::Respawn {
-                    node,
-                });
-            }
-            RestartDecision::GiveUp => {
-                tracing::error!(node = %node.short(), "node actor restart budget spent; node removed until it registers again");
-                state.nodes.remove(&node);
-            }
+        if !schedule_respawn(&myself, decision, move || RegistryMsg::Respawn { node }) {
+            tracing::error!(node = %node.short(), "node actor restart budget spent; node removed until it registers again");
+            state.nodes.remove(&node);
+            state.children.forget(&node);
         }
         Ok(())
     }

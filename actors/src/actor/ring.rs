@@ -7,6 +7,7 @@
 //! A rebuilt RingActor replays the log: the latest ring, plus any member failure recorded
 //! after it (recovery still owed), so nothing is lost when it crashes mid-reconfiguration.
 
+use crate::ports::{Counter, Histogram};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,7 @@ pub enum RingMsg {
         /// The ring, None before formation.
         reply: RpcReplyPort<Option<RingView>>,
     },
+    #[cfg(feature = "fault-injection")]
     /// Fault injection: panic in the handler.
     InjectPanic,
 }
@@ -130,11 +132,11 @@ impl RingState {
         } else {
             "reconfigured"
         };
-        self.deps.metrics.incr("ring_changes", change, 1);
+        self.deps.metrics.incr(Counter::RingChanges, change, 1);
         if let Some(t) = self.first_failure.take() {
             self.deps
                 .metrics
-                .observe("ring_repair_seconds", t.elapsed().as_secs_f64());
+                .observe(Histogram::RingRepairSeconds, t.elapsed().as_secs_f64());
         }
         self.ring = Some(ring.clone());
         self.broadcast().await;
@@ -400,6 +402,7 @@ impl Actor for RingActor {
             RingMsg::Resync => state.broadcast().await,
             RingMsg::ResyncTo { node } => state.send_to(node).await,
             RingMsg::Get { reply } => answer(reply, state.ring.clone()),
+            #[cfg(feature = "fault-injection")]
             RingMsg::InjectPanic => panic!("injected fault: ring actor panic"),
         }
         Ok(())

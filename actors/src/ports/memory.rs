@@ -11,9 +11,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::{
-    check_slash, ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, DeltaReceipt,
-    EpochInput, LeaderLease, Lease, Ledger, LedgerError, LinkError, Metrics, NodeCommand, NodeLink,
-    RewardReceipt, SlashReceipt, Snapshot, StateStore, StoreError,
+    check_slash, ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, Counter,
+    DeltaReceipt, EpochInput, Histogram, LeaderLease, Lease, Ledger, LedgerError, LinkError,
+    Metrics, NodeCommand, NodeLink, RewardReceipt, SlashReceipt, Snapshot, StateStore, StoreError,
 };
 use crate::events::{Event, Record};
 use crate::publication::{PublicationReceipt, SignedPublication};
@@ -729,8 +729,8 @@ impl CheckpointSink for MemoryCheckpointSink {
 /// embedded default, and what tests read.
 #[derive(Debug, Default)]
 pub struct MemoryMetrics {
-    counters: Mutex<BTreeMap<(&'static str, String), u64>>,
-    samples: Mutex<BTreeMap<&'static str, Vec<f64>>>,
+    counters: Mutex<BTreeMap<(Counter, String), u64>>,
+    samples: Mutex<BTreeMap<Histogram, Vec<f64>>>,
 }
 
 impl MemoryMetrics {
@@ -740,7 +740,7 @@ impl MemoryMetrics {
     }
 
     /// The value of counter `name{label}` (0 when never incremented).
-    pub fn counter(&self, name: &str, label: &str) -> u64 {
+    pub fn counter(&self, name: Counter, label: &str) -> u64 {
         self.counters
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -755,23 +755,23 @@ impl MemoryMetrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|((n, l), v)| (n.to_string(), l.clone(), *v))
+            .map(|((n, l), v)| (n.name().to_string(), l.clone(), *v))
             .collect()
     }
 
     /// The samples of histogram `name`, in arrival order.
-    pub fn samples(&self, name: &str) -> Vec<f64> {
+    pub fn samples(&self, name: Histogram) -> Vec<f64> {
         self.samples
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(name)
+            .get(&name)
             .cloned()
             .unwrap_or_default()
     }
 }
 
 impl Metrics for MemoryMetrics {
-    fn incr(&self, name: &'static str, label: &str, by: u64) {
+    fn incr(&self, name: Counter, label: &str, by: u64) {
         *self
             .counters
             .lock()
@@ -780,7 +780,7 @@ impl Metrics for MemoryMetrics {
             .or_default() += by;
     }
 
-    fn observe(&self, name: &'static str, value: f64) {
+    fn observe(&self, name: Histogram, value: f64) {
         self.samples
             .lock()
             .unwrap_or_else(|p| p.into_inner())

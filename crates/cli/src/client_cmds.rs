@@ -1,0 +1,570 @@
+//! The client commands of the `hanzod` binary: jobs, nodes and rings over gRPC, printed
+//! for people (tables) or scripts (`--json`).
+
+use std::path::Path;
+
+use hanzod_proto::v1 as pb;
+use hanzod_proto::v1::admin_service_client::AdminServiceClient;
+use hanzod_proto::v1::job_service_client::JobServiceClient;
+use serde::{Deserialize, Serialize};
+use tonic::transport::Channel;
+
+use hanzod_protocol::client::ClientOptions;
+
+/// A job spec file (TOML): the fields of `hanzod.v1.JobSpec` with defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpecFile {
+    /// Name, not blank.
+    pub name: String,
+    /// Epochs, ≥ 1 (default 5).
+    #[serde(default = "d_epochs")]
+    pub epochs: u32,
+    /// Fewest nodes (default 2).
+    #[serde(default = "d_min_nodes")]
+    pub min_nodes: u32,
+    /// Most nodes (default 16).
+    #[serde(default = "d_max_nodes")]
+    pub max_nodes: u32,
+    /// Minimum GPU memory per node, bytes (default 0).
+    #[serde(default)]
+    pub min_vram_bytes: u64,
+    /// How long the job may wait for nodes, ms (default 10 min).
+    #[serde(default = "d_pending")]
+    pub pending_deadline_ms: u64,
+    /// How long one epoch may take, ms (default 1 h).
+    #[serde(default = "d_epoch")]
+    pub epoch_deadline_ms: u64,
+    /// Expected utility u_j of paper §3.2 (default 1).
+    #[serde(default = "d_utility")]
+    pub utility: f64,
+    /// The submitter's stake, whole GYM (default 10,000).
+    #[serde(default = "d_stake")]
+    pub submitter_stake_gym: u64,
+    /// The training recipe (`[training]`; every key defaults, see
+    /// [`hanzod_actors::job::TrainingSpec`]).
+    #[serde(default)]
+    pub training: hanzod_actors::job::TrainingSpec,
+}
+
+fn d_epochs() -> u32 {
+    5
+}
+fn d_min_nodes() -> u32 {
+    2
+}
+fn d_max_nodes() -> u32 {
+    16
+}
+fn d_pending() -> u64 {
+    600_000
+}
+fn d_epoch() -> u64 {
+    3_600_000
+}
+fn d_utility() -> f64 {
+    1.0
+}
+fn d_stake() -> u64 {
+    10_000
+}
+
+impl JobSpecFile {
+    /// Reads and parses a spec file; errors name the file and the key.
+    pub fn load(path: &Path) -> anyhow::Result<JobSpecFile> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    /// The wire spec.
+    pub fn to_wire(&self) -> pb::JobSpec {
+        pb::JobSpec {
+            name: self.name.clone(),
+            epochs: self.epochs,
+            min_nodes: self.min_nodes,
+            max_nodes: self.max_nodes,
+            min_vram_bytes: self.min_vram_bytes,
+            pending_deadline_ms: self.pending_deadline_ms,
+            epoch_deadline_ms: self.epoch_deadline_ms,
+            utility: self.utility,
+            submitter_stake_gym_wei: hanzod_actors::types::GymWei::gym(self.submitter_stake_gym)
+                .0
+                .to_string(),
+            training: Some(hanzod_protocol::convert::training_spec_to_wire(
+                &self.training,
+            )),
+        }
+    }
+}
+
+/// A job, as printed.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobOut {
+    /// Id.
+    pub id: u64,
+    /// Name.
+    pub name: String,
+    /// Phase name.
+    pub phase: String,
+    /// Current epoch (Running/Aggregating) or epochs trained (Published).
+    pub epoch: u32,
+    /// Epochs asked for.
+    pub epochs: u32,
+    /// Failure reason, if failed.
+    pub reason: Option<String>,
+    /// The ring.
+    pub ring: Option<RingOut>,
+    /// Deltas accepted this epoch.
+    pub deltas_this_epoch: u32,
+    /// Checkpoint references.
+    pub checkpoints: Vec<String>,
+}
+
+/// A ring, as printed.
+#[derive(Debug, Clone, Serialize)]
+pub struct RingOut {
+    /// Job.
+    pub job: u64,
+    /// Version.
+    pub version: u64,
+    /// Weakest link, Mbit/s.
+    pub bottleneck_mbps: f32,
+    /// Links estimated rather than measured.
+    pub estimated_links: u32,
+    /// Members in order: (hex id, endpoint).
+    pub members: Vec<MemberOut>,
+}
+
+/// A ring member, as printed.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberOut {
+    /// Hex id.
+    pub node: String,
+    /// Endpoint, empty when not connected.
+    pub endpoint: String,
+}
+
+/// A node, as printed.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeOut {
+    /// Hex id.
+    pub node: String,
+    /// Region.
+    pub region: String,
+    /// VRAM, bytes.
+    pub vram_bytes: u64,
+    /// Stake, GYM wei (decimal).
+    pub stake_gym_wei: String,
+    /// Uptime fraction over 24 h.
+    pub uptime: f64,
+    /// Not declared failed.
+    pub alive: bool,
+    /// Assigned job, if any.
+    pub job: Option<u64>,
+    /// Endpoint, when connected.
+    pub endpoint: String,
+}
+
+fn phase_name(k: i32) -> &'static str {
+    use pb::job_phase::Kind;
+    match Kind::try_from(k).unwrap_or(Kind::Unspecified) {
+        Kind::Pending => "Pending",
+        Kind::Provisioning => "Provisioning",
+        Kind::Running => "Running",
+        Kind::Aggregating => "Aggregating",
+        Kind::Published => "Published",
+        Kind::Failed => "Failed",
+        Kind::Unspecified => "Unknown",
+    }
+}
+
+/// Converts a wire ring.
+pub fn ring_out(r: &pb::Ring) -> RingOut {
+    RingOut {
+        job: r.job_id,
+        version: r.version,
+        bottleneck_mbps: r.bottleneck_mbps,
+        estimated_links: r.estimated_links,
+        members: r
+            .members
+            .iter()
+            .map(|m| MemberOut {
+                node: hex::encode(&m.node_id),
+                endpoint: m.endpoint.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// Converts a wire job.
+pub fn job_out(j: &pb::Job) -> JobOut {
+    let phase = j.phase.clone().unwrap_or_default();
+    JobOut {
+        id: j.job_id,
+        name: j.name.clone(),
+        phase: phase_name(phase.kind).to_string(),
+        epoch: phase.epoch,
+        epochs: j.epochs,
+        reason: (!phase.reason.is_empty()).then_some(phase.reason),
+        ring: j.ring.as_ref().map(ring_out),
+        deltas_this_epoch: j.deltas_this_epoch,
+        checkpoints: j.checkpoints.clone(),
+    }
+}
+
+/// Converts a wire node.
+pub fn node_out(n: &pb::Node) -> NodeOut {
+    NodeOut {
+        node: hex::encode(&n.node_id),
+        region: n.region.clone(),
+        vram_bytes: n.vram_bytes,
+        stake_gym_wei: n.stake_gym_wei.clone(),
+        uptime: n.uptime,
+        alive: n.alive,
+        job: (n.assigned_job != 0).then_some(n.assigned_job),
+        endpoint: n.endpoint.clone(),
+    }
+}
+
+/// Epochs as people count them: `3/5` while epoch index 2 runs, `5/5` once published,
+/// `-` before the first epoch.
+fn progress(j: &JobOut) -> String {
+    match j.phase.as_str() {
+        "Running" | "Aggregating" => format!("{}/{}", j.epoch + 1, j.epochs),
+        "Published" => format!("{}/{}", j.epoch, j.epochs),
+        _ => "-".into(),
+    }
+}
+
+/// A one-line summary of a job.
+pub fn job_line(j: &JobOut) -> String {
+    let progress = match j.phase.as_str() {
+        "Running" | "Aggregating" | "Published" => format!(" epoch {}", progress(j)),
+        _ => String::new(),
+    };
+    let ring = j
+        .ring
+        .as_ref()
+        .map(|r| format!(", ring v{} of {} nodes", r.version, r.members.len()))
+        .unwrap_or_default();
+    let reason = j
+        .reason
+        .as_ref()
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    format!(
+        "job {} {:?}: {}{progress}{reason}{ring}",
+        j.id, j.name, j.phase
+    )
+}
+
+fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn short(hex_id: &str) -> &str {
+    &hex_id[..hex_id.len().min(8)]
+}
+
+/// A connected client of both the job and the admin service.
+pub struct Clients {
+    opts: ClientOptions,
+    jobs: JobServiceClient<Channel>,
+    admin: AdminServiceClient<Channel>,
+}
+
+impl Clients {
+    /// Connects.
+    pub async fn connect(opts: ClientOptions) -> anyhow::Result<Clients> {
+        let channel = opts.connect().await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach hanzod at {}: {}",
+                opts.endpoint,
+                hanzod_node::error_chain(&e)
+            )
+        })?;
+        Ok(Clients {
+            jobs: JobServiceClient::new(channel.clone()),
+            admin: AdminServiceClient::new(channel),
+            opts,
+        })
+    }
+
+    /// `hanzod job submit`.
+    pub async fn submit(&mut self, spec: &JobSpecFile, json: bool) -> anyhow::Result<u64> {
+        let r = self
+            .jobs
+            .submit_job(self.opts.request(pb::SubmitJobRequest {
+                spec: Some(spec.to_wire()),
+            }))
+            .await
+            .map_err(status)?
+            .into_inner();
+        if json {
+            print_json(&serde_json::json!({ "job": r.job_id }))?;
+        } else {
+            println!("submitted job {} ({:?})", r.job_id, spec.name);
+        }
+        Ok(r.job_id)
+    }
+
+    /// `hanzod job status`.
+    pub async fn status(&mut self, job: u64, json: bool) -> anyhow::Result<()> {
+        let j = self
+            .jobs
+            .get_job(self.opts.request(pb::GetJobRequest { job_id: job }))
+            .await
+            .map_err(status)?
+            .into_inner();
+        let out = job_out(&j);
+        if json {
+            return print_json(&out);
+        }
+        println!("{}", job_line(&out));
+        if let Some(r) = &out.ring {
+            print_ring(r);
+        }
+        for (e, c) in out.checkpoints.iter().enumerate() {
+            println!("  checkpoint epoch {e}: {c}");
+        }
+        Ok(())
+    }
+
+    /// `hanzod job list`.
+    pub async fn list(&mut self, json: bool) -> anyhow::Result<()> {
+        let r = self
+            .jobs
+            .list_jobs(self.opts.request(pb::ListJobsRequest {}))
+            .await
+            .map_err(status)?
+            .into_inner();
+        let jobs: Vec<JobOut> = r.jobs.iter().map(job_out).collect();
+        if json {
+            return print_json(&jobs);
+        }
+        if jobs.is_empty() {
+            println!("no jobs");
+            return Ok(());
+        }
+        println!(
+            "{:>5}  {:<24} {:<13} {:>7} {:>6} {:>5}",
+            "ID", "NAME", "PHASE", "EPOCH", "RING", "NODES"
+        );
+        for j in &jobs {
+            println!(
+                "{:>5}  {:<24} {:<13} {:>7} {:>6} {:>5}",
+                j.id,
+                j.name,
+                j.phase,
+                progress(j),
+                j.ring
+                    .as_ref()
+                    .map(|r| format!("v{}", r.version))
+                    .unwrap_or_else(|| "-".into()),
+                j.ring.as_ref().map(|r| r.members.len()).unwrap_or(0)
+            );
+        }
+        Ok(())
+    }
+
+    /// `hanzod job watch`: prints every change until the job ends.
+    pub async fn watch(&mut self, job: u64, json: bool) -> anyhow::Result<()> {
+        let mut stream = self
+            .jobs
+            .watch_job(
+                self.opts
+                    .stream_request(pb::WatchJobRequest { job_id: job }),
+            )
+            .await
+            .map_err(status)?
+            .into_inner();
+        let mut last: Option<JobOut> = None;
+        while let Some(ev) = stream.message().await.map_err(status)? {
+            let Some(j) = ev.job else { continue };
+            let out = job_out(&j);
+            last = Some(out.clone());
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&serde_json::json!({ "change": ev.change, "job": out }))?
+                );
+            } else {
+                println!("[{}] {}", ev.change, job_line(&out));
+            }
+        }
+        // Scripts can tell a failed (or cancelled) job from a published one.
+        match last {
+            Some(j) if j.phase == "Failed" => anyhow::bail!(
+                "job {job} failed: {}",
+                j.reason.as_deref().unwrap_or("no reason given")
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// `hanzod job cancel`.
+    pub async fn cancel(&mut self, job: u64, json: bool) -> anyhow::Result<()> {
+        self.jobs
+            .cancel_job(self.opts.request(pb::CancelJobRequest { job_id: job }))
+            .await
+            .map_err(status)?;
+        if json {
+            print_json(&serde_json::json!({ "job": job, "cancelled": true }))
+        } else {
+            println!("cancelled job {job}");
+            Ok(())
+        }
+    }
+
+    /// `hanzod nodes`.
+    pub async fn nodes(&mut self, json: bool) -> anyhow::Result<()> {
+        let r = self
+            .admin
+            .list_nodes(self.opts.request(pb::ListNodesRequest {}))
+            .await
+            .map_err(status)?
+            .into_inner();
+        let nodes: Vec<NodeOut> = r.nodes.iter().map(node_out).collect();
+        if json {
+            return print_json(&nodes);
+        }
+        if nodes.is_empty() {
+            println!("no nodes registered");
+            return Ok(());
+        }
+        println!(
+            "{:<9} {:<12} {:>9} {:>11} {:>7} {:<6} {:>5}  ENDPOINT",
+            "NODE", "REGION", "VRAM GiB", "STAKE GYM", "UPTIME", "STATE", "JOB"
+        );
+        for n in &nodes {
+            let stake = n
+                .stake_gym_wei
+                .parse::<u128>()
+                .map(|w| (w / hanzod_actors::types::GymWei::PER_GYM).to_string())
+                .unwrap_or_else(|_| n.stake_gym_wei.clone());
+            println!(
+                "{:<9} {:<12} {:>9.1} {:>11} {:>6.1}% {:<6} {:>5}  {}",
+                short(&n.node),
+                n.region,
+                n.vram_bytes as f64 / (1u64 << 30) as f64,
+                stake,
+                n.uptime * 100.0,
+                if n.alive { "alive" } else { "failed" },
+                n.job.map(|j| j.to_string()).unwrap_or_else(|| "-".into()),
+                if n.endpoint.is_empty() {
+                    "-"
+                } else {
+                    &n.endpoint
+                }
+            );
+        }
+        Ok(())
+    }
+
+    /// The publication records on the daemon's ledger for weights `cid` and for the
+    /// (job, epoch) of `card` (both: a kept epoch shares its CID with the epoch before; see
+    /// [`crate::verify::find_record`]), and the daemon's own public key.
+    pub async fn publications(
+        &mut self,
+        cid: &str,
+        card: Option<(u64, u32)>,
+    ) -> anyhow::Result<(
+        Vec<hanzod_protocol::record::SignedPublication>,
+        Option<[u8; 32]>,
+    )> {
+        let mut queries = vec![pb::ListPublicationsRequest {
+            cid: cid.to_string(),
+            ..Default::default()
+        }];
+        if let Some((job, epoch)) = card {
+            queries.push(pb::ListPublicationsRequest {
+                cid: String::new(),
+                job_id: Some(job),
+                epoch: Some(epoch),
+            });
+        }
+        let mut found = Vec::new();
+        let mut orchestrator = None;
+        for q in queries {
+            let answer = self
+                .admin
+                .list_publications(self.opts.request(q))
+                .await
+                .map_err(status)?
+                .into_inner();
+            orchestrator = answer.orchestrator.as_slice().try_into().ok();
+            for p in answer.publications {
+                let p =
+                    hanzod_protocol::convert::publication_from(p).map_err(anyhow::Error::msg)?;
+                if !found.contains(&p) {
+                    found.push(p);
+                }
+            }
+        }
+        Ok((found, orchestrator))
+    }
+
+    /// `hanzod ring`.
+    pub async fn ring(&mut self, job: u64, json: bool) -> anyhow::Result<()> {
+        let r = self
+            .admin
+            .get_ring(self.opts.request(pb::GetRingRequest { job_id: job }))
+            .await
+            .map_err(status)?
+            .into_inner();
+        let out = ring_out(&r);
+        if json {
+            return print_json(&out);
+        }
+        print_ring(&out);
+        Ok(())
+    }
+}
+
+fn print_ring(r: &RingOut) {
+    println!(
+        "ring of job {} v{}: {} members, bottleneck {:.1} Mbit/s ({} of {} links estimated)",
+        r.job,
+        r.version,
+        r.members.len(),
+        r.bottleneck_mbps,
+        r.estimated_links,
+        r.members.len()
+    );
+    for (i, m) in r.members.iter().enumerate() {
+        let next = &r.members[(i + 1) % r.members.len()];
+        println!(
+            "  {:>3}. {} {:<21} → {}",
+            i,
+            short(&m.node),
+            if m.endpoint.is_empty() {
+                "-"
+            } else {
+                &m.endpoint
+            },
+            short(&next.node)
+        );
+    }
+}
+
+/// A gRPC status as a one-line error: `NOT_FOUND: job 9 not found`.
+pub fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!(hanzod_protocol::status::status_line(&s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_job_spec_parses_and_unknown_keys_fail() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/job.example.toml");
+        let spec = JobSpecFile::load(&path).unwrap();
+        let wire = spec.to_wire();
+        assert!(hanzod_protocol::convert::job_spec(Some(&wire)).is_ok());
+        let err = toml::from_str::<JobSpecFile>("name = \"x\"\nepoch = 3\n").unwrap_err();
+        assert!(err.to_string().contains("epoch"), "{err}");
+    }
+}

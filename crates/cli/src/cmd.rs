@@ -1,0 +1,14 @@
+//! One module per `hanzod` subcommand: its arguments and what it runs.
+
+#[cfg(feature = "testkit")]
+pub(crate) mod bench;
+pub(crate) mod chain;
+pub(crate) mod delta;
+#[cfg(feature = "testkit")]
+pub(crate) mod demo;
+pub(crate) mod job;
+pub(crate) mod node;
+pub(crate) mod serve;
+#[cfg(feature = "testkit")]
+pub(crate) mod sim;
+pub(crate) mod verify;

@@ -1,0 +1,731 @@
+//! Verifying a published checkpoint (DESIGN §7, paper §7.2 "Cross-Verification"): the
+//! checks behind `hanzod verify`.
+//!
+//! Given the files of a published repo (or only the weights, for a checkpoint fetched by
+//! CID) and the signed publication record the ledger holds for it, [`check`] recomputes
+//! every CID and compares:
+//!
+//! | check | passes when |
+//! |---|---|
+//! | `files` | a repo target (folder or Hub repo) holds exactly `README.md`, `config.json` and `model.safetensors` (the Hub's `.gitattributes` aside) |
+//! | `card` | `README.md` parses as a hanzod model card and is byte for byte the card those fields render to |
+//! | `weights CID` | the CID of `model.safetensors` equals the card's `hanzod.cid` |
+//! | `record` | the ledger holds a record for these weights |
+//! | `signature` | the record's Ed25519 signature verifies (and its signer is the trusted orchestrator key, when one is given) |
+//! | `record: weights` | the record's `cid` equals the weights' CID |
+//! | `record: config` | the record's `config_cid` equals the CID of `config.json` |
+//! | `record: card` | the record's `card_cid` equals the CID of `README.md` |
+//! | `record: card fields` | the record's job, epoch and quality equal the card's |
+//! | `record: repo` | the record's `hf_repo` equals the repo the files came from (Hub targets) |
+//!
+//! Every file is covered by a CID in the signed record, so one flipped byte anywhere fails
+//! at least one check.
+
+use serde::Serialize;
+
+use hanzod_protocol::cid::cid_of;
+use hanzod_protocol::record::{check_signature, SignedPublication};
+use hanzod_store::registry::ModelCard;
+
+/// The files of a published checkpoint, as fetched or read.
+#[derive(Debug, Clone, Default)]
+pub struct Files {
+    /// The bytes of `model.safetensors`.
+    pub weights: Vec<u8>,
+    /// The bytes of `config.json`, when the target has one (not for a CID).
+    pub config: Option<Vec<u8>>,
+    /// The bytes of `README.md`, when the target has one (not for a CID).
+    pub readme: Option<Vec<u8>>,
+    /// The Hub repo id the files came from, when they came from the Hub.
+    pub repo: Option<String>,
+    /// Every file the target holds (a folder's entries, a Hub repo's tree, less the Hub's
+    /// `.gitattributes`), when the target is a repo; `None` for a CID.
+    pub listing: Option<Vec<String>>,
+}
+
+/// The files of a published repo, sorted: `README.md`, `config.json`, `model.safetensors`.
+pub fn repo_files() -> Vec<String> {
+    use hanzod_store::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
+    let mut files = vec![
+        CARD_FILE.to_string(),
+        CONFIG_FILE.to_string(),
+        WEIGHTS_FILE.to_string(),
+    ];
+    files.sort();
+    files
+}
+
+/// One check's outcome.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Check {
+    /// What was checked (the first column of the module's table).
+    pub name: &'static str,
+    /// Whether it passed.
+    pub passed: bool,
+    /// What was expected (the reference value), when there is one.
+    pub expected: Option<String>,
+    /// What was found, or why the check could not be made.
+    pub found: String,
+}
+
+/// The verdict of [`check`]: every check, in the module table's order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// The weights' CID, as recomputed.
+    pub cid: String,
+    /// The checks made.
+    pub checks: Vec<Check>,
+    /// Why the verdict is incomplete: the ledger could not be read or holds no record (the
+    /// `record` check failed), or no orchestrator key is trusted (the `signature` check
+    /// failed for that reason, not because of what the record holds).
+    pub incomplete: Option<String>,
+}
+
+impl Verdict {
+    /// Whether every check passed.
+    pub fn verified(&self) -> bool {
+        !self.checks.is_empty() && self.checks.iter().all(|c| c.passed)
+    }
+
+    /// The checks that failed.
+    pub fn failures(&self) -> impl Iterator<Item = &Check> {
+        self.checks.iter().filter(|c| !c.passed)
+    }
+
+    /// Whether a check failed on what the files or the record hold (as opposed to the
+    /// ledger being unreachable, holding no record, or no key being trusted): the files are
+    /// not what was published.
+    pub fn refuted(&self) -> bool {
+        self.failures().any(|c| {
+            !(self.incomplete.is_some()
+                && (c.name == "record" || (c.name == "signature" && c.expected.is_none())))
+        })
+    }
+}
+
+fn pass(name: &'static str, found: impl Into<String>) -> Check {
+    Check {
+        name,
+        passed: true,
+        expected: None,
+        found: found.into(),
+    }
+}
+
+fn fail(name: &'static str, found: impl Into<String>) -> Check {
+    Check {
+        name,
+        passed: false,
+        expected: None,
+        found: found.into(),
+    }
+}
+
+/// Compares `expected` with `found`: passes when equal.
+fn compare(name: &'static str, expected: &str, found: &str) -> Check {
+    Check {
+        name,
+        passed: expected == found,
+        expected: Some(expected.to_string()),
+        found: found.to_string(),
+    }
+}
+
+/// Runs the checks of the module table on `files` against `record` (the ledger's record for
+/// these weights: `Ok(None)` when it holds none, `Err` when it could not be asked, with the
+/// reason). `cid` is the weights' CID ([`cid_of`] of `files.weights`, computed once by the
+/// caller, who needs it to find the record). `trusted` is the orchestrator key the reader
+/// trusts, if any. The other CIDs are computed on the calling thread.
+pub fn check(
+    files: &Files,
+    cid: &str,
+    record: Result<Option<SignedPublication>, String>,
+    trusted: Option<[u8; 32]>,
+) -> Verdict {
+    let cid = cid.to_string();
+    let mut checks = Vec::new();
+    if let Some(listing) = &files.listing {
+        let mut found = listing.clone();
+        found.sort();
+        checks.push(compare(
+            "files",
+            &repo_files().join(", "),
+            &found.join(", "),
+        ));
+    }
+    let card = files
+        .readme
+        .as_ref()
+        .map(|readme| -> Result<ModelCard, String> {
+            let text = std::str::from_utf8(readme).map_err(|e| format!("not UTF-8: {e}"))?;
+            let card = ModelCard::parse(text).map_err(|e| e.to_string())?;
+            if card.render().as_bytes() != readme.as_slice() {
+                return Err("README.md differs from the card its front matter renders to".into());
+            }
+            Ok(card)
+        });
+    match &card {
+        None => {}
+        Some(Ok(card)) => {
+            checks.push(pass(
+                "card",
+                format!("job {}, epoch {}", card.job, card.epoch),
+            ));
+            checks.push(compare("weights CID", &card.cid, &cid));
+        }
+        Some(Err(why)) => checks.push(fail("card", why.clone())),
+    }
+    let publication = match record {
+        Ok(Some(p)) => {
+            checks.push(pass(
+                "record",
+                format!(
+                    "job {}, epoch {}, signed at {} ms",
+                    p.record.job.0, p.record.epoch, p.record.timestamp.0
+                ),
+            ));
+            p
+        }
+        Ok(None) => {
+            // No record is not proof of tampering (a ledger that lost its records, a
+            // checkpoint not yet recorded): the verdict is incomplete.
+            let why = format!("the ledger holds no record of {cid}");
+            checks.push(fail("record", why.clone()));
+            return Verdict {
+                cid,
+                checks,
+                incomplete: Some(why),
+            };
+        }
+        Err(why) => {
+            checks.push(fail("record", format!("could not read the ledger: {why}")));
+            return Verdict {
+                cid,
+                checks,
+                incomplete: Some(why),
+            };
+        }
+    };
+    let signer = hex::encode(publication.signer);
+    let mut incomplete = None;
+    checks.push(match (check_signature(&publication), trusted) {
+        (Err(e), _) => fail("signature", format!("{e} (signer {signer})")),
+        (Ok(()), Some(key)) => compare("signature", &hex::encode(key), &signer),
+        (Ok(()), None) => {
+            // Anyone can sign a record: a valid signature proves nothing without the key
+            // of the orchestrator the reader trusts.
+            let why = format!("valid, by {signer}, but no orchestrator key is trusted");
+            incomplete = Some(why.clone());
+            fail("signature", why)
+        }
+    });
+    let r = &publication.record;
+    checks.push(compare("record: weights", &r.cid, &cid));
+    if let Some(config) = &files.config {
+        checks.push(compare(
+            "record: config",
+            &r.config_cid,
+            &cid_of(config).to_string(),
+        ));
+    }
+    if let Some(readme) = &files.readme {
+        checks.push(compare(
+            "record: card",
+            &r.card_cid,
+            &cid_of(readme).to_string(),
+        ));
+    }
+    if let Some(Ok(card)) = &card {
+        let fields = |job: u64, epoch: u32, quality: f64| {
+            format!("job {job}, epoch {epoch}, quality {quality}")
+        };
+        checks.push(compare(
+            "record: card fields",
+            &fields(r.job.0, r.epoch, r.quality),
+            &fields(card.job, card.epoch, card.quality),
+        ));
+    }
+    if let Some(repo) = &files.repo {
+        checks.push(compare("record: repo", &r.hf_repo, repo));
+    }
+    Verdict {
+        cid,
+        checks,
+        incomplete,
+    }
+}
+
+/// What `hanzod verify` was pointed at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A folder of a published repo: `model.safetensors`, `config.json`, `README.md` (the
+    /// last two are checked when present).
+    Folder(std::path::PathBuf),
+    /// A Hugging Face repo id, `{org}/{name}`, downloaded from the Hub.
+    Repo(String),
+    /// The weights' CID, fetched from an object store (IPFS).
+    Cid(String),
+}
+
+impl Target {
+    /// Reads `text` as a target: an existing folder, else a CID, else a repo id.
+    ///
+    /// Errors: the reason `text` is none of them.
+    pub fn parse(text: &str) -> Result<Target, String> {
+        let path = std::path::Path::new(text);
+        if path.is_dir() {
+            return Ok(Target::Folder(path.to_path_buf()));
+        }
+        if path.is_file() {
+            return Err(format!(
+                "{text} is a file: pass the folder that holds model.safetensors"
+            ));
+        }
+        // What can only be a path (a repo id is exactly `org/name`) is a folder not found,
+        // not a repo to download.
+        if text.starts_with(['/', '.', '~']) || text.matches('/').count() > 1 {
+            return Err(format!("no such folder: {text}"));
+        }
+        if hanzod_store::objects::parse_cid(text).is_ok() {
+            return Ok(Target::Cid(text.to_string()));
+        }
+        match hanzod_store::registry::validate_repo(text) {
+            Ok(()) => Ok(Target::Repo(text.to_string())),
+            Err(e) => Err(format!(
+                "{text:?} is neither a folder, a CID nor a Hub repo id ({e})"
+            )),
+        }
+    }
+}
+
+/// Why the files could not be read or fetched (the verdict could not be reached: exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// A file of a folder could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The Hub failed or has no such repo or file.
+    #[error(transparent)]
+    Hub(#[from] hanzod_store::registry::RegistryError),
+    /// The object store failed or has no such CID.
+    #[error(transparent)]
+    Objects(#[from] hanzod_store::objects::ObjectError),
+}
+
+/// The files of the published repo in `dir`: `model.safetensors` is required, `config.json`
+/// and `README.md` are read when present.
+pub async fn read_folder(dir: &std::path::Path) -> Result<Files, FetchError> {
+    use hanzod_store::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
+    let read = |name: &str, required: bool| {
+        let path = dir.join(name);
+        async move {
+            match tokio::fs::read(&path).await {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(source) => Err(FetchError::Read {
+                    path: path.display().to_string(),
+                    source,
+                }),
+            }
+        }
+    };
+    let listing = std::fs::read_dir(dir)
+        .and_then(|entries| {
+            entries
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|source| FetchError::Read {
+            path: dir.display().to_string(),
+            source,
+        })?;
+    Ok(Files {
+        weights: read(WEIGHTS_FILE, true).await?.unwrap_or_default(),
+        config: read(CONFIG_FILE, false).await?,
+        readme: read(CARD_FILE, false).await?,
+        repo: None,
+        listing: Some(listing),
+    })
+}
+
+/// Lists Hub repo `repo` and downloads its files into `dir` (the weights streamed to disk,
+/// with a progress bar on `progress`), then reads them. A missing `config.json` or
+/// `README.md` is left to the `files` check; missing weights are an error.
+pub async fn fetch_repo(
+    hub: &hanzod_adapters::hub::HubClient,
+    repo: &str,
+    dir: &std::path::Path,
+    progress: Option<&indicatif::ProgressBar>,
+) -> Result<Files, FetchError> {
+    use hanzod_store::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
+    let listing: Vec<String> = hub
+        .tree(repo)
+        .await?
+        .into_iter()
+        .filter(|e| e.kind == "file" && e.path != ".gitattributes")
+        .map(|e| e.path)
+        .collect();
+    let has = |name: &str| listing.iter().any(|p| p == name);
+    let config = match has(CONFIG_FILE) {
+        true => Some(hub.fetch_small(repo, CONFIG_FILE).await?),
+        false => None,
+    };
+    let readme = match has(CARD_FILE) {
+        true => Some(hub.fetch_small(repo, CARD_FILE).await?),
+        false => None,
+    };
+    let weights_path = dir.join(WEIGHTS_FILE);
+    hub.download(repo, WEIGHTS_FILE, &weights_path, progress)
+        .await?;
+    let weights = tokio::fs::read(&weights_path)
+        .await
+        .map_err(|source| FetchError::Read {
+            path: weights_path.display().to_string(),
+            source,
+        })?;
+    Ok(Files {
+        weights,
+        config,
+        readme,
+        repo: Some(repo.to_string()),
+        listing: Some(listing),
+    })
+}
+
+/// The weights stored under `cid` in `objects` (the store checks them against the CID).
+pub async fn fetch_cid(
+    objects: &dyn hanzod_store::objects::ObjectStore,
+    cid: &str,
+) -> Result<Files, FetchError> {
+    let weights = objects.get(cid).await?;
+    Ok(Files {
+        weights: weights.to_vec(),
+        ..Files::default()
+    })
+}
+
+/// The job and epoch a model card names, if `readme` is one (to find the record of a
+/// checkpoint whose weights no record names).
+pub fn card_epoch(readme: &[u8]) -> Option<(u64, u32)> {
+    let card = ModelCard::parse(std::str::from_utf8(readme).ok()?).ok()?;
+    Some((card.job, card.epoch))
+}
+
+/// The records read from a file, and the entries skipped: (index in the array, why).
+pub type ParsedRecords = (Vec<SignedPublication>, Vec<(usize, String)>);
+
+/// Reads a records file (a JSON array of signed publications, as `hanzod demo` writes
+/// `publications.json`). Entries that are not well-formed records are skipped, with their
+/// index and why, so that one damaged record does not hide the others (a skipped record
+/// can only make a verdict fail, never pass). Errors: the bytes are not a JSON array.
+pub fn parse_records(bytes: &[u8]) -> Result<ParsedRecords, String> {
+    let entries: Vec<serde_json::Value> =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a JSON array of records: {e}"))?;
+    let mut records = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, entry) in entries.into_iter().enumerate() {
+        match serde_json::from_value(entry) {
+            Ok(r) => records.push(r),
+            Err(e) => skipped.push((i, e.to_string())),
+        }
+    }
+    Ok((records, skipped))
+}
+
+/// What [`find_record`] looks for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Lookup<'a> {
+    /// The weights' CID.
+    pub cid: &'a str,
+    /// The (job, epoch) the model card names, when there is a card.
+    pub card: Option<(u64, u32)>,
+    /// The Hub repo the files came from, when they did.
+    pub repo: Option<&'a str>,
+    /// The orchestrator key the reader trusts.
+    pub trusted: Option<[u8; 32]>,
+}
+
+/// The record among `records` that speaks for the checkpoint `lookup` describes.
+///
+/// Only records whose signature verifies and whose signer is the trusted key (when one is
+/// given) are candidates, so a forged record listed first cannot shadow the genuine one;
+/// when none is, the best of all records is returned, so that [`check`] says what is
+/// wrong with it. Among candidates, one naming the CID and the card's (job, epoch) and the
+/// repo beats one naming fewer of them: a kept epoch publishes the previous epoch's weights
+/// again, so its CID alone names two records. A record must name the CID or the card's
+/// (job, epoch) to be returned.
+pub fn find_record(records: &[SignedPublication], lookup: Lookup<'_>) -> Option<SignedPublication> {
+    let score = |p: &SignedPublication| {
+        let r = &p.record;
+        let cid = r.cid == lookup.cid;
+        let epoch = lookup.card == Some((r.job.0, r.epoch));
+        let repo = lookup.repo == Some(r.hf_repo.as_str());
+        (cid || epoch).then_some(4 * u8::from(cid) + 2 * u8::from(epoch) + u8::from(repo))
+    };
+    let trusted = |p: &&SignedPublication| {
+        check_signature(p).is_ok() && lookup.trusted.is_none_or(|k| p.signer == k)
+    };
+    let best = |candidates: &mut dyn Iterator<Item = &SignedPublication>| {
+        candidates
+            .filter_map(|p| Some((score(p)?, p)))
+            // The first of equals: the oldest record.
+            .fold(
+                None::<(u8, &SignedPublication)>,
+                |best, (s, p)| match best {
+                    Some((b, _)) if b >= s => best,
+                    _ => Some((s, p)),
+                },
+            )
+            .map(|(_, p)| p.clone())
+    };
+    best(&mut records.iter().filter(trusted)).or_else(|| best(&mut records.iter()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hanzod_actors::types::{JobId, Timestamp};
+    use hanzod_protocol::identity::Identity;
+    use hanzod_protocol::record::{sign, PublicationRecord};
+    use proptest::prelude::*;
+
+    const REPO: &str = "org/wine-job-3-epoch-2";
+
+    fn published(weights: &[u8]) -> (Files, SignedPublication, [u8; 32]) {
+        let key = Identity::from_seed([7; 32]);
+        let card = ModelCard {
+            cid: cid_of(weights).to_string(),
+            epoch: 2,
+            job: 3,
+            quality: 0.5,
+            base_model: Some("bafkprevious".into()),
+            license: "apache-2.0".into(),
+            model: "wine".into(),
+            dataset: "wine-quality-red".into(),
+        };
+        let readme = card.render().into_bytes();
+        let config = br#"{"model_type": "wine"}"#.to_vec();
+        let record = PublicationRecord {
+            job: JobId(3),
+            epoch: 2,
+            cid: card.cid.clone(),
+            config_cid: cid_of(&config).to_string(),
+            card_cid: cid_of(&readme).to_string(),
+            hf_repo: REPO.into(),
+            quality: 0.5,
+            timestamp: Timestamp(1_700_000_000_000),
+        };
+        let files = Files {
+            weights: weights.to_vec(),
+            config: Some(config),
+            readme: Some(readme),
+            repo: Some(REPO.into()),
+            listing: Some(repo_files()),
+        };
+        (files, sign(record, &key), key.node_id().0)
+    }
+
+    #[test]
+    fn an_untouched_publication_verifies() {
+        let (files, record, key) = published(&[1, 2, 3, 4]);
+        let v = check(
+            &files,
+            &cid_of(&files.weights).to_string(),
+            Ok(Some(record)),
+            Some(key),
+        );
+        assert!(v.verified(), "{v:#?}");
+        assert_eq!(v.checks.len(), 10);
+    }
+
+    #[test]
+    fn a_damaged_entry_of_a_records_file_is_skipped_not_fatal() {
+        let (_, record, _) = published(&[1]);
+        let mut damaged = serde_json::to_value(&record).expect("json");
+        damaged["signature"] = serde_json::json!("zz");
+        let file = serde_json::to_vec(&serde_json::json!([damaged, record, {"hello": "world"}]))
+            .expect("json");
+        let (records, skipped) = parse_records(&file).expect("an array");
+        assert_eq!(records, vec![record]);
+        assert_eq!(skipped.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 2]);
+        assert!(parse_records(b"{}").is_err());
+    }
+
+    #[test]
+    fn a_missing_or_extra_file_fails() {
+        let (files, record, key) = published(&[1, 2]);
+        let cid = cid_of(&files.weights).to_string();
+        let without_config = Files {
+            config: None,
+            listing: Some(vec!["README.md".into(), "model.safetensors".into()]),
+            ..files.clone()
+        };
+        let v = check(&without_config, &cid, Ok(Some(record.clone())), Some(key));
+        assert_eq!(v.failures().map(|c| c.name).collect::<Vec<_>>(), ["files"]);
+        assert!(v.refuted());
+        let mut listing = repo_files();
+        listing.push("pytorch_model.bin".into());
+        let extra = Files {
+            listing: Some(listing),
+            ..files
+        };
+        let v = check(&extra, &cid, Ok(Some(record)), Some(key));
+        assert_eq!(v.failures().map(|c| c.name).collect::<Vec<_>>(), ["files"]);
+    }
+
+    #[test]
+    fn a_missing_record_or_unreachable_ledger_is_not_verified_nor_refuted() {
+        let (files, _, key) = published(&[1]);
+        let v = check(
+            &files,
+            &cid_of(&files.weights).to_string(),
+            Ok(None),
+            Some(key),
+        );
+        assert!(!v.verified());
+        assert_eq!(v.failures().next().map(|c| c.name), Some("record"));
+        assert!(!v.refuted(), "no record is not proof of tampering");
+        // Weights that do not match their card are, record or not.
+        let mut tampered = files.clone();
+        tampered.weights[0] ^= 1;
+        let v = check(
+            &tampered,
+            &cid_of(&tampered.weights).to_string(),
+            Ok(None),
+            Some(key),
+        );
+        assert!(v.refuted(), "{v:#?}");
+        let v = check(
+            &files,
+            &cid_of(&files.weights).to_string(),
+            Err("connection refused".into()),
+            Some(key),
+        );
+        assert!(v
+            .failures()
+            .any(|c| c.name == "record" && c.found.contains("connection refused")));
+        assert!(!v.verified() && !v.refuted(), "unreachable is not tampered");
+    }
+
+    #[test]
+    fn another_signer_fails_when_a_key_is_trusted_and_no_key_is_incomplete() {
+        let (files, record, _) = published(&[1]);
+        let cid = cid_of(&files.weights).to_string();
+        let other = Identity::from_seed([8; 32]).node_id().0;
+        let v = check(&files, &cid, Ok(Some(record.clone())), Some(other));
+        assert_eq!(
+            v.failures().map(|c| c.name).collect::<Vec<_>>(),
+            ["signature"]
+        );
+        assert!(v.refuted());
+        // Without a trusted key a valid signature proves nothing: not verified, not refuted.
+        let v = check(&files, &cid, Ok(Some(record)), None);
+        assert!(!v.verified() && !v.refuted(), "{v:#?}");
+    }
+
+    fn lookup<'a>(cid: &'a str, card: Option<(u64, u32)>, trusted: [u8; 32]) -> Lookup<'a> {
+        Lookup {
+            cid,
+            card,
+            repo: Some(REPO),
+            trusted: Some(trusted),
+        }
+    }
+
+    #[test]
+    fn a_forged_record_listed_first_does_not_shadow_the_genuine_one() {
+        let (files, genuine, key) = published(&[1, 2]);
+        let cid = cid_of(&files.weights).to_string();
+        let forger = Identity::from_seed([66; 32]);
+        let mut forged_record = genuine.record.clone();
+        forged_record.quality = 0.01;
+        let forged = sign(forged_record, &forger);
+        let records = [forged.clone(), genuine.clone()];
+        let found = find_record(&records, lookup(&cid, Some((3, 2)), key));
+        assert_eq!(found.as_ref(), Some(&genuine));
+        assert!(check(&files, &cid, Ok(found), Some(key)).verified());
+        // With only the forgery, it is returned and its signer refuted.
+        let found = find_record(&[forged], lookup(&cid, Some((3, 2)), key));
+        assert!(check(&files, &cid, Ok(found), Some(key)).refuted());
+    }
+
+    #[test]
+    fn a_kept_epoch_finds_its_own_record_not_the_previous_epochs() {
+        let (files, kept, key) = published(&[1, 2, 3]);
+        let cid = cid_of(&files.weights).to_string();
+        // Epoch 1 published the same weights; its record comes first.
+        let mut previous = kept.record.clone();
+        previous.epoch = 1;
+        previous.hf_repo = "org/wine-job-3-epoch-1".into();
+        let previous = sign(previous, &Identity::from_seed([7; 32]));
+        let found = find_record(&[previous, kept.clone()], lookup(&cid, Some((3, 2)), key));
+        assert_eq!(found, Some(kept));
+        // A record that names neither the CID nor the card's epoch is not returned.
+        assert_eq!(
+            find_record(
+                &[sign(
+                    PublicationRecord {
+                        cid: "other".into(),
+                        epoch: 9,
+                        ..published(&[1]).1.record
+                    },
+                    &Identity::from_seed([7; 32])
+                )],
+                lookup(&cid, Some((3, 2)), key)
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn a_record_of_another_repo_fails() {
+        let (mut files, record, key) = published(&[1]);
+        files.repo = Some("org/other-job-3-epoch-2".into());
+        let v = check(
+            &files,
+            &cid_of(&files.weights).to_string(),
+            Ok(Some(record)),
+            Some(key),
+        );
+        assert_eq!(
+            v.failures().map(|c| c.name).collect::<Vec<_>>(),
+            ["record: repo"]
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// One flipped bit in any byte of any file, or of the record's signature, fails.
+        #[test]
+        fn one_flipped_byte_anywhere_fails(
+            len in 1usize..600_000,
+            file in 0usize..4,
+            at in any::<prop::sample::Index>(),
+            bit in 0u8..8,
+        ) {
+            let weights: Vec<u8> = (0..len).map(|i| (i * 7 + i / 13) as u8).collect();
+            let (mut files, mut record, key) = published(&weights);
+            let target: &mut Vec<u8> = match file {
+                0 => &mut files.weights,
+                1 => files.config.as_mut().expect("config"),
+                2 => files.readme.as_mut().expect("readme"),
+                _ => {
+                    let i = at.index(64);
+                    record.signature[i] ^= 1 << bit;
+                    let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record)), Some(key));
+                    prop_assert!(!v.verified());
+                    return Ok(());
+                }
+            };
+            let i = at.index(target.len());
+            target[i] ^= 1 << bit;
+            let v = check(&files, &cid_of(&files.weights).to_string(), Ok(Some(record)), Some(key));
+            prop_assert!(!v.verified(), "flipping bit {} of byte {} of file {} went unnoticed", bit, i, file);
+        }
+    }
+}

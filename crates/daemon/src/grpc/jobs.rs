@@ -1,0 +1,360 @@
+//! `hanzod.v1.JobService` and `hanzod.v1.AdminService` (paper §3; DESIGN §5).
+
+use hanzod_actors::ports::Counter;
+use std::sync::Arc;
+
+use hanzod_actors::actor::Notice;
+use hanzod_actors::ports::Ledger;
+use hanzod_actors::types::{JobId, NodeId};
+use hanzod_actors::OrchestratorHandle;
+use hanzod_proto::v1 as pb;
+use hanzod_proto::v1::admin_service_server::AdminService;
+use hanzod_proto::v1::job_service_server::JobService;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::sessions::Sessions;
+use super::status_of;
+use hanzod_protocol::convert;
+use hanzod_train::catalog::{CatalogError, ModelCatalog};
+
+/// The spot-check commitment of a job's epoch (DESIGN §6): `SHA-256(secret)`, 32 bytes.
+pub type Commitments = Arc<dyn Fn(JobId, u32) -> [u8; 32] + Send + Sync>;
+
+/// The JobService implementation.
+#[derive(Clone)]
+pub struct JobServiceImpl {
+    core: OrchestratorHandle,
+    sessions: Arc<Sessions>,
+    catalog: Arc<ModelCatalog>,
+    commitments: Commitments,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl JobServiceImpl {
+    /// A service over `core` accepting jobs whose model and dataset `catalog` knows, showing
+    /// each running epoch's spot-check commitment from `commitments`; watch streams end
+    /// `UNAVAILABLE` when `shutdown` turns true.
+    pub fn new(
+        core: OrchestratorHandle,
+        sessions: Arc<Sessions>,
+        catalog: Arc<ModelCatalog>,
+        commitments: Commitments,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        JobServiceImpl {
+            core,
+            sessions,
+            catalog,
+            commitments,
+            shutdown,
+        }
+    }
+
+    /// A job on the wire, with the spot-check commitment of the epoch it is in.
+    fn wire(&self, view: &hanzod_actors::actor::job::JobView) -> pb::Job {
+        let mut job = convert::job(view, |n| self.sessions.endpoint(n));
+        use hanzod_actors::job::JobPhase;
+        if let JobPhase::Running { epoch, .. } | JobPhase::Aggregating { epoch, .. } = view.phase {
+            job.spot_check_commitment = (self.commitments)(view.id, epoch).to_vec();
+        }
+        job
+    }
+
+    async fn job(&self, id: u64) -> Result<pb::Job, Status> {
+        let view = self
+            .core
+            .job(JobId(id))
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
+        Ok(self.wire(&view))
+    }
+}
+
+#[tonic::async_trait]
+impl JobService for JobServiceImpl {
+    async fn submit_job(
+        &self,
+        request: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        let spec = convert::job_spec(request.get_ref().spec.as_ref())
+            .map_err(|e| refused(&self.core, e.into()))?;
+        // A job whose deltas nothing could check (or whose data nobody has) is refused now,
+        // not when its first delta arrives.
+        let model = self.catalog.check_training(&spec.training).map_err(|e| {
+            let field = match e {
+                CatalogError::UnknownModel { .. } => "spec.training.model",
+                CatalogError::UnknownDataset { .. } => "spec.training.dataset",
+            };
+            refused(
+                &self.core,
+                Status::invalid_argument(format!("invalid {field}: {e}")),
+            )
+        })?;
+        // And one the validator could not replay (no trainer for the model, steps or batch
+        // beyond the bounds that keep a spot-check cheap, rates that are not f32).
+        hanzod_train::recipe::recipe_for(&spec.training, model, JobId(0)).map_err(|e| {
+            refused(
+                &self.core,
+                Status::invalid_argument(format!("invalid spec.training: {e}")),
+            )
+        })?;
+        let name = spec.name.clone();
+        let id = self
+            .core
+            .submit_job(spec)
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
+        tracing::info!(job = id.0, name, "job submitted");
+        Ok(Response::new(pb::SubmitJobResponse { job_id: id.0 }))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::Job>, Status> {
+        self.job(request.get_ref().job_id).await.map(Response::new)
+    }
+
+    async fn list_jobs(
+        &self,
+        _request: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let jobs = self
+            .core
+            .jobs()
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs: jobs.iter().map(|j| self.wire(j)).collect(),
+        }))
+    }
+
+    type WatchJobStream = ReceiverStream<Result<pb::JobEvent, Status>>;
+
+    async fn watch_job(
+        &self,
+        request: Request<pb::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let id = request.get_ref().job_id;
+        // Subscribe before the snapshot, so no change between the two is missed.
+        let mut notices = self.core.subscribe();
+        let first = self.job(id).await?;
+        let (tx, rx) = mpsc::channel(64);
+        let this = self.clone();
+        let mut shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut last = first.clone();
+            if tx
+                .send(Ok(pb::JobEvent {
+                    job: Some(first),
+                    change: "snapshot".into(),
+                }))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            loop {
+                if is_terminal(&last) {
+                    return;
+                }
+                let change = tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = hanzod_protocol::status::stopped(&mut shutdown) => {
+                        let _ = tx.send(Err(Status::unavailable("orchestrator shutting down"))).await;
+                        return;
+                    }
+                    n = notices.recv() => match n {
+                        Ok(Notice::JobPhase { job, .. }) if job.0 == id => "phase",
+                        Ok(Notice::RingChanged { ring, .. }) if ring.job.0 == id => "ring",
+                        Ok(_) => continue,
+                        // Missed notices: resend the job as it is now.
+                        Err(broadcast::error::RecvError::Lagged(_)) => "snapshot",
+                        Err(broadcast::error::RecvError::Closed) => {
+                            let _ = tx.send(Err(Status::unavailable("orchestrator stopped"))).await;
+                            return;
+                        }
+                    },
+                };
+                match this.job(id).await {
+                    Ok(job) if job != last => {
+                        last = job.clone();
+                        if tx
+                            .send(Ok(pb::JobEvent {
+                                job: Some(job),
+                                change: change.into(),
+                            }))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::CancelJobResponse>, Status> {
+        let id = request.get_ref().job_id;
+        self.core
+            .cancel_job(JobId(id))
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
+        tracing::info!(job = id, "job cancelled");
+        Ok(Response::new(pb::CancelJobResponse {}))
+    }
+}
+
+/// Counts a refused job or admin request in `rejected_messages{reason}` (the reason is the
+/// status code, e.g. `not_found`) and logs it at debug level; returns the status.
+fn refused(core: &OrchestratorHandle, status: Status) -> Status {
+    let reason = match status.code() {
+        tonic::Code::InvalidArgument => "invalid",
+        tonic::Code::NotFound => "not_found",
+        tonic::Code::FailedPrecondition => "failed_precondition",
+        tonic::Code::Unavailable => "unavailable",
+        tonic::Code::PermissionDenied => "permission_denied",
+        tonic::Code::AlreadyExists => "already_exists",
+        _ => "other",
+    };
+    core.metrics().incr(Counter::RejectedMessages, reason, 1);
+    tracing::debug!(reason, "request refused: {}", status.message());
+    status
+}
+
+fn is_terminal(job: &pb::Job) -> bool {
+    use pb::job_phase::Kind;
+    job.phase
+        .as_ref()
+        .is_some_and(|p| p.kind == Kind::Published as i32 || p.kind == Kind::Failed as i32)
+}
+
+/// The AdminService implementation.
+#[derive(Clone)]
+pub struct AdminServiceImpl {
+    core: OrchestratorHandle,
+    sessions: Arc<Sessions>,
+    ledger: Option<Arc<dyn Ledger>>,
+    orchestrator: [u8; 32],
+}
+
+impl AdminServiceImpl {
+    /// A service over `core`, answering publication queries from `ledger` (none:
+    /// `ListPublications` is UNIMPLEMENTED) with `orchestrator`, this orchestrator's public
+    /// key.
+    pub fn new(
+        core: OrchestratorHandle,
+        sessions: Arc<Sessions>,
+        ledger: Option<Arc<dyn Ledger>>,
+        orchestrator: [u8; 32],
+    ) -> Self {
+        AdminServiceImpl {
+            core,
+            sessions,
+            ledger,
+            orchestrator,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminServiceImpl {
+    async fn list_nodes(
+        &self,
+        _request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let nodes = self
+            .core
+            .nodes()
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
+        let endpoints = self.sessions.endpoints();
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes: nodes
+                .iter()
+                .map(|n| convert::node(n, endpoints.get(&n.id).cloned().unwrap_or_default()))
+                .collect(),
+        }))
+    }
+
+    async fn get_node(
+        &self,
+        request: Request<pb::GetNodeRequest>,
+    ) -> Result<Response<pb::Node>, Status> {
+        let id: NodeId = convert::node_id("node_id", &request.get_ref().node_id)
+            .map_err(|e| refused(&self.core, e.into()))?;
+        let nodes = self
+            .core
+            .nodes()
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?;
+        let n = nodes.iter().find(|n| n.id == id).ok_or_else(|| {
+            refused(
+                &self.core,
+                Status::not_found(format!("node {id} is not registered")),
+            )
+        })?;
+        Ok(Response::new(convert::node(n, self.sessions.endpoint(&id))))
+    }
+
+    async fn get_ring(
+        &self,
+        request: Request<pb::GetRingRequest>,
+    ) -> Result<Response<pb::Ring>, Status> {
+        let id = request.get_ref().job_id;
+        let ring = self
+            .core
+            .ring(JobId(id))
+            .await
+            .map_err(|e| refused(&self.core, status_of(&e)))?
+            .ok_or_else(|| {
+                refused(
+                    &self.core,
+                    Status::not_found(format!("job {id} has no ring")),
+                )
+            })?;
+        Ok(Response::new(convert::ring(&ring, |n| {
+            self.sessions.endpoint(n)
+        })))
+    }
+
+    async fn list_publications(
+        &self,
+        request: Request<pb::ListPublicationsRequest>,
+    ) -> Result<Response<pb::ListPublicationsResponse>, Status> {
+        let Some(ledger) = &self.ledger else {
+            return Err(Status::unimplemented(
+                "this orchestrator keeps no ledger of publications",
+            ));
+        };
+        let q = request.into_inner();
+        let all = ledger.publications().await.map_err(|e| {
+            let status = Status::unavailable(format!("ledger: {e}"));
+            tracing::warn!(error = %e, "listing publications");
+            status
+        })?;
+        let publications = all
+            .iter()
+            .filter(|p| q.cid.is_empty() || p.record.cid == q.cid)
+            .filter(|p| q.job_id.is_none_or(|j| p.record.job.0 == j))
+            .filter(|p| q.epoch.is_none_or(|e| p.record.epoch == e))
+            .map(convert::publication)
+            .collect();
+        Ok(Response::new(pb::ListPublicationsResponse {
+            publications,
+            orchestrator: self.orchestrator.to_vec(),
+        }))
+    }
+}

@@ -1,0 +1,564 @@
+//! The reference worker of `hanzod node` (DESIGN §5–§6, paper §3.1): what a node does with
+//! an [`EpochAssignment`].
+//!
+//! 1. Fetch the base checkpoint (`FetchCheckpoint`) and check its bytes against the
+//!    reference; in epoch 0 derive the recipe's initial weights from its seed instead.
+//! 2. Run the recipe's local steps on this node's batch stream with burn
+//!    ([`hanzod_train::train_local`], off the async runtime): deterministic for a given seed, job,
+//!    node and step, so a validator can re-run them.
+//! 3. Upload delta = local − global as an HZDL file, with the signed statement carrying the
+//!    claimed loss (the pre-delta weights' loss on the first step's batch).
+//!
+//! A [`Behaviour`] other than [`Behaviour::Honest`] makes the node Byzantine, for fault
+//! injection (`hanzod node --byzantine`, `hanzod demo --byzantine`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hanzod_actors::job::EpochAssignment;
+use hanzod_actors::ports::Clock;
+use hanzod_actors::types::Timestamp;
+use hanzod_proto::v1 as pb;
+use hanzod_proto::v1::node_service_client::NodeServiceClient;
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+use hanzod_protocol::identity::Identity;
+use hanzod_train::{self, Dataset, Weights};
+
+/// How the node trains: honestly, or one of the attacks the validator must catch.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Behaviour {
+    /// Trains as the recipe says and reports what it measured.
+    #[default]
+    Honest,
+    /// Poisons: uploads −`scale` × its honest delta (sign-flipped and scaled), with its
+    /// honest claimed loss. The quality score and the robust merge must keep it out.
+    Poison {
+        /// The factor (> 0), e.g. 10.
+        scale: f32,
+    },
+    /// Lies about its loss: uploads its honest delta but claims `factor` × the loss it
+    /// measured. A spot-check must catch it (DESIGN §6: within 5 %).
+    LieLoss {
+        /// The factor (≠ 1, > 0), e.g. 0.5.
+        factor: f64,
+    },
+}
+
+impl std::str::FromStr for Behaviour {
+    type Err = String;
+
+    /// `honest`, `poison`, `poison:<scale>`, `lie-loss` or `lie-loss:<factor>` (defaults:
+    /// scale 10, factor 0.5).
+    fn from_str(s: &str) -> Result<Behaviour, String> {
+        let (kind, arg) = match s.split_once(':') {
+            Some((k, a)) => (k, Some(a)),
+            None => (s, None),
+        };
+        let num = |default: f64| -> Result<f64, String> {
+            match arg {
+                None => Ok(default),
+                Some(a) => a
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .ok_or_else(|| format!("{a:?} is not a positive number")),
+            }
+        };
+        match kind {
+            "honest" if arg.is_none() => Ok(Behaviour::Honest),
+            "poison" => Ok(Behaviour::Poison {
+                scale: num(10.0)? as f32,
+            }),
+            "lie-loss" => {
+                let factor = num(0.5)?;
+                if factor == 1.0 {
+                    return Err("a lie-loss factor of 1 is the truth".into());
+                }
+                Ok(Behaviour::LieLoss { factor })
+            }
+            _ => Err(format!(
+                "unknown behaviour {s:?} (honest, poison[:scale], lie-loss[:factor])"
+            )),
+        }
+    }
+}
+
+/// What one epoch's work produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochWork {
+    /// The claimed loss sent (the measured one unless the node lies).
+    pub claimed_loss: f64,
+    /// The loss of the last local step's batch, after training.
+    pub last_loss: f64,
+    /// SHA-256 of the uploaded HZDL bytes.
+    pub delta_hash: [u8; 32],
+    /// Size of the uploaded HZDL bytes.
+    pub delta_bytes: usize,
+    /// Time to fetch the base checkpoint, ms.
+    pub fetch_ms: u64,
+    /// Time of the local steps, ms.
+    pub train_ms: u64,
+    /// Time of the upload, ms.
+    pub upload_ms: u64,
+    /// The daemon had already recorded this delta (a retry after a lost ack).
+    pub already_delivered: bool,
+}
+
+/// Why an epoch's work failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TrainError {
+    /// The recipe names something this worker cannot train.
+    #[error("recipe: {0}")]
+    Recipe(hanzod_train::RecipeError),
+    /// The checkpoint could not be fetched (the daemon's status, or the transfer broke).
+    #[error("fetching checkpoint {checkpoint}: {reason}")]
+    Fetch {
+        /// The reference.
+        checkpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// The daemon refused the checkpoint download (its status).
+    #[error("fetching the checkpoint: {}: {message}", hanzod_protocol::status::code_name(*.code))]
+    FetchStatus {
+        /// The status code.
+        code: tonic::Code,
+        /// Its message.
+        message: String,
+    },
+    /// The assignment's deadline passed before the work was done.
+    #[error("the epoch deadline passed")]
+    Expired,
+    /// The checkpoint's bytes do not hash to its reference, or do not load.
+    #[error("checkpoint {checkpoint} is bad: {reason}")]
+    BadCheckpoint {
+        /// The reference.
+        checkpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// Training failed (non-finite loss, the worker thread died, …).
+    #[error("training: {0}")]
+    Training(String),
+    /// The daemon refused the delta, or the upload broke.
+    #[error("upload: {0}")]
+    Upload(String),
+}
+
+/// Checkpoints above this size are refused before download (the built-in models are a few
+/// KiB; a bound keeps a confused orchestrator from filling the node's memory).
+pub const MAX_CHECKPOINT_BYTES: u64 = 1 << 30;
+
+/// Downloads checkpoint `reference` (a CID) and checks its bytes: the header's SHA-256,
+/// and the CID recomputed as Kubo's `ipfs add --cid-version=1` would.
+///
+/// Errors: [`TrainError::Fetch`] for the daemon's refusal or a broken transfer,
+/// [`TrainError::BadCheckpoint`] when the bytes do not match.
+pub async fn fetch_checkpoint(
+    client: &mut NodeServiceClient<Channel>,
+    session: &[u8],
+    reference: &str,
+) -> Result<Vec<u8>, TrainError> {
+    let fetch = |reason: String| TrainError::Fetch {
+        checkpoint: reference.to_string(),
+        reason,
+    };
+    let bad = |reason: String| TrainError::BadCheckpoint {
+        checkpoint: reference.to_string(),
+        reason,
+    };
+    hanzod_protocol::cid::parse_cid(reference).map_err(|e| bad(e.to_string()))?;
+    let mut stream = client
+        .fetch_checkpoint(pb::FetchCheckpointRequest {
+            session: session.to_vec(),
+            checkpoint: reference.to_string(),
+        })
+        .await
+        .map_err(|s| TrainError::FetchStatus {
+            code: s.code(),
+            message: s.message().to_string(),
+        })?
+        .into_inner();
+    let header = match stream.message().await {
+        Ok(Some(pb::CheckpointChunk {
+            part: Some(pb::checkpoint_chunk::Part::Header(h)),
+        })) => h,
+        Ok(_) => return Err(fetch("the stream did not start with a header".into())),
+        Err(s) => return Err(fetch(hanzod_protocol::status::status_line(&s))),
+    };
+    if header.total_bytes > MAX_CHECKPOINT_BYTES {
+        return Err(bad(format!(
+            "{} bytes is above the {MAX_CHECKPOINT_BYTES}-byte bound",
+            header.total_bytes
+        )));
+    }
+    let mut bytes = Vec::with_capacity(header.total_bytes.min(1 << 20) as usize);
+    loop {
+        match stream.message().await {
+            Ok(Some(pb::CheckpointChunk {
+                part: Some(pb::checkpoint_chunk::Part::Data(d)),
+            })) => {
+                if (bytes.len() + d.len()) as u64 > header.total_bytes {
+                    return Err(bad("more bytes than the header announced".into()));
+                }
+                bytes.extend_from_slice(&d);
+            }
+            Ok(None) => break,
+            Ok(Some(_)) => return Err(fetch("a second header".into())),
+            Err(s) => return Err(fetch(hanzod_protocol::status::status_line(&s))),
+        }
+    }
+    if bytes.len() as u64 != header.total_bytes {
+        return Err(fetch(format!(
+            "{} of {} bytes arrived",
+            bytes.len(),
+            header.total_bytes
+        )));
+    }
+    let sha: [u8; 32] = Sha256::digest(&bytes).into();
+    if header.sha256 != sha {
+        return Err(fetch("the bytes do not match the header's SHA-256".into()));
+    }
+    // The reference is the CID (Kubo's `ipfs add --cid-version=1`): recompute it.
+    let found = hanzod_protocol::cid::cid_of(&bytes).to_string();
+    if found != reference {
+        return Err(bad(format!("the bytes have CID {found}")));
+    }
+    Ok(bytes)
+}
+
+/// [`fetch_checkpoint`] through the live session, retried like an upload.
+async fn fetch_with_retry(
+    live: &mut watch::Receiver<Option<WorkerSession>>,
+    clock: &Arc<dyn Clock>,
+    deadline: Timestamp,
+    reference: &str,
+) -> Result<Vec<u8>, TrainError> {
+    let got = with_live_session(live, clock, deadline, |s| async move {
+        let mut client = s.client.clone();
+        match fetch_checkpoint(&mut client, &s.session, reference).await {
+            Err(TrainError::FetchStatus { code, message }) => {
+                Err(tonic::Status::new(code, message))
+            }
+            other => Ok(other),
+        }
+    })
+    .await;
+    match got {
+        Ok(r) => r,
+        Err(st) => Err(TrainError::Fetch {
+            checkpoint: reference.to_string(),
+            reason: hanzod_protocol::status::status_line(&st),
+        }),
+    }
+}
+
+/// The worker's connection to the daemon for one session.
+#[derive(Clone)]
+pub struct WorkerSession {
+    /// The node service client.
+    pub client: NodeServiceClient<Channel>,
+    /// The session token.
+    pub session: Vec<u8>,
+    /// Upload chunk size, bytes (`RegisterResponse.delta_chunk_bytes`).
+    pub chunk_bytes: usize,
+    /// The node's identity.
+    pub identity: Identity,
+}
+
+/// Statuses worth another try: the daemon is busy or restarting, or the session was
+/// replaced (`UNAUTHENTICATED` with [`hanzod_protocol::status::UNKNOWN_SESSION`]; the next try uses
+/// the live session).
+fn transient(st: &tonic::Status) -> bool {
+    match st.code() {
+        tonic::Code::ResourceExhausted | tonic::Code::Unavailable => true,
+        tonic::Code::Unauthenticated => st.message() == hanzod_protocol::status::UNKNOWN_SESSION,
+        _ => false,
+    }
+}
+
+/// Runs `attempt` with the live session until it succeeds, fails for good, or `deadline`
+/// (ms since the Unix epoch, read from `clock`) passes: transient failures ([`transient`])
+/// are retried with jittered exponential backoff (50 ms doubling to 2 s), and while no
+/// session is live it waits for one.
+async fn with_live_session<T, F, Fut>(
+    live: &mut watch::Receiver<Option<WorkerSession>>,
+    clock: &Arc<dyn Clock>,
+    deadline: Timestamp,
+    mut attempt: F,
+) -> Result<T, tonic::Status>
+where
+    F: FnMut(WorkerSession) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let left = Duration::from_millis(deadline.since(clock.now()));
+        if left.is_zero() {
+            return Err(tonic::Status::deadline_exceeded(
+                "the epoch deadline passed",
+            ));
+        }
+        let current = live.borrow_and_update().clone();
+        let Some(session) = current else {
+            // Between sessions: wait for the next one (or the deadline). The agent gone:
+            // nobody will open one.
+            if let Ok(Err(_)) = tokio::time::timeout(left, live.changed()).await {
+                return Err(tonic::Status::cancelled("the node agent stopped"));
+            }
+            continue;
+        };
+        match attempt(session).await {
+            Err(st) if transient(&st) => {
+                let jitter = rand::random::<f64>() * 0.5 + 0.5;
+                tokio::time::sleep(delay.mul_f64(jitter).min(left)).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Does `assignment`: fetch, train, upload (module docs), through the live session `live`
+/// (a session replaced meanwhile is followed, so finished work is not lost to a
+/// reconnect). `data` is the recipe's dataset; `clock` tells when the assignment's
+/// deadline passes (work past it is abandoned).
+///
+/// Errors: see [`TrainError`]; the caller reports them and waits for the next assignment
+/// (the daemon resends it while the epoch runs).
+pub async fn work_epoch(
+    mut live: watch::Receiver<Option<WorkerSession>>,
+    identity: &Identity,
+    clock: Arc<dyn Clock>,
+    assignment: &EpochAssignment,
+    behaviour: Behaviour,
+    data: Arc<Dataset>,
+) -> Result<EpochWork, TrainError> {
+    let recipe = hanzod_train::recipe::recipe_of(&assignment.training, assignment.job)
+        .map_err(TrainError::Recipe)?;
+    let deadline = assignment.deadline;
+    if clock.now() >= deadline {
+        return Err(TrainError::Expired);
+    }
+    let started = Instant::now();
+    let base = match &assignment.base {
+        None => hanzod_train::init(&recipe),
+        Some(reference) => {
+            let bytes = fetch_with_retry(&mut live, &clock, deadline, reference).await?;
+            Weights::from_safetensors(&bytes, hanzod_train::layout(recipe.hidden)).map_err(|e| {
+                TrainError::BadCheckpoint {
+                    checkpoint: reference.clone(),
+                    reason: e.to_string(),
+                }
+            })?
+        }
+    };
+    let fetch_ms = started.elapsed().as_millis() as u64;
+    let started = Instant::now();
+    let node = identity.node_id().0;
+    let (epoch, step) = (assignment.epoch, assignment.step);
+    let (payload, claimed, last_loss) = tokio::task::spawn_blocking(move || {
+        let run = hanzod_train::train_local(&base, &data, &recipe, &node, step)
+            .map_err(|e| TrainError::Training(e.to_string()))?;
+        let mut delta = run
+            .weights
+            .sub(&base)
+            .map_err(|e| TrainError::Training(e.to_string()))?;
+        let mut claimed = run.claimed_loss;
+        match behaviour {
+            Behaviour::Honest => {}
+            Behaviour::Poison { scale } => delta.data.iter_mut().for_each(|x| *x *= -scale),
+            Behaviour::LieLoss { factor } => claimed *= factor,
+        }
+        let payload = delta
+            .to_delta_bytes(u64::from(epoch))
+            .map_err(|e| TrainError::Training(e.to_string()))?;
+        let last = run.losses.last().copied().unwrap_or(run.claimed_loss);
+        Ok::<_, TrainError>((payload, claimed, last))
+    })
+    .await
+    .map_err(|e| TrainError::Training(format!("the training thread died: {e}")))??;
+    let train_ms = started.elapsed().as_millis() as u64;
+    let hash: [u8; 32] = Sha256::digest(&payload).into();
+    let started = Instant::now();
+    let upload = with_live_session(&mut live, &clock, deadline, |s| {
+        let payload = &payload;
+        async move {
+            let mut client = s.client.clone();
+            crate::protocol::upload_delta(
+                &mut client,
+                &s.session,
+                &s.identity,
+                assignment.job.0,
+                epoch,
+                step,
+                claimed,
+                payload,
+                s.chunk_bytes,
+            )
+            .await
+        }
+    })
+    .await;
+    let already_delivered = match upload {
+        Ok(_) => false,
+        // A retry after a lost ack: the daemon names the delivered hash.
+        Err(st)
+            if st.code() == tonic::Code::AlreadyExists
+                && st.message().contains(&hex::encode(hash)) =>
+        {
+            true
+        }
+        Err(st) => {
+            return Err(TrainError::Upload(hanzod_protocol::status::status_line(
+                &st,
+            )))
+        }
+    };
+    Ok(EpochWork {
+        claimed_loss: claimed,
+        last_loss,
+        delta_hash: hash,
+        delta_bytes: payload.len(),
+        fetch_ms,
+        train_ms,
+        upload_ms: started.elapsed().as_millis() as u64,
+        already_delivered,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hanzod_actors::ports::TokioClock;
+
+    fn session(token: u8) -> WorkerSession {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        WorkerSession {
+            client: NodeServiceClient::new(channel),
+            session: vec![token; 16],
+            chunk_bytes: 1024,
+            identity: Identity::from_seed([token; 32]),
+        }
+    }
+
+    fn clock() -> Arc<dyn Clock> {
+        Arc::new(TokioClock::starting_at(Timestamp(1_000_000)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_moves_to_the_new_session_when_the_old_one_is_replaced() {
+        let (tx, mut live) = watch::channel(Some(session(1)));
+        let clock = clock();
+        let deadline = clock.now().plus_ms(60_000);
+        let mut seen = Vec::new();
+        let got = with_live_session(&mut live, &clock, deadline, |s| {
+            seen.push(s.session[0]);
+            let tx = &tx;
+            async move {
+                match s.session[0] {
+                    // The daemon forgot session 1 (the node reconnected as session 2).
+                    1 => {
+                        tx.send_replace(Some(session(2)));
+                        Err(tonic::Status::unauthenticated(
+                            hanzod_protocol::status::UNKNOWN_SESSION,
+                        ))
+                    }
+                    _ => Ok("uploaded"),
+                }
+            }
+        })
+        .await;
+        assert_eq!(got.unwrap(), "uploaded");
+        assert_eq!(seen, [1, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn busy_is_retried_until_the_deadline_and_refusals_are_final() {
+        let (_tx, mut live) = watch::channel(Some(session(1)));
+        let clock = clock();
+        let deadline = clock.now().plus_ms(10_000);
+        let mut tries = 0;
+        let busy = with_live_session(&mut live, &clock, deadline, |_| {
+            tries += 1;
+            async { Err::<(), _>(tonic::Status::resource_exhausted("4 uploads in flight")) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(busy.code(), tonic::Code::DeadlineExceeded);
+        // Backoff from 50 ms doubling to 2 s: a handful of tries in 10 s, not a spin.
+        assert!((5..=15).contains(&tries), "{tries} tries");
+        assert!(clock.now() >= deadline);
+
+        let mut tries = 0;
+        let refused = with_live_session(&mut live, &clock, clock.now().plus_ms(10_000), |_| {
+            tries += 1;
+            async { Err::<(), _>(tonic::Status::invalid_argument("bad delta")) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!((refused.code(), tries), (tonic::Code::InvalidArgument, 1));
+        // A bad signature is UNAUTHENTICATED too, but not about the session: final.
+        let mut tries = 0;
+        let forged = with_live_session(&mut live, &clock, clock.now().plus_ms(10_000), |_| {
+            tries += 1;
+            async { Err::<(), _>(tonic::Status::unauthenticated("bad statement signature")) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!((forged.code(), tries), (tonic::Code::Unauthenticated, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn between_sessions_work_waits_and_stops_when_the_agent_is_gone() {
+        let (tx, mut live) = watch::channel(None::<WorkerSession>);
+        let clock = clock();
+        let deadline = clock.now().plus_ms(60_000);
+        let waiting = tokio::spawn({
+            let clock = clock.clone();
+            let mut live = live.clone();
+            async move {
+                with_live_session(&mut live, &clock, deadline, |s| async move {
+                    Ok::<_, tonic::Status>(s.session[0])
+                })
+                .await
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        tx.send_replace(Some(session(7)));
+        assert_eq!(waiting.await.unwrap().unwrap(), 7);
+        // The agent stopped with no session live: no spinning until the deadline.
+        tx.send_replace(None);
+        drop(tx);
+        let gone = with_live_session(&mut live, &clock, deadline, |_| async {
+            Ok::<(), tonic::Status>(())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(gone.code(), tonic::Code::Cancelled);
+    }
+
+    #[test]
+    fn behaviours_parse_with_defaults_and_refuse_nonsense() {
+        assert_eq!("honest".parse(), Ok(Behaviour::Honest));
+        assert_eq!("poison".parse(), Ok(Behaviour::Poison { scale: 10.0 }));
+        assert_eq!("poison:3".parse(), Ok(Behaviour::Poison { scale: 3.0 }));
+        assert_eq!("lie-loss".parse(), Ok(Behaviour::LieLoss { factor: 0.5 }));
+        assert_eq!("lie-loss:2".parse(), Ok(Behaviour::LieLoss { factor: 2.0 }));
+        for bad in [
+            "",
+            "poison:-1",
+            "poison:nan",
+            "poison:x",
+            "lie-loss:1",
+            "honest:2",
+            "evil",
+        ] {
+            assert!(bad.parse::<Behaviour>().is_err(), "{bad:?} was accepted");
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! `hanzod delta inspect`: what a delta file holds and whether it passes the format check
+//! (DESIGN §6), as a report for people (`Display`) or scripts (serde).
+
+use serde::Serialize;
+
+use hanzod_protocol::hzdl::{check_against, payload_hash, DeltaView};
+use hanzod_protocol::model::ModelSpec;
+
+/// One tensor of the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TensorReport {
+    /// Name.
+    pub name: String,
+    /// Element type (the header's).
+    pub dtype: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// L2 norm of its values (f64 accumulation).
+    pub l2_norm: f64,
+}
+
+/// What `inspect` found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InspectReport {
+    /// File size, bytes.
+    pub bytes: u64,
+    /// SHA-256 of the whole file (the delta hash), hex.
+    pub sha256: String,
+    /// Header fields, when the header parsed.
+    pub header: Option<HeaderReport>,
+    /// Tensors, when the body parsed.
+    pub tensors: Vec<TensorReport>,
+    /// L2 norm over every tensor.
+    pub total_l2_norm: Option<f64>,
+    /// The model the delta was checked against, if any.
+    pub model: Option<String>,
+    /// True when the format check passed.
+    pub valid: bool,
+    /// Why not, when it did not (the typed error's message).
+    pub error: Option<String>,
+}
+
+/// The 24-byte header, as reported.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeaderReport {
+    /// Format version.
+    pub version: u16,
+    /// Element type of every tensor.
+    pub dtype: String,
+    /// `full` or `lora`.
+    pub kind: String,
+    /// Checkpoint version the delta was computed against.
+    pub base_version: u64,
+    /// Body length, bytes.
+    pub body_len: u64,
+}
+
+/// Parses `bytes`, checks every value is finite and, with `spec`, that names, shapes,
+/// dtype and kind match the model. Never panics; a malformed file gives `valid: false` and
+/// the precise error.
+pub fn inspect(bytes: &[u8], spec: Option<&ModelSpec>) -> InspectReport {
+    let mut report = InspectReport {
+        bytes: bytes.len() as u64,
+        sha256: hex::encode(payload_hash(bytes)),
+        header: None,
+        tensors: Vec::new(),
+        total_l2_norm: None,
+        model: spec.map(|s| s.name.clone()),
+        valid: false,
+        error: None,
+    };
+    let view = match DeltaView::parse(bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            report.error = Some(e.to_string());
+            return report;
+        }
+    };
+    let h = view.header;
+    report.header = Some(HeaderReport {
+        version: h.version,
+        dtype: h.dtype.to_string(),
+        kind: h.kind.to_string(),
+        base_version: h.base_version,
+        body_len: h.body_len,
+    });
+    report.tensors = view
+        .tensors
+        .iter()
+        .map(|t| TensorReport {
+            name: t.name.clone(),
+            dtype: h.dtype.to_string(),
+            shape: t.shape.clone(),
+            l2_norm: view.l2_norm(t),
+        })
+        .collect();
+    report.total_l2_norm = Some(view.total_l2_norm());
+    let verdict = match spec {
+        Some(spec) => check_against(&view, spec),
+        None => view.check_finite(),
+    };
+    match verdict {
+        Ok(()) => report.valid = true,
+        Err(e) => report.error = Some(e.to_string()),
+    }
+    report
+}
+
+impl std::fmt::Display for InspectReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{} bytes, sha256 {}", self.bytes, self.sha256)?;
+        if let Some(h) = &self.header {
+            writeln!(
+                f,
+                "HZDL v{}: {} {} delta against checkpoint {}, body {} bytes",
+                h.version, h.kind, h.dtype, h.base_version, h.body_len
+            )?;
+        }
+        if !self.tensors.is_empty() {
+            let width = self
+                .tensors
+                .iter()
+                .map(|t| t.name.len())
+                .max()
+                .unwrap_or(0)
+                .max("TENSOR".len());
+            writeln!(
+                f,
+                "{:<width$}  {:<5} {:<20} {:>14}",
+                "TENSOR", "DTYPE", "SHAPE", "L2 NORM"
+            )?;
+            for t in &self.tensors {
+                writeln!(
+                    f,
+                    "{:<width$}  {:<5} {:<20} {:>14.6}",
+                    t.name,
+                    t.dtype,
+                    format!("{:?}", t.shape),
+                    t.l2_norm + 0.0
+                )?;
+            }
+        }
+        if let Some(n) = self.total_l2_norm {
+            let count = self.tensors.len();
+            let noun = if count == 1 { "tensor" } else { "tensors" };
+            // `+ 0.0` prints a negative zero (an empty sum) as 0.
+            writeln!(f, "{count} {noun}, total L2 norm {:.6}", n + 0.0)?;
+        }
+        let against = self
+            .model
+            .as_ref()
+            .map(|m| format!(" against {m}"))
+            .unwrap_or_default();
+        match &self.error {
+            None => write!(f, "valid{against}"),
+            Some(e) => write!(f, "INVALID{against}: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data/deltas")
+            .join(name);
+        std::fs::read(p).expect("fixture")
+    }
+
+    #[test]
+    fn reports_the_fixtures() {
+        let ok = inspect(&fixture("tiny_f32.hzdl"), None);
+        assert!(ok.valid, "{ok}");
+        assert_eq!(ok.header.as_ref().unwrap().base_version, 7);
+        let names: Vec<_> = ok.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a.weight", "b.bias"]);
+        // b.bias = [1, 2, -2, 0.25]: its norm, computed here.
+        let want = (1.0f64 + 4.0 + 4.0 + 0.0625).sqrt();
+        assert!((ok.tensors[1].l2_norm - want).abs() < 1e-9);
+        let nan = inspect(&fixture("tiny_nan_f32.hzdl"), None);
+        assert!(!nan.valid);
+        assert!(nan.error.as_ref().unwrap().contains("b.bias"), "{nan}");
+        let magic = inspect(&fixture("tiny_bad_magic.hzdl"), None);
+        assert!(!magic.valid && magic.header.is_none(), "{magic}");
+        assert!(!inspect(&fixture("tiny_truncated.hzdl"), None).valid);
+        assert!(!inspect(&[], None).valid);
+    }
+}

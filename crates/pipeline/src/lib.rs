@@ -1,0 +1,28 @@
+//! # hanzod-pipeline
+//!
+//! The epoch pipeline (DESIGN §6–§9, paper §5–§8): what happens to an epoch's deltas once
+//! the job has accepted them, up to the published checkpoint and the settled epoch.
+//!
+//! - [`validate`]: each delta's checks (signature, format, quality score, spot-check
+//!   re-execution) on a pool of validator threads;
+//! - [`score`]: the score math (loss drop, stability, convergence, composite) and the
+//!   commit–reveal spot-check selection;
+//! - [`merge`]: the aggregators (weighted mean by score, coordinate median, trimmed mean)
+//!   and the policy that picks one;
+//! - [`sink`]: the [`CheckpointSink`](hanzod_actors::ports::CheckpointSink) that runs an
+//!   epoch end to end (the model keeper owns each job's weights), and settles it on the
+//!   ledger (rewards by score, slashes for failed spot-checks);
+//! - [`publisher`]: staging and completing a publication (object store, model registry,
+//!   signed record) so that a crash resumes it;
+//! - [`recovery`]: rebuilding jobs from their signed publication records after the state
+//!   store was lost;
+//! - [`inspect`]: the report of `hanzod delta inspect`.
+#![warn(missing_docs)]
+
+pub mod inspect;
+pub mod merge;
+pub mod publisher;
+pub mod recovery;
+pub mod score;
+pub mod sink;
+pub mod validate;

@@ -1,0 +1,1359 @@
+//! [`TrainingSink`]: the [`CheckpointSink`] that turns an epoch's accepted deltas into the
+//! next checkpoint (DESIGN §6, paper §5–§6): fetch each delta from the blob store, judge it
+//! on the [`ValidatorPool`], choose the aggregator ([`RobustPolicy`]), merge with the
+//! composite scores as weights, apply the merged delta with the job's outer learning rate,
+//! publish the new checkpoint (safetensors) through the [`Publication`] ports, and settle
+//! the epoch on the ledger ([`Economics`]: rewards by score, slashes for failed spot-checks).
+//!
+//! The per-job model state (the current weights, the running norm average, the last merged
+//! delta, the epoch reports) is owned by one actor, the model keeper; the sink is a handle
+//! to it. Publications of different jobs are handled one after the other; the heavy work of
+//! each (validation, merging) runs on the pool and the blocking thread pool.
+//!
+//! Checkpoint references are the IPFS CIDs of the safetensors bytes (Kubo's
+//! `ipfs add --cid-version=1`). Idempotent per (job, epoch): a second call returns the
+//! first reference, and a publication staged in the journal before a crash
+//! ([`crate::publisher`]) is finished as staged, not merged again. Each checkpoint's
+//! signed publication record is recorded on the ledger with the epoch's rewards; a repo push
+//! or a settlement that failed transiently is retried at the next publication and every
+//! [`RETRY_EVERY`]. After a daemon restart the keeper reloads a job's weights from the base
+//! checkpoint the core names; the norm average and the last merged delta restart empty
+//! (stability then scores 1 and convergence drops out, as in epoch 0), until the state
+//! store keeps them.
+
+use hanzod_actors::ports::{Counter, Histogram};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
+
+use crate::merge::{
+    Aggregator, CoordinateMedian, KeepReason, MergeOutcome, RobustPolicy, WeightedMean,
+};
+use crate::publisher::{Checkpoint, Publisher, Staged};
+use crate::score::{Commitment, EpochSecret, NormTracker};
+use crate::validate::{
+    seed_norms, EpochContext, Rejection, SlashEvidence, SpotCheck, Submission, ValidationConfig,
+    ValidatorPool, Verdict, SUSPECT_LOSS_RISE,
+};
+use hanzod_actors::job::{JobSpec, TrainingSpec};
+use hanzod_actors::ports::memory::MemoryStateStore;
+use hanzod_actors::ports::{
+    ChainError, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput, Ledger,
+    LedgerError, Metrics, StateStore, SystemClock,
+};
+use hanzod_actors::rewards::split_rewards;
+use hanzod_actors::types::{GymWei, JobId, NodeId};
+use hanzod_protocol::identity::Identity;
+use hanzod_protocol::model::ModelSpec;
+use hanzod_protocol::record::SignedPublication;
+use hanzod_store::blobs::BlobStore;
+use hanzod_store::registry::Location;
+use hanzod_store::{MemoryObjectStore, ModelCard, ModelRegistry, ModelUpload, ObjectStore};
+use hanzod_train::catalog::ModelCatalog;
+use hanzod_train::{self, Dataset, Recipe, Weights};
+
+/// Tunables of the sink.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SinkConfig {
+    /// The validator's tunables.
+    pub validation: ValidationConfig,
+    /// Fraction of suspect deltas above which the robust aggregator is used (DESIGN §6:
+    /// 0.30).
+    pub suspect_threshold: f32,
+    /// Validator workers.
+    pub workers: usize,
+    /// Keep every delta blob (`false`: an epoch's deltas are removed once the next epoch
+    /// is published, except those that are slashing evidence).
+    pub retain_deltas: bool,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig {
+            validation: ValidationConfig::default(),
+            suspect_threshold: 0.30,
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            retain_deltas: false,
+        }
+    }
+}
+
+/// The license the model cards name unless an embedder sets another (SPDX id).
+pub const DEFAULT_LICENSE: &str = "apache-2.0";
+
+/// How long one epoch's settlement (all its ledger calls) may take before it counts as
+/// failed (and is retried at the next publication).
+pub const LEDGER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The epoch's economics (paper §8): where rewards are paid and stakes slashed, and how
+/// much.
+#[derive(Debug, Clone)]
+pub struct Economics {
+    /// The ledger (the embedded one, or the chain adapter).
+    pub ledger: Arc<dyn Ledger>,
+    /// The reward pool of one epoch, GYM wei.
+    pub epoch_pool: GymWei,
+    /// Percent of stake slashed per failed spot-check (1..=100).
+    pub slash_pct: u8,
+    /// The stake a node's operator must still hold at settlement for its share to be paid
+    /// (paper §3.3: 10,000 GYM), GYM wei. Nodes below it, or under an active slashing
+    /// penalty, are left out of the epoch's batch.
+    pub min_stake: GymWei,
+    /// The bound of one epoch's whole settlement ([`LEDGER_TIMEOUT`] for the embedded
+    /// ledger; on a chain, several transactions' worth).
+    pub settle_timeout: Duration,
+}
+
+impl Economics {
+    /// Economics on `ledger` with a pool of `epoch_pool` GYM wei per epoch, slashing
+    /// `slash_pct` % per failed spot-check, a minimum stake of 10,000 GYM and
+    /// [`LEDGER_TIMEOUT`].
+    pub fn new(ledger: Arc<dyn Ledger>, epoch_pool: GymWei, slash_pct: u8) -> Economics {
+        Economics {
+            ledger,
+            epoch_pool,
+            slash_pct,
+            min_stake: GymWei::gym(10_000),
+            settle_timeout: LEDGER_TIMEOUT,
+        }
+    }
+}
+
+/// A reward paid for an epoch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RewardLine {
+    /// The node (hex key).
+    pub node: String,
+    /// The composite score the share was computed from.
+    pub score: f64,
+    /// GYM wei, as a decimal string (u128 does not fit JSON numbers).
+    pub amount_wei: String,
+}
+
+/// A slash applied for an epoch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SlashLine {
+    /// The node (hex key).
+    pub node: String,
+    /// Percent of its stake.
+    pub pct: u8,
+    /// GYM wei removed, as a decimal string.
+    pub slashed_wei: String,
+    /// The stake left, GYM wei, as a decimal string.
+    pub stake_after_wei: String,
+}
+
+/// One delta's line in an [`EpochReport`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeltaReport {
+    /// The node (hex key).
+    pub node: String,
+    /// The delta hash (hex).
+    pub delta_hash: String,
+    /// Claimed loss.
+    pub claimed_loss: f64,
+    /// Validation loss of base + delta.
+    pub loss_after: Option<f64>,
+    /// L2 norm.
+    pub norm: Option<f64>,
+    /// Loss improvement, stability, convergence, composite.
+    pub score: Option<crate::score::QualityScore>,
+    /// The weight the merge gave it: the composite under the weighted mean (0 when
+    /// suspect), 1 under the median, 0 when rejected or when the epoch kept its base.
+    pub weight: f32,
+    /// Suspect (counts towards the robust-merge threshold).
+    pub suspect: bool,
+    /// The spot-check, when selected.
+    pub spot_check: Option<SpotCheck>,
+    /// Why rejected (`None`: accepted).
+    pub rejected: Option<Rejection>,
+}
+
+/// What one epoch's aggregation did: every number needed to audit it (DESIGN §6: anyone
+/// holding the revealed secret recomputes the spot-check choice).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochReport {
+    /// Job id.
+    pub job: u64,
+    /// Epoch.
+    pub epoch: u32,
+    /// The base checkpoint reference (`None`: the recipe's initial weights).
+    pub base: Option<String>,
+    /// The new checkpoint reference.
+    pub checkpoint: String,
+    /// Validation loss of the base.
+    pub loss_before: f64,
+    /// Validation loss of the new checkpoint.
+    pub loss_after: f64,
+    /// `SHA-256(secret)` (hex), committed at epoch start.
+    pub commitment: String,
+    /// The revealed secret (hex).
+    pub secret: String,
+    /// Spot-check rate.
+    pub spot_check_rate: f64,
+    /// The aggregator used, or `None` when the epoch kept the base checkpoint.
+    pub aggregator: Option<String>,
+    /// Why the base checkpoint was kept, when it was.
+    pub kept: Option<String>,
+    /// Suspect deltas / all deltas.
+    pub suspect: usize,
+    /// Every delta, in node order.
+    pub deltas: Vec<DeltaReport>,
+    /// Evidence for slashing, one per failed spot-check.
+    pub slashes: Vec<SlashEvidence>,
+    /// Rewards paid for the epoch (empty without [`Economics`], or when nothing was
+    /// merged: an epoch that kept its base pays nobody).
+    pub rewards: Vec<RewardLine>,
+    /// Slashes applied for the epoch's evidence.
+    pub slashed: Vec<SlashLine>,
+    /// The Hugging Face repo the checkpoint was published as, when a registry is set.
+    pub repo: Option<String>,
+    /// Where that repo is (a folder, or a URL).
+    pub location: Option<String>,
+    /// Why the registry refused the checkpoint, when it did (the checkpoint is published
+    /// by CID in the object store either way).
+    pub registry_error: Option<String>,
+    /// Why paying or slashing failed, when it did (the checkpoint is published anyway;
+    /// the ledger is idempotent per epoch and per evidence, so a retry pays nothing twice).
+    pub settlement_error: Option<String>,
+    /// The signed publication record of the checkpoint (DESIGN §7), recorded on the ledger
+    /// with the epoch's rewards.
+    #[serde(default)]
+    pub publication: Option<SignedPublication>,
+}
+
+/// The model state of one job.
+struct JobModel {
+    recipe: Recipe,
+    current: Arc<Weights>,
+    current_ref: Option<String>,
+    norms: NormTracker,
+    last_merged: Option<Arc<Vec<f32>>>,
+    /// Blobs of the previous epoch's deltas, removed once the next epoch is published.
+    collectable: Vec<[u8; 32]>,
+}
+
+enum KeeperMsg {
+    Publish {
+        job: JobId,
+        epoch: u32,
+        spec: Box<JobSpec>,
+        base: Option<String>,
+        deltas: Vec<DeltaReceipt>,
+        reply: RpcReplyPort<Result<String, CheckpointError>>,
+    },
+    Report {
+        job: JobId,
+        epoch: u32,
+        reply: RpcReplyPort<Option<EpochReport>>,
+    },
+    /// Settle and push again what failed transiently (sent every [`RETRY_EVERY`]).
+    Retry,
+}
+
+/// How often the keeper retries failed settlements and repo pushes between publications.
+pub const RETRY_EVERY: Duration = Duration::from_secs(30);
+
+struct Keeper;
+
+struct KeeperState {
+    deps: KeeperArgs,
+    jobs: HashMap<JobId, JobModel>,
+    reports: BTreeMap<(JobId, u32), EpochReport>,
+    /// Epochs whose rewards or slashes could not be recorded yet.
+    unsettled: std::collections::BTreeSet<(JobId, u32)>,
+    /// Epochs whose repo push failed transiently (the Hub down); pushed again with the
+    /// pending settlements.
+    unpushed: std::collections::BTreeSet<(JobId, u32)>,
+}
+
+struct KeeperArgs {
+    blobs: Arc<dyn BlobStore>,
+    catalog: Arc<ModelCatalog>,
+    pool: ValidatorPool,
+    data: Arc<Dataset>,
+    seed: [u8; 32],
+    config: SinkConfig,
+    metrics: Arc<dyn Metrics>,
+    economics: Option<Economics>,
+    publication: Publication,
+}
+
+fn failed(what: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Failed(what.to_string())
+}
+
+/// Where each epoch's checkpoint is published (DESIGN §7): the object store names it by
+/// its CID (the checkpoint reference the core records), the registry writes it as the
+/// Hugging Face repo `{org}/{model}-job-{job}-epoch-{epoch}`.
+#[derive(Debug, Clone)]
+pub struct Publication {
+    /// The object store (embedded: memory or a local block store; or an IPFS node's Kubo
+    /// RPC, `hanzod_adapters::kubo`).
+    pub objects: Arc<dyn ObjectStore>,
+    /// The model registry, when checkpoints are published as repos.
+    pub registry: Option<Arc<dyn ModelRegistry>>,
+    /// The organisation of the repos.
+    pub org: String,
+    /// The license named in the model cards (SPDX id).
+    pub license: String,
+    /// The publication journal (module docs of [`crate::publisher`]): the
+    /// orchestrator's state store.
+    pub journal: Arc<dyn StateStore>,
+    /// The orchestrator key that signs the publication records.
+    pub signer: Identity,
+    /// The clock of the records' timestamps.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Publication {
+    /// An in-memory object store and no registry (tests and embedders).
+    pub fn memory() -> Publication {
+        Publication {
+            objects: Arc::new(MemoryObjectStore::new()),
+            registry: None,
+            org: "hanzo-gym".into(),
+            license: DEFAULT_LICENSE.into(),
+            journal: Arc::new(MemoryStateStore::new()),
+            signer: Identity::generate(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The [`Publisher`] over these ports.
+    pub fn publisher(&self) -> Publisher {
+        Publisher {
+            objects: self.objects.clone(),
+            registry: self.registry.clone(),
+            journal: self.journal.clone(),
+            signer: self.signer.clone(),
+            clock: self.clock.clone(),
+        }
+    }
+}
+
+/// The Hugging Face repo of `job`'s checkpoint of `epoch`: `{org}/{model}-job-{job}-epoch-{epoch}`
+/// (the job id keeps two jobs training one model apart).
+pub fn repo_of(org: &str, model: &str, job: JobId, epoch: u32) -> String {
+    ModelUpload::repo_id(org, &format!("{model}-job-{}", job.0), epoch)
+}
+
+/// The `config.json` published beside a built-in model's weights: its name, the trainer,
+/// the dtype and every tensor's shape (PyTorch `[out, in]` order), and, given `job`, the
+/// job that trained it under `hanzod_job` (`{"id", "spec"}`, the [`JobSpec`] as submitted):
+/// the recipe that reproduces the checkpoint, and what a new orchestrator reads back to
+/// resume the job from its last published epoch ([`crate::recovery`]).
+pub fn model_config_json(model: &str, spec: &ModelSpec, job: Option<(JobId, &JobSpec)>) -> Vec<u8> {
+    // Serialised from structs, not a `serde_json::Value`: a spec's GYM wei amounts are
+    // u128, which a `Value` cannot hold.
+    #[derive(Serialize)]
+    struct Config<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        hanzod_job: Option<JobRef<'a>>,
+        library_name: &'static str,
+        model_type: &'a str,
+        tensors: BTreeMap<&'a str, &'a Vec<usize>>,
+        torch_dtype: &'static str,
+    }
+    #[derive(Serialize)]
+    struct JobRef<'a> {
+        id: u64,
+        spec: &'a JobSpec,
+    }
+    let config = Config {
+        hanzod_job: job.map(|(id, spec)| JobRef { id: id.0, spec }),
+        library_name: "hanzod",
+        model_type: model,
+        tensors: spec.params.iter().map(|(k, v)| (k.as_str(), v)).collect(),
+        torch_dtype: "float32",
+    };
+    serde_json::to_vec_pretty(&config).unwrap_or_default()
+}
+
+/// The job a published `config.json` names (`hanzod_job`, see [`model_config_json`]), if
+/// it names one that parses.
+pub fn job_of_config(config_json: &[u8]) -> Option<(JobId, JobSpec)> {
+    #[derive(Deserialize)]
+    struct Config {
+        hanzod_job: Option<JobBack>,
+    }
+    #[derive(Deserialize)]
+    struct JobBack {
+        id: u64,
+        spec: JobSpec,
+    }
+    let c: Config = serde_json::from_slice(config_json).ok()?;
+    c.hanzod_job.map(|j| (JobId(j.id), j.spec))
+}
+
+pub use hanzod_train::recipe::{recipe_for, recipe_of, RecipeError};
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, CheckpointError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| failed(format!("aggregation task: {e}")))
+}
+
+/// One accepted delta, as the merge sees it.
+struct MergeInput {
+    delta: Arc<Vec<f32>>,
+    /// Its composite score.
+    weight: f32,
+    suspect: bool,
+}
+
+/// What [`merge_epoch`] produced.
+struct Merged {
+    next: Arc<Weights>,
+    loss_after: f64,
+    aggregator: Option<&'static str>,
+    kept: Option<String>,
+    delta: Option<Arc<Vec<f32>>>,
+    /// `next` as safetensors.
+    bytes: Vec<u8>,
+}
+
+/// Merges an epoch (paper §6, DESIGN §6) and applies it with the outer learning rate.
+///
+/// The weighted mean weighs each accepted delta by its composite score and gives suspect
+/// ones weight 0 (a scaled delta in the right direction would otherwise still steer the
+/// mean: its small weight times its large norm); the coordinate-wise median (`robust`, when
+/// more than the threshold of the epoch is suspect) takes every accepted delta. A merge
+/// whose checkpoint is not finite or raises the validation loss by more than
+/// [`SUSPECT_LOSS_RISE`] is not published: the weighted mean falls back to the median, and
+/// when that fails too the epoch keeps the base checkpoint and says why. Nothing here fails
+/// the job.
+fn merge_epoch(
+    base: &Arc<Weights>,
+    data: &Dataset,
+    loss_before: f64,
+    inputs: &[MergeInput],
+    robust: bool,
+    outer_lr: f32,
+    rejected_all: bool,
+) -> Merged {
+    let refs: Vec<&[f32]> = inputs.iter().map(|i| i.delta.as_slice()).collect();
+    let scored: Vec<f32> = inputs
+        .iter()
+        .map(|i| if i.suspect { 0.0 } else { i.weight })
+        .collect();
+    let every = vec![1.0f32; inputs.len()];
+    let plans: Vec<(&dyn Aggregator, &[f32])> = if robust {
+        vec![(&CoordinateMedian, &every)]
+    } else {
+        vec![(&WeightedMean, &scored), (&CoordinateMedian, &every)]
+    };
+    let keep = |reason: String| Merged {
+        next: base.clone(),
+        loss_after: loss_before,
+        aggregator: None,
+        kept: Some(reason),
+        delta: None,
+        bytes: base.to_safetensors(),
+    };
+    let mut why = if rejected_all {
+        "every delta was rejected".to_string()
+    } else {
+        KeepReason::NoDeltas.to_string()
+    };
+    for (aggregator, weights) in plans {
+        let mut out = vec![0.0f32; base.data.len()];
+        match aggregator.merge(&refs, weights, &mut out) {
+            Ok(MergeOutcome::Merged { .. }) => {}
+            Ok(MergeOutcome::KeepPrevious { reason }) => {
+                if !(rejected_all && reason == KeepReason::NoDeltas) {
+                    why = reason.to_string();
+                }
+                continue;
+            }
+            Err(e) => {
+                why = format!("{} merge failed: {e}", aggregator.name());
+                continue;
+            }
+        }
+        let mut next = (**base).clone();
+        let loss = next
+            .add_scaled(&out, outer_lr)
+            .and_then(|()| hanzod_train::validation_loss(&next, data));
+        let limit = loss_before * (1.0 + SUSPECT_LOSS_RISE);
+        match loss {
+            Ok(l) if l <= limit => {
+                return Merged {
+                    bytes: next.to_safetensors(),
+                    next: Arc::new(next),
+                    loss_after: l,
+                    aggregator: Some(aggregator.name()),
+                    kept: None,
+                    delta: Some(Arc::new(out)),
+                };
+            }
+            Ok(l) => {
+                why = format!(
+                    "the {} merge would raise the validation loss from {loss_before:.6} to {l:.6}",
+                    aggregator.name()
+                );
+            }
+            Err(e) => why = format!("the {} merge is not a usable model: {e}", aggregator.name()),
+        }
+        tracing::warn!(reason = %why, "merge refused");
+    }
+    keep(why)
+}
+
+/// Removes the delta blobs of an epoch already published (logged, never fatal).
+async fn remove_blobs(blobs: &dyn BlobStore, job: JobId, hashes: Vec<[u8; 32]>) {
+    for hash in hashes {
+        if let Err(e) = blobs.remove(&hash).await {
+            tracing::warn!(job = %job, delta = %hex::encode(hash), error = %e, "could not remove a delta blob");
+        }
+    }
+}
+
+impl KeeperState {
+    /// The job's model as of `base`, loaded from the object store (by CID) when the keeper does not
+    /// hold it (a restart) or holds another version.
+    async fn model(
+        &mut self,
+        job: JobId,
+        training: &TrainingSpec,
+        base: Option<&str>,
+    ) -> Result<&mut JobModel, CheckpointError> {
+        let model = self.deps.catalog.get(&training.model).map_err(failed)?;
+        let recipe = recipe_for(training, model, job).map_err(failed)?;
+        let fresh = match self.jobs.get(&job) {
+            Some(m) => m.current_ref.as_deref() != base || m.recipe != recipe,
+            None => true,
+        };
+        if fresh {
+            let current = match base {
+                None => hanzod_train::init(&recipe),
+                Some(r) => {
+                    let bytes = self
+                        .deps
+                        .publication
+                        .objects
+                        .get(r)
+                        .await
+                        .map_err(|e| failed(format!("checkpoint {r}: {e}")))?;
+                    let layout = hanzod_train::layout(recipe.hidden);
+                    Weights::from_safetensors(&bytes, layout).map_err(failed)?
+                }
+            };
+            let kept = self.jobs.remove(&job);
+            self.jobs.insert(
+                job,
+                JobModel {
+                    recipe,
+                    current: Arc::new(current),
+                    current_ref: base.map(str::to_string),
+                    // A continuation of the same job keeps its history; a reload starts it
+                    // again (module docs).
+                    norms: kept.as_ref().map(|m| m.norms).unwrap_or_default(),
+                    last_merged: None,
+                    collectable: kept.map(|m| m.collectable).unwrap_or_default(),
+                },
+            );
+        }
+        Ok(self.jobs.get_mut(&job).expect("inserted above"))
+    }
+
+    async fn publish(
+        &mut self,
+        job: JobId,
+        epoch: u32,
+        spec: JobSpec,
+        base: Option<String>,
+        deltas: Vec<DeltaReceipt>,
+    ) -> Result<String, CheckpointError> {
+        let training = spec.training.clone();
+        self.settle_pending().await;
+        self.push_pending().await;
+        if let Some(r) = self.reports.get(&(job, epoch)) {
+            return Ok(r.checkpoint.clone());
+        }
+        let publisher = self.deps.publication.publisher();
+        // A publication staged before a crash resumes as staged: the same checkpoint, card
+        // and signed record (module docs of `publish::publisher`).
+        let (staged, weights) = match publisher.staged(job, epoch).await.map_err(failed)? {
+            Some(staged) => {
+                tracing::info!(job = %job, epoch, checkpoint = %staged.cid(), "resuming a staged publication");
+                self.adopt(job, &training, &deltas, &staged).await?;
+                (staged, None)
+            }
+            None => {
+                self.aggregate(job, epoch, &spec, base, &deltas, &publisher)
+                    .await?
+            }
+        };
+        let weights = match weights {
+            Some(w) => w,
+            None => publisher.weights(&staged).await.map_err(failed)?,
+        };
+        let started = std::time::Instant::now();
+        let published = publisher.complete(&staged, weights).await.map_err(failed)?;
+        self.deps.metrics.observe(
+            Histogram::PublishPushSeconds,
+            started.elapsed().as_secs_f64(),
+        );
+        let mut report: EpochReport = serde_json::from_value(staged.report.clone())
+            .map_err(|e| failed(format!("the staged report of epoch {epoch}: {e}")))?;
+        report.checkpoint = staged.cid().to_string();
+        report.publication = Some(staged.publication.clone());
+        if !self.pushed(&mut report, &staged, published) {
+            self.unpushed.insert((job, epoch));
+        }
+        if !self.settle(&mut report).await {
+            self.unsettled.insert((job, epoch));
+        }
+        self.count(&report);
+        tracing::info!(
+            job = %job,
+            epoch,
+            checkpoint = %report.checkpoint,
+            loss_before = report.loss_before,
+            loss_after = report.loss_after,
+            deltas = report.deltas.len(),
+            aggregator = report.aggregator.as_deref().unwrap_or("none (kept)"),
+            "epoch aggregated"
+        );
+        let checkpoint = report.checkpoint.clone();
+        self.reports.insert((job, epoch), report);
+        Ok(checkpoint)
+    }
+
+    /// Takes a staged publication's checkpoint as the job's model (a publication resumed
+    /// after a crash): loads its weights and lets this epoch's deltas be collected next
+    /// time, as [`KeeperState::aggregate`] would have.
+    async fn adopt(
+        &mut self,
+        job: JobId,
+        training: &TrainingSpec,
+        deltas: &[DeltaReceipt],
+        staged: &Staged,
+    ) -> Result<(), CheckpointError> {
+        let evidence: std::collections::HashSet<String> = staged
+            .report
+            .get("slashes")
+            .and_then(|s| s.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.get("delta_hash")?.as_str().map(str::to_string))
+            .collect();
+        let this_epoch = deltas
+            .iter()
+            .map(|r| r.delta_hash)
+            .filter(|h| !evidence.contains(&hex::encode(h)))
+            .collect();
+        let retain = self.deps.config.retain_deltas;
+        let blobs = self.deps.blobs.clone();
+        let model = self.model(job, training, Some(staged.cid())).await?;
+        model.last_merged = None;
+        let previous = std::mem::replace(&mut model.collectable, this_epoch);
+        if !retain {
+            remove_blobs(&*blobs, job, previous).await;
+        }
+        Ok(())
+    }
+
+    /// Judges and merges an epoch, updates the job's model, and stages the publication of
+    /// the new checkpoint with its report. Returns what was staged, with the weights when
+    /// they are this merge's (`None`: another staging won and was adopted).
+    async fn aggregate(
+        &mut self,
+        job: JobId,
+        epoch: u32,
+        spec: &JobSpec,
+        base: Option<String>,
+        deltas: &[DeltaReceipt],
+        publisher: &Publisher,
+    ) -> Result<(Staged, Option<Arc<[u8]>>), CheckpointError> {
+        let training = &spec.training;
+        let d = &self.deps;
+        let (blobs, pool, data, config, seed) = (
+            d.blobs.clone(),
+            d.pool.clone(),
+            d.data.clone(),
+            d.config,
+            d.seed,
+        );
+        let outer_lr = training.outer_lr as f32;
+        let model = self.model(job, training, base.as_deref()).await?;
+        let base_weights = model.current.clone();
+        let secret = EpochSecret::derive(&seed, job.0, epoch);
+        let loss_before = {
+            let (w, d) = (base_weights.clone(), data.clone());
+            blocking(move || hanzod_train::validation_loss(&w, &d))
+                .await?
+                .map_err(failed)?
+        };
+        let ctx = Arc::new(EpochContext {
+            job: job.0,
+            epoch,
+            recipe: model.recipe,
+            data,
+            base: base_weights.clone(),
+            base_version: u64::from(epoch),
+            loss_before,
+            norms: model.norms,
+            last_merged: model.last_merged.clone(),
+            secret: secret.clone(),
+            config: config.validation,
+        });
+        // Judge every delta concurrently on the pool.
+        let judged = futures_util::future::join_all(deltas.iter().map(|r| {
+            let (pool, blobs, ctx, receipt) = (pool.clone(), blobs.clone(), ctx.clone(), r.clone());
+            async move {
+                match blobs.get(&receipt.delta_hash).await {
+                    Ok(payload) => pool.validate(ctx, Submission { receipt, payload }).await,
+                    Err(e) => Verdict::rejected(
+                        &receipt,
+                        ctx.loss_before,
+                        Rejection::Unavailable(e.to_string()),
+                    ),
+                }
+            }
+        }))
+        .await;
+        let mut judged = judged;
+        // A job's first epoch: seed the norm average from the epoch itself (DESIGN §12).
+        let mut norm_average = ctx.norms;
+        if norm_average.average().is_none() {
+            if let Some(seeded) = seed_norms(&judged) {
+                judged.iter_mut().for_each(|v| v.rescore(&seeded));
+                norm_average = seeded;
+            }
+        }
+
+        // Merge the accepted ones (module docs: weighted by score, or by median).
+        let suspect = judged.iter().filter(|v| v.suspect()).count();
+        let inputs: Vec<MergeInput> = judged
+            .iter()
+            .filter_map(|v| {
+                Some(MergeInput {
+                    delta: v.outcome.as_ref().ok()?.clone(),
+                    weight: v.score.map_or(0.0, |s| s.composite as f32),
+                    suspect: v.suspect(),
+                })
+            })
+            .collect();
+        let robust = RobustPolicy {
+            suspect_threshold: config.suspect_threshold,
+            ..RobustPolicy::default()
+        }
+        .choose(suspect, judged.len())
+        .name()
+            != WeightedMean.name();
+        let rejected_all = !judged.is_empty() && inputs.is_empty();
+        let merged = {
+            let (base, data) = (base_weights.clone(), ctx.data.clone());
+            blocking(move || {
+                merge_epoch(
+                    &base,
+                    &data,
+                    loss_before,
+                    &inputs,
+                    robust,
+                    outer_lr,
+                    rejected_all,
+                )
+            })
+            .await?
+        };
+        if let Some(reason) = &merged.kept {
+            tracing::warn!(job = %job, epoch, %reason, "epoch keeps the previous checkpoint");
+        }
+        let Merged {
+            next,
+            loss_after,
+            aggregator,
+            kept,
+            delta: merged,
+            bytes,
+        } = merged;
+        let bytes = bytes::Bytes::from(bytes);
+        // The report's checkpoint is the staged CID, filled in by `publish` (the object
+        // store computes it while storing the weights).
+        let report = EpochReport {
+            kept,
+            suspect,
+            ..self.report(
+                &ctx,
+                deltas,
+                &judged,
+                base.clone(),
+                ("", loss_after, aggregator),
+            )
+        };
+        let publication = &self.deps.publication;
+        let model_spec = self.deps.catalog.get(&training.model).map_err(failed)?;
+        let checkpoint = Checkpoint {
+            job,
+            epoch,
+            weights: bytes.clone(),
+            config_json: model_config_json(&training.model, model_spec, Some((job, spec))),
+            card: ModelCard {
+                cid: String::new(),
+                epoch,
+                job: job.0,
+                quality: loss_after,
+                base_model: base,
+                license: publication.license.clone(),
+                model: training.model.clone(),
+                dataset: training.dataset.clone(),
+            },
+            repo: publication
+                .registry
+                .as_ref()
+                .map(|_| repo_of(&publication.org, &training.model, job, epoch)),
+            report: serde_json::to_value(&report).map_err(failed)?,
+        };
+        let started = std::time::Instant::now();
+        let (staged, ours) = publisher.stage(checkpoint).await.map_err(failed)?;
+        self.deps.metrics.observe(
+            Histogram::PublishStageSeconds,
+            started.elapsed().as_secs_f64(),
+        );
+        if !ours {
+            // Another staging of this epoch won (module docs of `publish::publisher`): its
+            // checkpoint is the one published.
+            self.adopt(job, training, deltas, &staged).await?;
+            return Ok((staged, None));
+        }
+
+        // Fold the accepted norms into the running average, in delta-hash order so the
+        // result does not depend on arrival order.
+        let model = self.jobs.get_mut(&job).expect("model loaded above");
+        // Suspect deltas stay out of it, so an outsized delta cannot drag the average.
+        let mut norms: Vec<(&[u8; 32], f64)> = judged
+            .iter()
+            .filter(|v| v.outcome.is_ok() && !v.suspect())
+            .filter_map(|v| v.norm.map(|n| (&v.delta_hash, n)))
+            .collect();
+        norms.sort_by(|a, b| a.0.cmp(b.0));
+        model.norms = norm_average;
+        for (_, n) in norms {
+            let _ = model.norms.accept(n);
+        }
+        model.current = next;
+        model.current_ref = Some(staged.cid().to_string());
+        // Convergence compares with the last delta actually merged.
+        if merged.is_some() {
+            model.last_merged = merged;
+        }
+        // Delta blobs are kept one epoch: the core records epoch e's checkpoint before
+        // epoch e + 1 can end, so once e + 1 is published nothing asks for e's deltas again
+        // (a publication retried after a crash is for the epoch in flight). Deltas that are
+        // slashing evidence stay.
+        let evidence: std::collections::HashSet<[u8; 32]> = deltas
+            .iter()
+            .zip(&judged)
+            .filter(|(r, v)| v.evidence(r).is_some())
+            .map(|(r, _)| r.delta_hash)
+            .collect();
+        let this_epoch: Vec<[u8; 32]> = deltas
+            .iter()
+            .map(|r| r.delta_hash)
+            .filter(|h| !evidence.contains(h))
+            .collect();
+        let previous = std::mem::replace(&mut model.collectable, this_epoch);
+        if !config.retain_deltas {
+            remove_blobs(&*blobs, job, previous).await;
+        }
+        Ok((staged, Some(Arc::from(bytes.as_ref()))))
+    }
+
+    fn report(
+        &self,
+        ctx: &EpochContext,
+        deltas: &[DeltaReceipt],
+        judged: &[Verdict],
+        base: Option<String>,
+        (checkpoint, loss_after, aggregator): (&str, f64, Option<&'static str>),
+    ) -> EpochReport {
+        let lines = deltas
+            .iter()
+            .zip(judged)
+            .map(|(r, v)| DeltaReport {
+                node: hex::encode(r.node.0),
+                delta_hash: hex::encode(r.delta_hash),
+                claimed_loss: r.claimed_loss,
+                loss_after: v.loss_after,
+                norm: v.norm,
+                score: v.score,
+                weight: match (&v.outcome, v.score, aggregator) {
+                    (Err(_), ..) | (_, None, _) | (_, _, None) => 0.0,
+                    (Ok(_), Some(_), Some("median")) => 1.0,
+                    (Ok(_), Some(_), Some(_)) if v.suspect() => 0.0,
+                    (Ok(_), Some(s), Some(_)) => s.composite as f32,
+                },
+                suspect: v.suspect(),
+                spot_check: v.spot_check.clone(),
+                rejected: v.outcome.as_ref().err().cloned(),
+            })
+            .collect();
+        EpochReport {
+            job: ctx.job,
+            epoch: ctx.epoch,
+            base,
+            checkpoint: checkpoint.to_string(),
+            loss_before: ctx.loss_before,
+            loss_after,
+            commitment: hex::encode(ctx.secret.commitment().0),
+            secret: ctx.secret.to_hex(),
+            spot_check_rate: ctx.config.spot_check_rate,
+            aggregator: aggregator.map(str::to_string),
+            kept: None,
+            suspect: 0,
+            deltas: lines,
+            slashes: deltas
+                .iter()
+                .zip(judged)
+                .filter_map(|(r, v)| v.evidence(r))
+                .collect(),
+            rewards: Vec::new(),
+            slashed: Vec::new(),
+            repo: None,
+            location: None,
+            registry_error: None,
+            settlement_error: None,
+            publication: None,
+        }
+    }
+
+    /// Pays the epoch's rewards and slashes its evidence on the ledger (paper §8): the
+    /// pool is split by composite score over the deltas that were accepted and not
+    /// suspect, and only when the epoch merged something; each failed spot-check slashes
+    /// `slash_pct` % of the node's stake with the evidence
+    /// ([`SlashEvidence::canonical_bytes`]) attached. A node whose key is no longer bound
+    /// to an operator is left out of the batch (its share is not paid) rather than hold up
+    /// everyone's pay. The whole settlement is bounded by [`LEDGER_TIMEOUT`]; what fails is
+    /// recorded in `report.settlement_error` and retried at the next publication (the
+    /// ledger is idempotent per epoch and per evidence, so a retry pays nobody twice).
+    /// Returns whether the epoch is fully settled.
+    async fn settle(&self, report: &mut EpochReport) -> bool {
+        let Some(econ) = &self.deps.economics else {
+            return true;
+        };
+        let job = JobId(report.job);
+        let node_of = |hex_key: &str| hex_key.parse::<NodeId>().ok();
+        // One bound for the whole settlement, however many calls it takes.
+        let limit = econ.settle_timeout;
+        let deadline = tokio::time::Instant::now() + limit;
+        let bounded = |what: String| format!("{what}: no answer within {limit:?}");
+        let mut errors = Vec::new();
+        if let Some(publication) = &report.publication {
+            let started = std::time::Instant::now();
+            let call = econ.ledger.record_publication(publication);
+            let outcome = tokio::time::timeout_at(deadline, call).await;
+            self.deps.metrics.observe(
+                Histogram::PublishRecordSeconds,
+                started.elapsed().as_secs_f64(),
+            );
+            match outcome {
+                Ok(Ok(r)) if r.duplicate && r.publication != *publication => {
+                    // Not an error to retry: the chain keeps the first record of an epoch,
+                    // and the report shows what the chain holds.
+                    tracing::warn!(job = %job, epoch = report.epoch, on_chain = %r.publication.record.cid, staged = %publication.record.cid, "the ledger holds another publication record for this epoch");
+                    report.publication = Some(r.publication);
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => errors.push(format!("publication record: {e}")),
+                Err(_) => errors.push(bounded("publication record".into())),
+            }
+        }
+        let mut shares: Vec<(NodeId, f64)> = Vec::new();
+        if report.aggregator.is_some() {
+            for d in report
+                .deltas
+                .iter()
+                .filter(|d| d.rejected.is_none() && !d.suspect)
+            {
+                let (Some(node), Some(score)) = (node_of(&d.node), d.score) else {
+                    continue;
+                };
+                // Stake and penalty are checked again each epoch: an operator that
+                // unstaked below the minimum, or was slashed, is not paid for it.
+                let facts = async {
+                    let stake = econ.ledger.stake_of(&node).await?;
+                    let penalty = econ.ledger.penalty_until(&node).await?;
+                    Ok::<_, ChainError>((stake, penalty))
+                };
+                match tokio::time::timeout_at(deadline, facts).await {
+                    Ok(Ok((stake, _))) if stake < econ.min_stake => {
+                        tracing::warn!(job = %job, epoch = report.epoch, node = %node, stake_wei = %stake.0, "stake below the minimum: its reward share is withheld");
+                    }
+                    Ok(Ok((_, Some(until)))) if until > self.deps.publication.clock.now() => {
+                        tracing::warn!(job = %job, epoch = report.epoch, node = %node, penalty_until_ms = until.0, "under a slashing penalty: its reward share is withheld");
+                    }
+                    Ok(Ok(_)) => shares.push((node, score.composite)),
+                    Ok(Err(ChainError::Unbound(_))) => {
+                        tracing::warn!(job = %job, epoch = report.epoch, node = %node, "unbound node: its reward share is withheld");
+                    }
+                    Ok(Err(e)) => errors.push(format!("stake of {node}: {e}")),
+                    Err(_) => errors.push(bounded(format!("stake of {node}"))),
+                }
+            }
+        }
+        if errors.is_empty() {
+            let paid = split_rewards(econ.epoch_pool, &shares);
+            let call = econ
+                .ledger
+                .distribute_epoch_rewards(job, report.epoch, &paid);
+            match tokio::time::timeout_at(deadline, call).await {
+                Ok(Ok(receipt)) => {
+                    report.rewards = receipt
+                        .paid
+                        .iter()
+                        .map(|(n, w)| RewardLine {
+                            node: hex::encode(n.0),
+                            score: shares.iter().filter(|(m, _)| m == n).map(|(_, s)| *s).sum(),
+                            amount_wei: w.0.to_string(),
+                        })
+                        .collect();
+                    if !receipt.duplicate {
+                        let milli = receipt.total.0 / (GymWei::PER_GYM / 1000);
+                        self.deps.metrics.incr(
+                            Counter::RewardsMilliGym,
+                            "paid",
+                            u64::try_from(milli).unwrap_or(u64::MAX),
+                        );
+                    }
+                }
+                Ok(Err(e)) => errors.push(format!("rewards: {e}")),
+                Err(_) => errors.push(bounded("rewards".into())),
+            }
+        }
+        report.slashed.clear();
+        for evidence in &report.slashes {
+            let Some(node) = node_of(&evidence.node) else {
+                continue;
+            };
+            let bytes = evidence.canonical_bytes();
+            let call = econ.ledger.slash(&node, econ.slash_pct, &bytes);
+            match tokio::time::timeout_at(deadline, call).await {
+                Ok(Ok(r)) => {
+                    if !r.duplicate {
+                        self.deps.metrics.incr(Counter::Slashes, "applied", 1);
+                    }
+                    report.slashed.push(SlashLine {
+                        node: evidence.node.clone(),
+                        pct: r.pct,
+                        slashed_wei: r.slashed.0.to_string(),
+                        stake_after_wei: r.stake_after.0.to_string(),
+                    });
+                }
+                // A refusal that repeats (the key was never bound, a malformed request) is
+                // final: retrying it would hold up the epoch's settlement for ever.
+                Ok(Err(
+                    e @ (LedgerError::Chain(ChainError::Unbound(_)) | LedgerError::Invalid(_)),
+                )) => {
+                    tracing::warn!(job = %job, epoch = report.epoch, node = %evidence.node, error = %e, "slash refused for good; not retried");
+                    self.deps.metrics.incr(Counter::Slashes, "refused", 1);
+                }
+                Ok(Err(e)) => errors.push(format!("slashing {}: {e}", evidence.node)),
+                Err(_) => errors.push(bounded(format!("slashing {}", evidence.node))),
+            }
+        }
+        if errors.is_empty() {
+            report.settlement_error = None;
+            return true;
+        }
+        let why = errors.join("; ");
+        tracing::warn!(job = %job, epoch = report.epoch, error = %why, "epoch settlement incomplete; retried at the next publication");
+        report.settlement_error = Some(why);
+        false
+    }
+
+    /// Writes the registry's outcome for `staged` into `report`; returns `false` when the
+    /// push failed transiently and should be tried again.
+    fn pushed(
+        &self,
+        report: &mut EpochReport,
+        staged: &Staged,
+        outcome: Option<Result<hanzod_store::Published, hanzod_store::RegistryError>>,
+    ) -> bool {
+        let record = &staged.publication.record;
+        match outcome {
+            None => true,
+            Some(Ok(p)) => {
+                report.repo = Some(p.repo);
+                report.location = Some(match p.location {
+                    Location::Path(path) => path.display().to_string(),
+                    Location::Url(url) => url,
+                });
+                report.registry_error = None;
+                true
+            }
+            Some(Err(e)) => {
+                let repo = &record.hf_repo;
+                let transient = e.is_transient();
+                if transient {
+                    tracing::warn!(job = %record.job, epoch = record.epoch, %repo, error = %e, "pushing the repo failed; retried later");
+                    self.deps
+                        .metrics
+                        .incr(Counter::RegistryFailures, "transient", 1);
+                } else {
+                    tracing::warn!(job = %record.job, epoch = record.epoch, %repo, error = %e, "the model registry refused the checkpoint");
+                    self.deps
+                        .metrics
+                        .incr(Counter::RegistryRefusals, "refused", 1);
+                }
+                report.registry_error = Some(format!("{repo}: {e}"));
+                !transient
+            }
+        }
+    }
+
+    /// Pushes again the repos whose push failed transiently ([`KeeperState::pushed`]), from
+    /// their staged publications; stops at the first that fails again.
+    async fn push_pending(&mut self) {
+        let publisher = self.deps.publication.publisher();
+        let pending: Vec<(JobId, u32)> = self.unpushed.iter().copied().collect();
+        for key in pending {
+            let staged = match publisher.staged(key.0, key.1).await {
+                Ok(Some(staged)) => staged,
+                Ok(None) => {
+                    self.unpushed.remove(&key);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(job = %key.0, epoch = key.1, error = %e, "reading a staged publication to push it again");
+                    break;
+                }
+            };
+            let outcome = match publisher.weights(&staged).await {
+                Ok(w) => publisher.complete(&staged, w).await,
+                Err(e) => Err(e),
+            };
+            let outcome = match outcome {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(job = %key.0, epoch = key.1, error = %e, "completing a staged publication again");
+                    break;
+                }
+            };
+            let Some(mut report) = self.reports.get(&key).cloned() else {
+                self.unpushed.remove(&key);
+                continue;
+            };
+            let done = self.pushed(&mut report, &staged, outcome);
+            self.reports.insert(key, report);
+            if !done {
+                break;
+            }
+            self.unpushed.remove(&key);
+        }
+    }
+
+    /// Settles again the epochs whose settlement failed ([`KeeperState::settle`]).
+    async fn settle_pending(&mut self) {
+        let pending: Vec<(JobId, u32)> = self.unsettled.iter().copied().collect();
+        for key in pending {
+            self.unsettled.remove(&key);
+            let Some(mut report) = self.reports.get(&key).cloned() else {
+                continue;
+            };
+            let settled = self.settle(&mut report).await;
+            self.reports.insert(key, report);
+            if !settled {
+                // The ledger is still failing: keep the rest for the next publication
+                // rather than wait out one timeout per epoch now.
+                self.unsettled.insert(key);
+                break;
+            }
+        }
+    }
+
+    fn count(&self, report: &EpochReport) {
+        for d in &report.deltas {
+            let label = d.rejected.as_ref().map_or("accepted", Rejection::label);
+            self.deps.metrics.incr(Counter::DeltasValidated, label, 1);
+            if let Some(c) = &d.spot_check {
+                let outcome = if c.passed { "passed" } else { "failed" };
+                self.deps.metrics.incr(Counter::SpotChecks, outcome, 1);
+            }
+        }
+        let merge = report.aggregator.as_deref().unwrap_or("kept");
+        self.deps.metrics.incr(Counter::Merges, merge, 1);
+    }
+}
+
+impl Actor for Keeper {
+    type Msg = KeeperMsg;
+    type State = KeeperState;
+    type Arguments = KeeperArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<KeeperMsg>,
+        a: KeeperArgs,
+    ) -> Result<KeeperState, ActorProcessingErr> {
+        // Ends with the actor (the handle's task stops when a send fails).
+        let _ticker = myself.send_interval(RETRY_EVERY, || KeeperMsg::Retry);
+        Ok(KeeperState {
+            deps: a,
+            jobs: HashMap::new(),
+            reports: BTreeMap::new(),
+            unsettled: Default::default(),
+            unpushed: Default::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<KeeperMsg>,
+        msg: KeeperMsg,
+        state: &mut KeeperState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            KeeperMsg::Publish {
+                job,
+                epoch,
+                spec,
+                base,
+                deltas,
+                reply,
+            } => {
+                let result = state.publish(job, epoch, *spec, base, deltas).await;
+                if let Err(e) = &result {
+                    tracing::warn!(job = %job, epoch, error = %e, "aggregation failed");
+                }
+                let _ = reply.send(result);
+            }
+            KeeperMsg::Report { job, epoch, reply } => {
+                let _ = reply.send(state.reports.get(&(job, epoch)).cloned());
+            }
+            KeeperMsg::Retry => {
+                state.settle_pending().await;
+                state.push_pending().await;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The validating, merging [`CheckpointSink`] (module docs).
+#[derive(Debug, Clone)]
+pub struct TrainingSink {
+    keeper: ActorRef<KeeperMsg>,
+    pool: ValidatorPool,
+    seed: [u8; 32],
+}
+
+impl std::fmt::Debug for KeeperMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeeperMsg::Publish { .. } => "Publish",
+            KeeperMsg::Report { .. } => "Report",
+            KeeperMsg::Retry => "Retry",
+        })
+    }
+}
+
+/// Why a [`TrainingSink`] could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkStartError {
+    /// The built-in dataset could not be loaded.
+    #[error("the built-in dataset: {0}")]
+    Dataset(#[from] hanzod_train::TrainError),
+    /// The validator pool's actors could not be spawned.
+    #[error("the validator pool could not start: {0}")]
+    Validators(ractor::SpawnErr),
+    /// The model keeper's actor could not be spawned.
+    #[error("the model keeper could not start: {0}")]
+    Keeper(ractor::SpawnErr),
+}
+
+impl TrainingSink {
+    /// Starts the validator pool and the model keeper, which resolves jobs' models in
+    /// `catalog` and keeps deltas and checkpoints in `blobs`. `seed` is the orchestrator's private
+    /// spot-check seed ([`EpochSecret::derive`]): keep it secret and stable across restarts
+    /// (the daemon derives it from the orchestrator key).
+    pub async fn start(
+        blobs: Arc<dyn BlobStore>,
+        catalog: Arc<ModelCatalog>,
+        seed: [u8; 32],
+        config: SinkConfig,
+        metrics: Arc<dyn Metrics>,
+        economics: Option<Economics>,
+        publication: Publication,
+    ) -> Result<TrainingSink, SinkStartError> {
+        let data = Arc::new(Dataset::wine_quality()?);
+        let pool = ValidatorPool::start(config.workers, metrics.clone())
+            .await
+            .map_err(SinkStartError::Validators)?;
+        let (keeper, _) = Actor::spawn(
+            None,
+            Keeper,
+            KeeperArgs {
+                blobs,
+                catalog,
+                pool: pool.clone(),
+                data,
+                seed,
+                config,
+                metrics,
+                economics,
+                publication,
+            },
+        )
+        .await
+        .map_err(SinkStartError::Keeper)?;
+        Ok(TrainingSink { keeper, pool, seed })
+    }
+
+    /// The commitment `SHA-256(secret_e)` for `job`'s epoch `epoch` (DESIGN §6), publishable
+    /// at epoch start; the secret itself is revealed in the epoch's [`EpochReport`].
+    pub fn commitment(&self, job: JobId, epoch: u32) -> Commitment {
+        EpochSecret::derive(&self.seed, job.0, epoch).commitment()
+    }
+
+    /// The report of an aggregated epoch.
+    pub async fn report(&self, job: JobId, epoch: u32) -> Option<EpochReport> {
+        self.keeper
+            .call(|reply| KeeperMsg::Report { job, epoch, reply }, None)
+            .await
+            .ok()
+            .and_then(|r| match r {
+                ractor::rpc::CallResult::Success(r) => r,
+                _ => None,
+            })
+    }
+
+    /// The validator pool (for fault injection in tests).
+    pub fn pool(&self) -> &ValidatorPool {
+        &self.pool
+    }
+
+    /// Stops the keeper and the pool.
+    pub fn stop(&self) {
+        self.keeper.stop(None);
+        self.pool.stop();
+    }
+}
+
+#[async_trait]
+impl CheckpointSink for TrainingSink {
+    async fn publish(&self, input: EpochInput<'_>) -> Result<String, CheckpointError> {
+        let msg = |reply| KeeperMsg::Publish {
+            job: input.job,
+            epoch: input.epoch,
+            spec: Box::new(input.spec.clone()),
+            base: input.base.map(str::to_string),
+            deltas: input.deltas.to_vec(),
+            reply,
+        };
+        match self.keeper.call(msg, None).await {
+            Ok(ractor::rpc::CallResult::Success(r)) => r,
+            Ok(_) => Err(failed("the model keeper did not answer")),
+            Err(e) => Err(failed(format!("the model keeper is gone: {e}"))),
+        }
+    }
+}

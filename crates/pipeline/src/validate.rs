@@ -1,0 +1,918 @@
+//! The delta validator (DESIGN §6, paper §5): signature, format, quality score and the
+//! commit–reveal spot-check, for one delta of one epoch; and [`ValidatorPool`], the
+//! supervised actor pool that runs it off the async runtime.
+//!
+//! Per epoch the caller builds one [`EpochContext`]: the checkpoint the epoch trained from,
+//! its validation loss (the "loss before", computed **once per epoch**, DESIGN §6), the
+//! running norm average and the last merged delta as of the epoch's start, and the revealed
+//! epoch secret. Every delta is then judged against that same context by [`validate`], so
+//! verdicts do not depend on the order in which deltas arrive or on how many workers run.
+//!
+//! The checks, cheapest first; the first failure rejects the delta:
+//! 1. the signed statement (job, epoch, step, claimed loss, payload hash; Ed25519 by the
+//!    node key, DESIGN §6) — [`Rejection::Signature`];
+//! 2. the step: a node's local run of epoch `e` starts at global step `e × local_steps`
+//!    — [`Rejection::WrongStep`];
+//! 3. the format check against the job's model (DESIGN §6) and the base checkpoint
+//!    version — [`Rejection::Format`], [`Rejection::StaleBase`];
+//! 4. quality (paper §5.1 with DESIGN §12): loss after applying the delta to the base on the
+//!    validation shard, stability against the running norm average, convergence against
+//!    the last merged delta, the composite;
+//! 5. when selected by the epoch secret (DESIGN §6: `SHA-256(secret ‖ delta hash)` as a
+//!    big-endian u64 below `rate × 2⁶⁴`): the claimed loss against the pre-delta weights on
+//!    the step's batch (within 5 % relative), then a deterministic re-run of the node's
+//!    local steps compared with the delta — [`Rejection::SpotCheckLoss`],
+//!    [`Rejection::SpotCheckReplay`]. These failures carry [`SlashEvidence`].
+
+use hanzod_actors::ports::Counter;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde::{Deserialize, Serialize};
+
+use crate::score::{
+    is_spot_checked, l2_norm, loss_matches, selection_value, EpochSecret, NormTracker, QualityScore,
+};
+use hanzod_actors::ports::{DeltaReceipt, Metrics};
+use hanzod_actors::types::NodeId;
+use hanzod_protocol::hzdl::{
+    payload_hash, verify_claimed_statement, DeltaDtype, DeltaView, Statement,
+};
+use hanzod_protocol::identity::verifying_key;
+use hanzod_train::{self, Dataset, Recipe, Weights};
+
+/// Tunables of the validator (DESIGN §6 defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ValidationConfig {
+    /// Fraction of deltas spot-checked (DESIGN §6: 0.1).
+    pub spot_check_rate: f64,
+    /// Relative tolerance of the claimed-loss comparison (paper §5.2: 0.05).
+    pub loss_rel_tol: f64,
+    /// Relative L2 distance `‖submitted − replayed‖ / ‖replayed‖` allowed between a delta and
+    /// its deterministic re-run, on top of the rounding of the delta's dtype (f16: 2⁻¹¹,
+    /// bf16: 2⁻⁸). Default 1e-2: a re-run on the same build is bit-identical, but between
+    /// CPU families (gemm picks SSE/AVX2/NEON kernels at run time) low-order bits differ,
+    /// and one ReLU flipped by such a difference moves a small model's delta by ~5e-4; a
+    /// failed check slashes, so the bound sits well above that. Cheating by a percent or
+    /// more (skipped steps, scaling, sign flips: distance ≥ 0.5) is still caught.
+    pub replay_rel_tol: f64,
+    /// Whether selected deltas are re-run (the recipes hanzod ships are deterministic).
+    pub replay: bool,
+}
+
+impl Default for ValidationConfig {
+    fn default() -> Self {
+        ValidationConfig {
+            spot_check_rate: crate::score::DEFAULT_SPOT_CHECK_RATE,
+            loss_rel_tol: crate::score::DEFAULT_LOSS_REL_TOL,
+            replay_rel_tol: 1e-2,
+            replay: true,
+        }
+    }
+}
+
+/// Everything the deltas of one epoch are judged against; built once per epoch.
+#[derive(Debug)]
+pub struct EpochContext {
+    /// The job.
+    pub job: u64,
+    /// The epoch, 0-based.
+    pub epoch: u32,
+    /// The job's recipe (model width, local steps, batch, learning rate, seed).
+    pub recipe: Recipe,
+    /// The data set (training stream and validation shard).
+    pub data: Arc<Dataset>,
+    /// The checkpoint the epoch trained from.
+    pub base: Arc<Weights>,
+    /// Its version: the number of checkpoints published before this epoch (= `epoch`).
+    pub base_version: u64,
+    /// Validation loss of `base` (the "loss before" of paper §5.1, once per epoch).
+    pub loss_before: f64,
+    /// Accepted-norm average as of the epoch's start.
+    pub norms: NormTracker,
+    /// The delta merged at the end of the previous epoch (`None` in epoch 0, or after a
+    /// kept checkpoint).
+    pub last_merged: Option<Arc<Vec<f32>>>,
+    /// The revealed epoch secret (DESIGN §6).
+    pub secret: EpochSecret,
+    /// Tunables.
+    pub config: ValidationConfig,
+}
+
+impl EpochContext {
+    /// The global step at which every node's local run of this epoch starts:
+    /// `epoch × local_steps`.
+    pub fn first_step(&self) -> u64 {
+        u64::from(self.epoch) * u64::from(self.recipe.local_steps)
+    }
+}
+
+/// A stored delta and its receipt, as handed to [`validate`].
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// The receipt the core recorded (node, step, claimed loss, signature, hash).
+    pub receipt: DeltaReceipt,
+    /// The HZDL payload, as stored.
+    pub payload: Arc<[u8]>,
+}
+
+/// What a spot-check found (DESIGN §6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpotCheck {
+    /// The selection value `x` (first 8 bytes of `SHA-256(secret ‖ delta hash)`, big
+    /// endian), so anyone can recompute the choice.
+    pub selection_value: u64,
+    /// The node's claimed loss.
+    pub claimed_loss: f64,
+    /// The loss the validator measured: pre-delta weights on the step's batch.
+    pub measured_loss: f64,
+    /// Relative L2 distance between the delta and its re-run, when re-run.
+    pub replay_distance: Option<f64>,
+    /// Whether every comparison passed.
+    pub passed: bool,
+}
+
+/// Why a delta was rejected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejection {
+    /// The payload is missing from, or corrupt in, the blob store.
+    #[error("payload unavailable: {0}")]
+    Unavailable(String),
+    /// The payload does not hash to the receipt's delta hash.
+    #[error("payload hash {found} differs from the receipt's {expected}")]
+    HashMismatch {
+        /// The receipt's hash (hex).
+        expected: String,
+        /// The payload's (hex).
+        found: String,
+    },
+    /// The signed statement does not verify under the node key, or covers another job,
+    /// epoch, step or loss.
+    #[error("signature: {0}")]
+    Signature(String),
+    /// The statement's step is not where the epoch's local run starts.
+    #[error("step {got}, the epoch's local run starts at {expected}")]
+    WrongStep {
+        /// `epoch × local_steps`.
+        expected: u64,
+        /// The statement's step.
+        got: u64,
+    },
+    /// The payload fails the format check against the job's model (DESIGN §6).
+    #[error("format: {0}")]
+    Format(String),
+    /// The delta was computed against another checkpoint version.
+    #[error("delta is against checkpoint version {got}, the epoch trained from {expected}")]
+    StaleBase {
+        /// The epoch's base version.
+        expected: u64,
+        /// The delta header's.
+        got: u64,
+    },
+    /// The base plus the delta is not a usable model (non-finite loss).
+    #[error("quality: {0}")]
+    Quality(String),
+    /// Spot-check: the claimed loss is not the pre-delta loss on the step's batch.
+    #[error("spot-check: claimed loss {claimed} but measured {measured} (tolerance {tol})")]
+    SpotCheckLoss {
+        /// Claimed.
+        claimed: f64,
+        /// Measured.
+        measured: f64,
+        /// Relative tolerance.
+        tol: f64,
+    },
+    /// Spot-check: re-running the node's steps gives another delta.
+    #[error("spot-check: re-run differs by {distance:.3e} (relative L2, tolerance {tol:.1e})")]
+    SpotCheckReplay {
+        /// Relative L2 distance.
+        distance: f64,
+        /// Tolerance.
+        tol: f64,
+    },
+    /// The validator worker crashed twice on this delta.
+    #[error("validator crashed while scoring this delta")]
+    ValidatorCrashed,
+}
+
+impl Rejection {
+    /// A short stable label for metrics and reports.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Rejection::Unavailable(_) => "unavailable",
+            Rejection::HashMismatch { .. } => "hash_mismatch",
+            Rejection::Signature(_) => "signature",
+            Rejection::WrongStep { .. } => "wrong_step",
+            Rejection::Format(_) => "format",
+            Rejection::StaleBase { .. } => "stale_base",
+            Rejection::Quality(_) => "quality",
+            Rejection::SpotCheckLoss { .. } => "spot_check_loss",
+            Rejection::SpotCheckReplay { .. } => "spot_check_replay",
+            Rejection::ValidatorCrashed => "validator_crashed",
+        }
+    }
+
+    /// Whether this rejection opens slashing (a failed spot-check, DESIGN §6).
+    pub fn slashable(&self) -> bool {
+        matches!(
+            self,
+            Rejection::SpotCheckLoss { .. } | Rejection::SpotCheckReplay { .. }
+        )
+    }
+}
+
+/// The evidence a failed spot-check leaves for slashing (paper §8, DESIGN §6): what the node
+/// signed and what the validator measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlashEvidence {
+    /// The node (hex key).
+    pub node: String,
+    /// SHA-256 of the payload (hex).
+    pub delta_hash: String,
+    /// Job, epoch, step of the signed statement.
+    pub job: u64,
+    /// Epoch.
+    pub epoch: u32,
+    /// Step.
+    pub step: u64,
+    /// The claimed loss.
+    pub claimed_loss: f64,
+    /// The measured loss.
+    pub measured_loss: f64,
+    /// The re-run distance, when the replay failed.
+    pub replay_distance: Option<f64>,
+    /// The node's Ed25519 signature over the statement (hex, 64 bytes).
+    pub signature: String,
+}
+
+impl SlashEvidence {
+    /// The evidence as recorded with a slash (`GYMToken.slash(node, pct, reporter,
+    /// evidence)`, DESIGN §8): canonical JSON with a domain tag holding the node's signed
+    /// statement (job, epoch, step, claimed loss, delta hash) and its Ed25519 signature,
+    /// which prove what the node claimed, and what the orchestrator measured (the loss, and
+    /// the re-run distance when the replay failed), which anyone can recompute from the
+    /// delta named by its hash. The ledger keys a slash by the SHA-256 of these bytes; the
+    /// measured values are those of the epoch's staged report (DESIGN §7), which a resumed
+    /// publication adopts rather than re-validates, so a retry after a restart sends the
+    /// same bytes and slashes once.
+    pub fn canonical_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "domain": std::str::from_utf8(hanzod_actors::domain::SLASH_EVIDENCE).expect("ASCII"),
+            "node": self.node,
+            "job": self.job,
+            "epoch": self.epoch,
+            "step": self.step,
+            "claimed_loss": self.claimed_loss,
+            "measured_loss": self.measured_loss,
+            "replay_distance": self.replay_distance,
+            "delta_hash": self.delta_hash,
+            "signature": self.signature,
+        }))
+        .unwrap_or_default()
+    }
+}
+
+/// The judgement of one delta.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// The node.
+    pub node: NodeId,
+    /// The delta hash.
+    pub delta_hash: [u8; 32],
+    /// Validation loss of the epoch's base (the context's loss before).
+    pub loss_before: f64,
+    /// L2 norm of the delta (all tensors flattened), when it was read.
+    pub norm: Option<f64>,
+    /// Validation loss of base + delta, when measured.
+    pub loss_after: Option<f64>,
+    /// The quality score, when measured.
+    pub score: Option<QualityScore>,
+    /// The spot-check, when the delta was selected and got that far.
+    pub spot_check: Option<SpotCheck>,
+    /// `Ok(delta)` (flattened, in the model's layout order) when accepted.
+    pub outcome: Result<Arc<Vec<f32>>, Rejection>,
+}
+
+impl Verdict {
+    /// A rejection before anything was measured.
+    pub fn rejected(receipt: &DeltaReceipt, loss_before: f64, why: Rejection) -> Verdict {
+        Verdict {
+            node: receipt.node,
+            delta_hash: receipt.delta_hash,
+            loss_before,
+            norm: None,
+            loss_after: None,
+            score: None,
+            spot_check: None,
+            outcome: Err(why),
+        }
+    }
+
+    /// Suspected adversarial (paper §6: the robust merge replaces the weighted mean when
+    /// more than 30 % of nodes are suspected adversarial): rejected; or a norm that deviates from the
+    /// running average by 200 % or more (stability `≤ e⁻⁴`,
+    /// [`SUSPECT_STABILITY`]); or a validation loss more than [`SUSPECT_LOSS_RISE`] (10 %)
+    /// above the base's. A delta that merely does not help (`dl = 0` within that margin)
+    /// is not suspect: honest SGD noise does that.
+    ///
+    /// Rejections that are the orchestrator's fault ([`Rejection::Unavailable`],
+    /// [`Rejection::ValidatorCrashed`]) say nothing about the node and are not suspect.
+    pub fn suspect(&self) -> bool {
+        match (&self.outcome, &self.score, self.loss_after) {
+            (Err(Rejection::Unavailable(_) | Rejection::ValidatorCrashed), ..) => false,
+            (Ok(_), Some(s), Some(after)) => {
+                s.stability <= SUSPECT_STABILITY
+                    || after > self.loss_before * (1.0 + SUSPECT_LOSS_RISE)
+            }
+            _ => true,
+        }
+    }
+
+    /// Scores stability again against `norms` (and recomputes the composite). Used for the
+    /// first epoch of a job, whose running average is seeded from the epoch's own norms
+    /// (see [`seed_norms`]).
+    pub fn rescore(&mut self, norms: &NormTracker) {
+        let (Some(norm), Some(score)) = (self.norm, self.score) else {
+            return;
+        };
+        let rescored = norms
+            .stability(norm)
+            .and_then(|s| QualityScore::new(score.loss_improvement, s, score.convergence));
+        if let Ok(q) = rescored {
+            self.score = Some(q);
+        }
+    }
+
+    /// The slashing evidence, when the delta failed a spot-check.
+    pub fn evidence(&self, receipt: &DeltaReceipt) -> Option<SlashEvidence> {
+        let Err(why) = &self.outcome else { return None };
+        let check = self.spot_check.as_ref()?;
+        why.slashable().then(|| SlashEvidence {
+            node: hex::encode(receipt.node.0),
+            delta_hash: hex::encode(receipt.delta_hash),
+            job: receipt.job.0,
+            epoch: receipt.epoch,
+            step: receipt.step,
+            claimed_loss: receipt.claimed_loss,
+            measured_loss: check.measured_loss,
+            replay_distance: check.replay_distance,
+            signature: hex::encode(&receipt.signature),
+        })
+    }
+}
+
+/// Stability at or below which a delta is suspect: `e⁻⁴`, a norm at least three times the
+/// running average. (Honest deltas of one epoch were measured up to 2.5× the median norm on
+/// the built-in model; a zero delta scores `e⁻²` and is not suspect by its norm alone.)
+pub const SUSPECT_STABILITY: f64 = 0.018_315_638_888_734_18;
+
+/// Relative rise of the validation loss above which a delta is suspect (10 %).
+pub const SUSPECT_LOSS_RISE: f64 = 0.10;
+
+/// The running norm average for an epoch with no accepted history (a job's first epoch):
+/// the median of the norms of the deltas that passed every check, `None` when there are
+/// none.
+///
+/// DESIGN §12 corrects the paper's listing (average initialised at 0, a division by zero)
+/// by seeding it with the first accepted norm; with deltas judged concurrently "first" is
+/// arrival order, which a node can race for. The median of the epoch's norms is the
+/// order-free, robust version of the same seed: one outsized (e.g. scaled) delta cannot
+/// move it.
+pub fn seed_norms(verdicts: &[Verdict]) -> Option<NormTracker> {
+    let mut norms: Vec<f64> = verdicts
+        .iter()
+        .filter(|v| v.outcome.is_ok())
+        .filter_map(|v| v.norm)
+        .filter(|n| *n > 0.0)
+        .collect();
+    if norms.is_empty() {
+        return None;
+    }
+    norms.sort_by(f64::total_cmp);
+    let mid = norms.len() / 2;
+    let median = if norms.len() % 2 == 1 {
+        norms[mid]
+    } else {
+        (norms[mid - 1] + norms[mid]) / 2.0
+    };
+    NormTracker::from_average(Some(median)).ok()
+}
+
+/// Judges one delta against its epoch (module docs give the order of the checks). Pure and
+/// CPU-bound (a few burn forward passes; a re-run of the node's steps when spot-checked):
+/// call it off the async runtime ([`ValidatorPool`] does).
+pub fn validate(ctx: &EpochContext, sub: &Submission) -> Verdict {
+    let r = &sub.receipt;
+    let reject = |why| Verdict::rejected(r, ctx.loss_before, why);
+    let hash = payload_hash(&sub.payload);
+    if hash != r.delta_hash {
+        return reject(Rejection::HashMismatch {
+            expected: hex::encode(r.delta_hash),
+            found: hex::encode(hash),
+        });
+    }
+    // 1. The signed statement: under the node key, for this job and epoch.
+    let claimed = Statement {
+        job: r.job.0,
+        epoch: r.epoch,
+        step: r.step,
+        claimed_loss: r.claimed_loss,
+    };
+    let expected = Statement {
+        job: ctx.job,
+        epoch: ctx.epoch,
+        ..claimed
+    };
+    let signed = verifying_key(&r.node)
+        .map_err(|e| Rejection::Signature(format!("node key: {e}")))
+        .and_then(|key| {
+            verify_claimed_statement(&key, &expected, &claimed, &hash, &r.signature)
+                .map_err(|e| Rejection::Signature(e.to_string()))
+        });
+    if let Err(why) = signed {
+        return reject(why);
+    }
+    // 2. The step.
+    if r.step != ctx.first_step() {
+        return reject(Rejection::WrongStep {
+            expected: ctx.first_step(),
+            got: r.step,
+        });
+    }
+    // 3. Format (names, shapes, dtype, kind, offsets, NaN/Inf) and base version.
+    let view = match DeltaView::parse(&sub.payload) {
+        Ok(v) => v,
+        Err(e) => return reject(Rejection::Format(e.to_string())),
+    };
+    if view.header.base_version != ctx.base_version {
+        return reject(Rejection::StaleBase {
+            expected: ctx.base_version,
+            got: view.header.base_version,
+        });
+    }
+    let delta = match Weights::from_delta_view(&view, ctx.base.layout.clone()) {
+        Ok(d) => d,
+        Err(e) => return reject(Rejection::Format(e.to_string())),
+    };
+    let dtype = view.header.dtype;
+    drop(view);
+    // 4. Quality.
+    let selected = is_spot_checked(&ctx.secret, &r.delta_hash, ctx.config.spot_check_rate);
+    let (norm, loss_after, score) = match measure(ctx, &delta.data) {
+        Ok(q) => q,
+        Err(why) => {
+            // A delta that breaks the model is still spot-checked when selected, so a
+            // cheater whose delta is unusable is caught (and slashable), not just refused.
+            let mut verdict = reject(why);
+            if selected {
+                let (check, failure) = spot_check(ctx, r, &delta.data, dtype);
+                verdict.spot_check = Some(check);
+                if let Some(f) = failure.filter(Rejection::slashable) {
+                    verdict.outcome = Err(f);
+                }
+            }
+            return verdict;
+        }
+    };
+    let mut verdict = Verdict {
+        node: r.node,
+        delta_hash: r.delta_hash,
+        loss_before: ctx.loss_before,
+        norm: Some(norm),
+        loss_after: Some(loss_after),
+        score: Some(score),
+        spot_check: None,
+        outcome: Ok(Arc::new(Vec::new())),
+    };
+    // 5. Spot-check, when selected.
+    if selected {
+        let (check, failure) = spot_check(ctx, r, &delta.data, dtype);
+        verdict.spot_check = Some(check);
+        if let Some(why) = failure {
+            verdict.outcome = Err(why);
+            return verdict;
+        }
+    }
+    verdict.outcome = Ok(Arc::new(delta.data));
+    verdict
+}
+
+/// Norm, loss after and the composite score of `delta` (paper §5.1, DESIGN §12).
+fn measure(ctx: &EpochContext, delta: &[f32]) -> Result<(f64, f64, QualityScore), Rejection> {
+    let quality = |e: &dyn std::fmt::Display| Rejection::Quality(e.to_string());
+    let norm = l2_norm(delta).map_err(|e| quality(&e))?;
+    let mut after = (*ctx.base).clone();
+    after.add_scaled(delta, 1.0).map_err(|e| quality(&e))?;
+    let loss_after = hanzod_train::validation_loss(&after, &ctx.data).map_err(|e| quality(&e))?;
+    let convergence = crate::score::convergence(delta, ctx.last_merged.as_deref().map(|v| &v[..]))
+        .map_err(|e| quality(&e))?;
+    let score = QualityScore::evaluate(ctx.loss_before, loss_after, norm, &ctx.norms, convergence)
+        .map_err(|e| quality(&e))?;
+    Ok((norm, loss_after, score))
+}
+
+/// The spot-check of DESIGN §6: the claimed loss of the pre-delta weights on the step's
+/// batch, then (when configured) a re-run of the node's local steps.
+fn spot_check(
+    ctx: &EpochContext,
+    r: &DeltaReceipt,
+    delta: &[f32],
+    dtype: DeltaDtype,
+) -> (SpotCheck, Option<Rejection>) {
+    let mut check = SpotCheck {
+        selection_value: selection_value(&ctx.secret, &r.delta_hash),
+        claimed_loss: r.claimed_loss,
+        measured_loss: f64::NAN,
+        replay_distance: None,
+        passed: false,
+    };
+    let measured = hanzod_train::batch_loss(&ctx.base, &ctx.data, &ctx.recipe, &r.node.0, r.step);
+    let measured = match measured {
+        Ok(m) => m,
+        Err(e) => return (check, Some(Rejection::Quality(e.to_string()))),
+    };
+    check.measured_loss = measured;
+    let tol = ctx.config.loss_rel_tol;
+    if !loss_matches(r.claimed_loss, measured, tol) {
+        return (
+            check,
+            Some(Rejection::SpotCheckLoss {
+                claimed: r.claimed_loss,
+                measured,
+                tol,
+            }),
+        );
+    }
+    if ctx.config.replay {
+        let rerun = hanzod_train::train_local(&ctx.base, &ctx.data, &ctx.recipe, &r.node.0, r.step)
+            .and_then(|run| run.weights.sub(&ctx.base));
+        let replayed = match rerun {
+            Ok(w) => w.data,
+            Err(e) => return (check, Some(Rejection::Quality(e.to_string()))),
+        };
+        let distance = relative_distance(delta, &replayed);
+        check.replay_distance = Some(distance);
+        let tol = ctx.config.replay_rel_tol + dtype_rounding(dtype);
+        // NaN distances fail too.
+        if distance.is_nan() || distance > tol {
+            return (check, Some(Rejection::SpotCheckReplay { distance, tol }));
+        }
+    }
+    check.passed = true;
+    (check, None)
+}
+
+/// Unit roundoff of a delta dtype (f32 0: the comparison is then exact up to
+/// `replay_rel_tol`).
+fn dtype_rounding(dtype: DeltaDtype) -> f64 {
+    match dtype {
+        DeltaDtype::F32 => 0.0,
+        DeltaDtype::F16 => 2f64.powi(-11),
+        DeltaDtype::Bf16 => 2f64.powi(-8),
+    }
+}
+
+/// `‖a − b‖₂ / max(‖b‖₂, 1e-12)`, accumulated in f64 (∞ for different lengths, NaN
+/// inputs give NaN, which fails every `≤` comparison).
+pub fn relative_distance(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let d = f64::from(x) - f64::from(y);
+        diff += d * d;
+        norm += f64::from(y) * f64::from(y);
+    }
+    diff.sqrt() / norm.sqrt().max(1e-12)
+}
+
+// ---------------------------------------------------------------------------------------
+// The supervised pool
+// ---------------------------------------------------------------------------------------
+
+/// A validation request travelling through the pool.
+struct Task {
+    ctx: Arc<EpochContext>,
+    sub: Submission,
+    reply: RpcReplyPort<Verdict>,
+}
+
+/// Messages of the pool's supervisor.
+enum PoolMsg {
+    /// Validate a delta; the verdict goes to `reply`.
+    Validate {
+        /// The epoch.
+        ctx: Arc<EpochContext>,
+        /// The delta.
+        sub: Submission,
+        /// Where the verdict goes.
+        reply: RpcReplyPort<Verdict>,
+    },
+    /// A worker finished its task and is idle again.
+    Idle(usize),
+    /// Test hook: makes worker `usize` fail (as a panicking validation would).
+    #[doc(hidden)]
+    CrashWorker(usize),
+}
+
+/// Messages of a worker.
+enum WorkerMsg {
+    /// Run one validation.
+    Run(Box<Task>),
+    /// Fail now (test hook for supervision).
+    Crash,
+}
+
+/// The pool's supervisor: owns the workers, queues tasks, restarts failed workers.
+struct PoolSupervisor;
+
+struct PoolState {
+    workers: Vec<(ActorRef<WorkerMsg>, bool)>,
+    queue: VecDeque<Task>,
+    metrics: Arc<dyn Metrics>,
+}
+
+struct Worker;
+
+struct WorkerArgs {
+    id: usize,
+    supervisor: ActorRef<PoolMsg>,
+}
+
+impl Actor for Worker {
+    type Msg = WorkerMsg;
+    type State = WorkerArgs;
+    type Arguments = WorkerArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<WorkerMsg>,
+        args: WorkerArgs,
+    ) -> Result<WorkerArgs, ActorProcessingErr> {
+        Ok(args)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<WorkerMsg>,
+        msg: WorkerMsg,
+        state: &mut WorkerArgs,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            WorkerMsg::Crash => Err("validator worker crash injected".into()),
+            WorkerMsg::Run(task) => {
+                let Task { ctx, sub, reply } = *task;
+                // CPU-bound: off the runtime's worker threads, so heartbeats never wait.
+                let verdict = tokio::task::spawn_blocking(move || validate(&ctx, &sub)).await;
+                match verdict {
+                    Ok(v) => {
+                        let _ = reply.send(v);
+                        let _ = state.supervisor.cast(PoolMsg::Idle(state.id));
+                        Ok(())
+                    }
+                    // A panic in the validation: fail the worker (the supervisor restarts
+                    // it); the dropped reply tells the caller, who retries once.
+                    Err(e) => Err(format!("validation panicked: {e}").into()),
+                }
+            }
+        }
+    }
+}
+
+async fn spawn_worker(
+    id: usize,
+    supervisor: &ActorRef<PoolMsg>,
+) -> Result<ActorRef<WorkerMsg>, ActorProcessingErr> {
+    let (worker, _) = Actor::spawn_linked(
+        None,
+        Worker,
+        WorkerArgs {
+            id,
+            supervisor: supervisor.clone(),
+        },
+        supervisor.get_cell(),
+    )
+    .await?;
+    Ok(worker)
+}
+
+impl PoolState {
+    fn dispatch(&mut self) {
+        while let Some(idle) = self.workers.iter().position(|(_, busy)| !busy) {
+            let Some(task) = self.queue.pop_front() else {
+                return;
+            };
+            let (worker, busy) = &mut self.workers[idle];
+            match worker.cast(WorkerMsg::Run(Box::new(task))) {
+                Ok(()) => *busy = true,
+                // The worker is gone; its failure restarts it. The task's reply port was
+                // moved into the failed message and is dropped: the caller retries.
+                Err(_) => *busy = true,
+            }
+        }
+    }
+}
+
+impl Actor for PoolSupervisor {
+    type Msg = PoolMsg;
+    type State = PoolState;
+    type Arguments = (usize, Arc<dyn Metrics>);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<PoolMsg>,
+        (workers, metrics): (usize, Arc<dyn Metrics>),
+    ) -> Result<PoolState, ActorProcessingErr> {
+        let mut list = Vec::with_capacity(workers);
+        for id in 0..workers.max(1) {
+            list.push((spawn_worker(id, &myself).await?, false));
+        }
+        Ok(PoolState {
+            workers: list,
+            queue: VecDeque::new(),
+            metrics,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<PoolMsg>,
+        msg: PoolMsg,
+        state: &mut PoolState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            PoolMsg::Validate { ctx, sub, reply } => {
+                state.queue.push_back(Task { ctx, sub, reply });
+            }
+            PoolMsg::Idle(id) => {
+                if let Some((_, busy)) = state.workers.get_mut(id) {
+                    *busy = false;
+                }
+            }
+            PoolMsg::CrashWorker(id) => {
+                if let Some((w, _)) = state.workers.get(id) {
+                    let _ = w.cast(WorkerMsg::Crash);
+                }
+            }
+        }
+        state.dispatch();
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<PoolMsg>,
+        event: SupervisionEvent,
+        state: &mut PoolState,
+    ) -> Result<(), ActorProcessingErr> {
+        let dead = match &event {
+            SupervisionEvent::ActorFailed(cell, _)
+            | SupervisionEvent::ActorTerminated(cell, ..) => cell.get_id(),
+            _ => return Ok(()),
+        };
+        let Some(id) = state.workers.iter().position(|(w, _)| w.get_id() == dead) else {
+            return Ok(());
+        };
+        if let SupervisionEvent::ActorFailed(_, why) = &event {
+            tracing::warn!(worker = id, error = %why, "validator worker failed; restarting it");
+        }
+        state.metrics.incr(Counter::ActorRestarts, "validator", 1);
+        state.workers[id] = (spawn_worker(id, &myself).await?, false);
+        state.dispatch();
+        Ok(())
+    }
+}
+
+/// A supervised pool of validator workers (ractor actors). Each worker runs one
+/// [`validate`] at a time on tokio's blocking thread pool; a worker that fails (a panic in
+/// the validation) is restarted by the pool's supervisor, counted as
+/// `actor_restarts{validator}`, and the delta is tried once more before it is rejected
+/// with [`Rejection::ValidatorCrashed`].
+#[derive(Debug, Clone)]
+pub struct ValidatorPool {
+    supervisor: ActorRef<PoolMsg>,
+}
+
+impl ValidatorPool {
+    /// Starts `workers` workers (at least 1) under a fresh supervisor.
+    pub async fn start(
+        workers: usize,
+        metrics: Arc<dyn Metrics>,
+    ) -> Result<ValidatorPool, ractor::SpawnErr> {
+        let (supervisor, _) = Actor::spawn(None, PoolSupervisor, (workers, metrics)).await?;
+        Ok(ValidatorPool { supervisor })
+    }
+
+    /// Judges `sub` against `ctx` on a worker.
+    pub async fn validate(&self, ctx: Arc<EpochContext>, sub: Submission) -> Verdict {
+        for _attempt in 0..2 {
+            let call = self.supervisor.call(
+                |reply| PoolMsg::Validate {
+                    ctx: ctx.clone(),
+                    sub: sub.clone(),
+                    reply,
+                },
+                None,
+            );
+            if let Ok(ractor::rpc::CallResult::Success(v)) = call.await {
+                return v;
+            }
+        }
+        Verdict::rejected(&sub.receipt, ctx.loss_before, Rejection::ValidatorCrashed)
+    }
+
+    /// Test hook: fails worker `id` as a panicking validation would.
+    #[doc(hidden)]
+    pub fn crash_worker(&self, id: usize) {
+        let _ = self.supervisor.cast(PoolMsg::CrashWorker(id));
+    }
+
+    /// Stops the supervisor and its workers.
+    pub fn stop(&self) {
+        self.supervisor.stop(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hanzod_actors::types::JobId;
+    use proptest::prelude::*;
+
+    fn verdict(norm: f64, ok: bool) -> Verdict {
+        let receipt = DeltaReceipt {
+            job: JobId(1),
+            node: NodeId([1; 32]),
+            epoch: 0,
+            step: 0,
+            delta_hash: [0; 32],
+            claimed_loss: 1.0,
+            signature: Vec::new(),
+        };
+        let mut v = Verdict::rejected(&receipt, 1.0, Rejection::Format("test".into()));
+        v.norm = Some(norm);
+        v.loss_after = Some(0.9);
+        v.score = Some(QualityScore::new(0.1, 1.0, None).unwrap());
+        if ok {
+            v.outcome = Ok(Arc::new(Vec::new()));
+        }
+        v
+    }
+
+    proptest! {
+        #[test]
+        fn relative_distance_is_zero_to_itself_and_two_to_its_negation(
+            v in proptest::collection::vec(-1e3f32..1e3, 1..64)
+        ) {
+            prop_assume!(v.iter().any(|x| *x != 0.0));
+            prop_assert_eq!(relative_distance(&v, &v), 0.0);
+            let neg: Vec<f32> = v.iter().map(|x| -x).collect();
+            prop_assert!((relative_distance(&neg, &v) - 2.0).abs() < 1e-9);
+            prop_assert_eq!(relative_distance(&v[1..], &v), f64::INFINITY);
+        }
+
+        #[test]
+        fn the_norm_seed_is_the_median_of_accepted_norms_in_any_order(
+            norms in proptest::collection::vec(1e-3f64..1e3, 1..16),
+            rejected in proptest::collection::vec(1e-3f64..1e6, 0..4),
+            rotate in 0usize..16,
+        ) {
+            let mut vs: Vec<Verdict> = norms.iter().map(|&n| verdict(n, true)).collect();
+            vs.extend(rejected.iter().map(|&n| verdict(n, false)));
+            let seed = seed_norms(&vs).unwrap().average().unwrap();
+            let k = rotate % vs.len();
+            vs.rotate_left(k);
+            prop_assert_eq!(seed_norms(&vs).unwrap().average().unwrap(), seed);
+            // At least half of the accepted norms on each side (the median).
+            let below = norms.iter().filter(|&&n| n <= seed).count();
+            let above = norms.iter().filter(|&&n| n >= seed).count();
+            prop_assert!(2 * below >= norms.len() && 2 * above >= norms.len());
+        }
+    }
+
+    #[test]
+    fn suspect_means_rejected_an_outlying_norm_or_a_clearly_worse_loss() {
+        assert!(!verdict(1.0, true).suspect());
+        assert!(verdict(1.0, false).suspect());
+        // The orchestrator's own faults say nothing about the node.
+        let mut crashed = verdict(1.0, false);
+        crashed.outcome = Err(Rejection::ValidatorCrashed);
+        assert!(!crashed.suspect());
+        let mut worse = verdict(1.0, true);
+        worse.loss_after = Some(1.0 + SUSPECT_LOSS_RISE * 1.01);
+        assert!(worse.suspect());
+        let mut flat = verdict(1.0, true);
+        flat.loss_after = Some(1.0 + SUSPECT_LOSS_RISE * 0.99);
+        assert!(!flat.suspect(), "no help within the margin is not suspect");
+        let mut outlier = verdict(3.5, true);
+        outlier.rescore(&NormTracker::from_average(Some(1.0)).unwrap());
+        assert!(outlier.suspect(), "{:?}", outlier.score);
+        let mut near = verdict(2.5, true);
+        near.rescore(&NormTracker::from_average(Some(1.0)).unwrap());
+        assert!(!near.suspect(), "{:?}", near.score);
+        assert!(seed_norms(&[verdict(2.0, false)]).is_none());
+    }
+}

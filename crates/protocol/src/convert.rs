@@ -1,0 +1,595 @@
+//! Wire ↔ domain conversions, in one place (DESIGN §1). Every conversion from the wire
+//! checks its input and fails with a [`FieldError`] naming the field, which the services
+//! turn into `INVALID_ARGUMENT`.
+
+use hanzod_actors::actor::job::JobView;
+use hanzod_actors::job::{EpochAssignment, JobPhase, JobSpec, TrainingSpec};
+use hanzod_actors::node::Heartbeat;
+use hanzod_actors::ports::RingView;
+use hanzod_actors::sched::NodeView;
+use hanzod_actors::types::{GpuInfo, GymWei, JobId, LinkProfile, NodeId, NodeInfo, Timestamp};
+use hanzod_proto::v1 as pb;
+use tonic::Status;
+
+/// A malformed field: `field` is its protobuf path (e.g. `info.gpu.vram_bytes`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {reason}")]
+pub struct FieldError {
+    /// The field's path.
+    pub field: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl From<FieldError> for Status {
+    fn from(e: FieldError) -> Status {
+        Status::invalid_argument(e.to_string())
+    }
+}
+
+fn bad(field: &'static str, reason: impl Into<String>) -> FieldError {
+    FieldError {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// A 32-byte node id from the wire.
+pub fn node_id(field: &'static str, bytes: &[u8]) -> Result<NodeId, FieldError> {
+    let arr: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| bad(field, format!("{} bytes, want 32", bytes.len())))?;
+    Ok(NodeId(arr))
+}
+
+/// An amount of GYM wei from its decimal string; empty means 0.
+pub fn gym_wei(field: &'static str, s: &str) -> Result<GymWei, FieldError> {
+    if s.is_empty() {
+        return Ok(GymWei(0));
+    }
+    s.parse::<u128>().map(GymWei).map_err(|e| {
+        bad(
+            field,
+            format!("{s:?} is not a decimal amount of GYM wei: {e}"),
+        )
+    })
+}
+
+/// Checks a `host:port` endpoint: at most 255 bytes, a non-empty host, a port 1..=65535.
+pub fn endpoint(field: &'static str, s: &str) -> Result<String, FieldError> {
+    if s.len() > 255 {
+        return Err(bad(field, "longer than 255 bytes"));
+    }
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| bad(field, format!("{s:?} is not host:port")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad(field, format!("{s:?} has no valid host")));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(s.to_string()),
+        _ => Err(bad(field, format!("{s:?} has no valid port"))),
+    }
+}
+
+/// A registration's `NodeInfo` → the core's [`NodeInfo`] and the node's peer endpoint.
+///
+/// Checks: 32-byte id, GPU model 1..=128 bytes, VRAM > 0, compute capability parts ≤ 255,
+/// attestation ≤ 1,024 bytes, bandwidth finite and ≥ 0, region 1..=64 bytes of `[a-z0-9-]`,
+/// endpoint `host:port`.
+pub fn node_info(info: &pb::NodeInfo) -> Result<(NodeInfo, String), FieldError> {
+    let id = node_id("info.node_id", &info.node_id)?;
+    let gpu = info
+        .gpu
+        .as_ref()
+        .ok_or_else(|| bad("info.gpu", "missing"))?;
+    if gpu.model.is_empty() || gpu.model.len() > 128 || gpu.model.chars().any(char::is_control) {
+        return Err(bad(
+            "info.gpu.model",
+            "must be 1..=128 bytes without control characters",
+        ));
+    }
+    if gpu.vram_bytes == 0 {
+        return Err(bad("info.gpu.vram_bytes", "must be > 0"));
+    }
+    let major = u8::try_from(gpu.compute_cap_major)
+        .map_err(|_| bad("info.gpu.compute_cap_major", "must be ≤ 255"))?;
+    let minor = u8::try_from(gpu.compute_cap_minor)
+        .map_err(|_| bad("info.gpu.compute_cap_minor", "must be ≤ 255"))?;
+    if gpu.driver_sig.len() > 1024 {
+        return Err(bad("info.gpu.driver_sig", "longer than 1024 bytes"));
+    }
+    let bw = info
+        .bandwidth
+        .as_ref()
+        .ok_or_else(|| bad("info.bandwidth", "missing"))?;
+    for (field, v) in [
+        ("info.bandwidth.up_mbps", bw.up_mbps),
+        ("info.bandwidth.down_mbps", bw.down_mbps),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(bad(field, format!("{v} is not a non-negative number")));
+        }
+    }
+    let region = &info.region;
+    if region.is_empty()
+        || region.len() > 64
+        || !region
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(bad(
+            "info.region",
+            format!("{region:?} must be 1..=64 bytes of [a-z0-9-]"),
+        ));
+    }
+    let endpoint = endpoint("info.endpoint", &info.endpoint)?;
+    Ok((
+        NodeInfo {
+            id,
+            gpu: GpuInfo {
+                model: gpu.model.clone(),
+                vram_bytes: gpu.vram_bytes,
+                compute_cap: (major, minor),
+                driver_sig: gpu.driver_sig.clone(),
+            },
+            link: LinkProfile {
+                up_mbps: bw.up_mbps,
+                down_mbps: bw.down_mbps,
+            },
+            region: region.clone(),
+        },
+        endpoint,
+    ))
+}
+
+/// A session heartbeat → the core's [`Heartbeat`] (sender, sequence and time come from the
+/// verified envelope). GPU utilisation must be a fraction in [0, 1].
+pub fn heartbeat(
+    node: NodeId,
+    seq: u64,
+    timestamp_ms: u64,
+    hb: &pb::Heartbeat,
+) -> Result<Heartbeat, FieldError> {
+    let u = hb.gpu_utilization;
+    if !(u.is_finite() && (0.0..=1.0).contains(&u)) {
+        return Err(bad(
+            "heartbeat.gpu_utilization",
+            format!("{u} is not in [0, 1]"),
+        ));
+    }
+    Ok(Heartbeat {
+        node,
+        seq,
+        timestamp: Timestamp(timestamp_ms),
+        gpu_utilization: u,
+        memory_used: hb.memory_used,
+        current_step: hb.current_step,
+    })
+}
+
+/// A job spec from the wire; the core's [`JobSpec::validate`] then checks the bounds.
+pub fn job_spec(spec: Option<&pb::JobSpec>) -> Result<JobSpec, FieldError> {
+    let s = spec.ok_or_else(|| bad("spec", "missing"))?;
+    if s.name.len() > 256 {
+        return Err(bad("spec.name", "longer than 256 bytes"));
+    }
+    if s.name.chars().any(char::is_control) {
+        return Err(bad("spec.name", "must not contain control characters"));
+    }
+    let spec = JobSpec {
+        name: s.name.clone(),
+        epochs: s.epochs,
+        min_nodes: s.min_nodes,
+        max_nodes: s.max_nodes,
+        min_vram_bytes: s.min_vram_bytes,
+        pending_deadline_ms: s.pending_deadline_ms,
+        epoch_deadline_ms: s.epoch_deadline_ms,
+        utility: s.utility,
+        submitter_stake: gym_wei("spec.submitter_stake_gym_wei", &s.submitter_stake_gym_wei)?,
+        training: training_spec(s.training.as_ref())?,
+    };
+    spec.validate().map_err(|e| bad("spec", e.to_string()))?;
+    Ok(spec)
+}
+
+/// A training recipe from the wire: each unset field takes [`TrainingSpec::default`]'s value.
+fn training_spec(t: Option<&pb::TrainingSpec>) -> Result<TrainingSpec, FieldError> {
+    let d = TrainingSpec::default();
+    let Some(t) = t else { return Ok(d) };
+    for (field, value) in [
+        ("spec.training.model", &t.model),
+        ("spec.training.dataset", &t.dataset),
+    ] {
+        if value
+            .as_ref()
+            .is_some_and(|v| v.len() > 256 || v.chars().any(char::is_control))
+        {
+            return Err(bad(
+                field,
+                "longer than 256 bytes or has control characters",
+            ));
+        }
+    }
+    Ok(TrainingSpec {
+        model: t.model.clone().unwrap_or(d.model),
+        dataset: t.dataset.clone().unwrap_or(d.dataset),
+        local_steps: t.local_steps.unwrap_or(d.local_steps),
+        batch_size: t.batch_size.unwrap_or(d.batch_size),
+        local_lr: t.local_lr.unwrap_or(d.local_lr),
+        outer_lr: t.outer_lr.unwrap_or(d.outer_lr),
+        seed: t.seed.unwrap_or(d.seed),
+    })
+}
+
+/// The core's [`JobSpec`] on the wire.
+pub fn job_spec_to_wire(s: &JobSpec) -> pb::JobSpec {
+    pb::JobSpec {
+        name: s.name.clone(),
+        epochs: s.epochs,
+        min_nodes: s.min_nodes,
+        max_nodes: s.max_nodes,
+        min_vram_bytes: s.min_vram_bytes,
+        pending_deadline_ms: s.pending_deadline_ms,
+        epoch_deadline_ms: s.epoch_deadline_ms,
+        utility: s.utility,
+        submitter_stake_gym_wei: s.submitter_stake.0.to_string(),
+        training: Some(training_spec_to_wire(&s.training)),
+    }
+}
+
+/// A training recipe on the wire, every field set.
+pub fn training_spec_to_wire(t: &TrainingSpec) -> pb::TrainingSpec {
+    pb::TrainingSpec {
+        model: Some(t.model.clone()),
+        dataset: Some(t.dataset.clone()),
+        local_steps: Some(t.local_steps),
+        batch_size: Some(t.batch_size),
+        local_lr: Some(t.local_lr),
+        outer_lr: Some(t.outer_lr),
+        seed: Some(t.seed),
+    }
+}
+
+/// An epoch assignment on the wire (`EpochStart`).
+pub fn epoch_start_to_wire(a: &EpochAssignment) -> pb::EpochStart {
+    pb::EpochStart {
+        job_id: a.job.0,
+        epoch: a.epoch,
+        step: a.step,
+        base_checkpoint: a.base.clone().unwrap_or_default(),
+        training: Some(training_spec_to_wire(&a.training)),
+        deadline_ms: a.deadline.as_millis(),
+    }
+}
+
+/// An epoch assignment from the wire, as a node reads it: the recipe must be present (an
+/// unset recipe field takes its default) and valid, and `step` must be
+/// `epoch × local_steps`.
+///
+/// Errors: the field at fault (`training`, `training.*`, `step`).
+pub fn epoch_start(e: &pb::EpochStart) -> Result<EpochAssignment, FieldError> {
+    let training = e
+        .training
+        .as_ref()
+        .ok_or_else(|| bad("training", "missing"))?;
+    let training = training_spec(Some(training))?;
+    if training.local_steps == 0 {
+        return Err(bad("training.local_steps", "must be at least 1"));
+    }
+    let expected = u64::from(e.epoch) * u64::from(training.local_steps);
+    if e.step != expected {
+        return Err(bad(
+            "step",
+            format!("{} is not epoch × local_steps = {expected}", e.step),
+        ));
+    }
+    Ok(EpochAssignment {
+        job: JobId(e.job_id),
+        epoch: e.epoch,
+        step: e.step,
+        base: (!e.base_checkpoint.is_empty()).then(|| e.base_checkpoint.clone()),
+        training,
+        deadline: Timestamp(e.deadline_ms),
+    })
+}
+
+/// A ring on the wire; `endpoint` gives each member's peer endpoint (empty when unknown).
+pub fn ring(view: &RingView, endpoint: impl Fn(&NodeId) -> String) -> pb::Ring {
+    pb::Ring {
+        job_id: view.job.0,
+        version: view.version,
+        members: view
+            .members
+            .iter()
+            .map(|m| pb::RingMember {
+                node_id: m.0.to_vec(),
+                endpoint: endpoint(m),
+            })
+            .collect(),
+        bottleneck_mbps: view.bottleneck_mbps,
+        estimated_links: view.estimated_links,
+    }
+}
+
+/// A wire ring back into the core's view (for clients); checks member ids.
+pub fn ring_from_wire(r: &pb::Ring) -> Result<RingView, FieldError> {
+    Ok(RingView {
+        job: JobId(r.job_id),
+        version: r.version,
+        members: r
+            .members
+            .iter()
+            .map(|m| node_id("ring.members.node_id", &m.node_id))
+            .collect::<Result<_, _>>()?,
+        bottleneck_mbps: r.bottleneck_mbps,
+        estimated_links: r.estimated_links,
+    })
+}
+
+/// A job phase on the wire.
+pub fn phase(p: &JobPhase) -> pb::JobPhase {
+    use pb::job_phase::Kind;
+    let mut out = pb::JobPhase::default();
+    match p {
+        JobPhase::Pending { deadline, .. } => {
+            out.kind = Kind::Pending as i32;
+            out.deadline_ms = deadline.as_millis();
+        }
+        JobPhase::Provisioning { ring_version } => {
+            out.kind = Kind::Provisioning as i32;
+            out.ring_version = *ring_version;
+        }
+        JobPhase::Running {
+            epoch,
+            ring_version,
+        } => {
+            out.kind = Kind::Running as i32;
+            out.epoch = *epoch;
+            out.ring_version = *ring_version;
+        }
+        JobPhase::Aggregating {
+            epoch,
+            ring_version,
+        } => {
+            out.kind = Kind::Aggregating as i32;
+            out.epoch = *epoch;
+            out.ring_version = *ring_version;
+        }
+        JobPhase::Published { epochs, .. } => {
+            out.kind = Kind::Published as i32;
+            out.epoch = *epochs;
+        }
+        JobPhase::Failed { reason, phase, .. } => {
+            out.kind = Kind::Failed as i32;
+            out.reason = reason.to_string();
+            out.failed_in = phase.clone();
+        }
+    }
+    out
+}
+
+/// A job on the wire.
+pub fn job(v: &JobView, endpoint: impl Fn(&NodeId) -> String) -> pb::Job {
+    pb::Job {
+        job_id: v.id.0,
+        name: v.name.clone(),
+        phase: Some(phase(&v.phase)),
+        epochs: v.epochs,
+        ring: v.ring.as_ref().map(|r| ring(r, endpoint)),
+        deltas_this_epoch: u32::try_from(v.deltas_this_epoch).unwrap_or(u32::MAX),
+        checkpoints: v.checkpoints.clone(),
+        // Filled in by the JobService, which knows the orchestrator's commitments.
+        spot_check_commitment: Vec::new(),
+    }
+}
+
+/// A node on the wire.
+pub fn node(v: &NodeView, endpoint: String) -> pb::Node {
+    pb::Node {
+        node_id: v.id.0.to_vec(),
+        stake_gym_wei: v.stake.0.to_string(),
+        vram_bytes: v.vram_bytes,
+        uptime: v.uptime,
+        region: v.region.clone(),
+        alive: v.alive,
+        assigned_job: v.assigned.map(|j| j.0).unwrap_or(0),
+        penalty_until_ms: v.penalty_until.map(|t| t.as_millis()).unwrap_or(0),
+        endpoint,
+    }
+}
+
+/// The wire form of a signed publication record.
+pub fn publication(p: &crate::record::SignedPublication) -> pb::Publication {
+    let r = &p.record;
+    pb::Publication {
+        job_id: r.job.0,
+        epoch: r.epoch,
+        cid: r.cid.clone(),
+        config_cid: r.config_cid.clone(),
+        card_cid: r.card_cid.clone(),
+        hf_repo: r.hf_repo.clone(),
+        quality: r.quality,
+        timestamp_ms: r.timestamp.0,
+        signer: p.signer.to_vec(),
+        signature: p.signature.to_vec(),
+    }
+}
+
+/// A signed publication record from its wire form; `Err` names a signer that is not 32
+/// bytes or a signature that is not 64.
+pub fn publication_from(p: pb::Publication) -> Result<crate::record::SignedPublication, String> {
+    let signer: [u8; 32] = p
+        .signer
+        .as_slice()
+        .try_into()
+        .map_err(|_| format!("signer is {} bytes, want 32", p.signer.len()))?;
+    let signature: [u8; 64] = p
+        .signature
+        .as_slice()
+        .try_into()
+        .map_err(|_| format!("signature is {} bytes, want 64", p.signature.len()))?;
+    Ok(crate::record::SignedPublication {
+        record: crate::record::PublicationRecord {
+            job: hanzod_actors::types::JobId(p.job_id),
+            epoch: p.epoch,
+            cid: p.cid,
+            config_cid: p.config_cid,
+            card_cid: p.card_cid,
+            hf_repo: p.hf_repo,
+            quality: p.quality,
+            timestamp: hanzod_actors::types::Timestamp(p.timestamp_ms),
+        },
+        signer,
+        signature,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn info() -> pb::NodeInfo {
+        pb::NodeInfo {
+            node_id: vec![7; 32],
+            gpu: Some(pb::GpuInfo {
+                model: "NVIDIA A100-SXM4-80GB".into(),
+                vram_bytes: 85_899_345_920,
+                compute_cap_major: 8,
+                compute_cap_minor: 0,
+                driver_sig: vec![],
+            }),
+            bandwidth: Some(pb::BandwidthProbe {
+                up_mbps: 1000.0,
+                down_mbps: 1000.0,
+            }),
+            region: "eu-west".into(),
+            endpoint: "10.0.0.1:9560".into(),
+        }
+    }
+
+    #[test]
+    fn node_info_round_trip_and_field_errors() {
+        let (n, ep) = node_info(&info()).unwrap();
+        assert_eq!(n.id, NodeId([7; 32]));
+        assert_eq!(n.gpu.compute_cap, (8, 0));
+        assert_eq!(ep, "10.0.0.1:9560");
+        type Mutation = Box<dyn Fn(&mut pb::NodeInfo)>;
+        let cases: Vec<(&str, Mutation)> = vec![
+            ("info.node_id", Box::new(|i| i.node_id.truncate(31))),
+            ("info.gpu", Box::new(|i| i.gpu = None)),
+            (
+                "info.gpu.model",
+                Box::new(|i| i.gpu.as_mut().unwrap().model.clear()),
+            ),
+            (
+                "info.gpu.vram_bytes",
+                Box::new(|i| i.gpu.as_mut().unwrap().vram_bytes = 0),
+            ),
+            (
+                "info.gpu.compute_cap_major",
+                Box::new(|i| i.gpu.as_mut().unwrap().compute_cap_major = 256),
+            ),
+            (
+                "info.bandwidth.up_mbps",
+                Box::new(|i| i.bandwidth.as_mut().unwrap().up_mbps = f32::NAN),
+            ),
+            ("info.region", Box::new(|i| i.region = "EU West".into())),
+            ("info.endpoint", Box::new(|i| i.endpoint = "nohost".into())),
+            ("info.endpoint", Box::new(|i| i.endpoint = "h:0".into())),
+        ];
+        for (field, mutate) in cases {
+            let mut i = info();
+            mutate(&mut i);
+            let err = node_info(&i).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+            assert_eq!(Status::from(err).code(), tonic::Code::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn job_spec_errors_name_the_field() {
+        let good = pb::JobSpec {
+            name: "llm".into(),
+            epochs: 3,
+            min_nodes: 2,
+            max_nodes: 4,
+            min_vram_bytes: 1,
+            pending_deadline_ms: 1000,
+            epoch_deadline_ms: 1000,
+            utility: 1.0,
+            submitter_stake_gym_wei: "10000000000000000000000".into(),
+            training: None,
+        };
+        let spec = job_spec(Some(&good)).unwrap();
+        assert_eq!(spec.training, TrainingSpec::default());
+        assert_eq!(job_spec(Some(&job_spec_to_wire(&spec))).unwrap(), spec);
+        let mut partial = good.clone();
+        partial.training = Some(pb::TrainingSpec {
+            local_steps: Some(7),
+            ..Default::default()
+        });
+        let t = job_spec(Some(&partial)).unwrap().training;
+        assert_eq!(
+            (t.local_steps, t.batch_size),
+            (7, TrainingSpec::default().batch_size)
+        );
+        partial.training = Some(pb::TrainingSpec {
+            outer_lr: Some(f64::NAN),
+            ..Default::default()
+        });
+        let e = job_spec(Some(&partial)).unwrap_err();
+        assert!(e.to_string().contains("outer_lr"), "{e}");
+        assert_eq!(spec.submitter_stake, GymWei(10_000 * 10u128.pow(18)));
+        // The wire form spells the defaulted recipe out; everything else is as sent.
+        let wire = job_spec_to_wire(&spec);
+        assert_eq!(
+            wire.training,
+            Some(training_spec_to_wire(&TrainingSpec::default()))
+        );
+        assert_eq!(
+            pb::JobSpec {
+                training: None,
+                ..wire
+            },
+            good
+        );
+        let mut bad_stake = good.clone();
+        bad_stake.submitter_stake_gym_wei = "-1".into();
+        assert_eq!(
+            job_spec(Some(&bad_stake)).unwrap_err().field,
+            "spec.submitter_stake_gym_wei"
+        );
+        let mut zero = good.clone();
+        zero.epochs = 0;
+        assert!(job_spec(Some(&zero)).unwrap_err().reason.contains("epochs"));
+        assert_eq!(job_spec(None).unwrap_err().field, "spec");
+    }
+
+    proptest! {
+        #[test]
+        fn ring_round_trips(job in 0u64..1000, version in 1u64..100, n in 0usize..20, b in 0f32..1e4) {
+            let view = RingView {
+                job: JobId(job),
+                version,
+                members: (0..n).map(|i| NodeId([i as u8; 32])).collect(),
+                bottleneck_mbps: b,
+                estimated_links: n as u32,
+            };
+            let wire = ring(&view, |m| format!("h{}:1", m.0[0]));
+            prop_assert_eq!(ring_from_wire(&wire).unwrap(), view);
+        }
+
+        #[test]
+        fn endpoint_never_panics(s in ".{0,300}") {
+            let _ = endpoint("e", &s);
+        }
+
+        #[test]
+        fn gym_wei_round_trips(v in any::<u128>()) {
+            prop_assert_eq!(gym_wei("x", &v.to_string()).unwrap(), GymWei(v));
+        }
+    }
+}

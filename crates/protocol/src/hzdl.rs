@@ -1,0 +1,1329 @@
+//! The `HZDL` delta wire format and its signed statement (DESIGN §6).
+//!
+//! A delta is a 24-byte little-endian header followed by a safetensors body:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic `HZDL` |
+//! | 4 | 2 | format version (1) |
+//! | 6 | 1 | dtype of every tensor: 0 f32, 1 f16, 2 bf16 |
+//! | 7 | 1 | kind: 0 full-parameter delta, 1 LoRA adapter (PEFT tensor names) |
+//! | 8 | 8 | base checkpoint version the delta was computed against |
+//! | 16 | 8 | body length in bytes |
+//! | 24 | … | safetensors body |
+//!
+//! [`write_delta`] writes one; [`DeltaView::parse`] reads one without copying tensor data,
+//! after bounding every declared size against the bytes actually present (nothing is
+//! allocated from a declared size). [`check_against`] is the format check against a
+//! [`ModelSpec`]. The node signs [`statement_digest`] (job, epoch, step, claimed loss and
+//! the payload hash), so a delta cannot be replayed into another job, epoch or step.
+
+use ed25519_dalek::VerifyingKey;
+use half::{bf16, f16};
+use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, TensorView};
+use sha2::{Digest, Sha256};
+
+use crate::identity::{verify, Identity};
+use crate::model::{elements, ModelSpec};
+
+/// The magic bytes at offset 0.
+pub const MAGIC: [u8; 4] = *b"HZDL";
+/// The only format version this build reads and writes.
+pub const FORMAT_VERSION: u16 = 1;
+/// Length of the fixed header, in bytes.
+pub const HEADER_LEN: usize = 24;
+/// The largest safetensors JSON header accepted, in bytes (the safetensors crate's own
+/// limit); per-model bounds are tighter ([`ModelSpec::max_delta_bytes`]).
+pub const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+
+/// Element type of every tensor of a delta (header byte 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeltaDtype {
+    /// IEEE 754 binary32 (code 0).
+    F32,
+    /// IEEE 754 binary16 (code 1).
+    F16,
+    /// bfloat16 (code 2).
+    Bf16,
+}
+
+impl DeltaDtype {
+    /// The header code.
+    pub fn code(self) -> u8 {
+        match self {
+            DeltaDtype::F32 => 0,
+            DeltaDtype::F16 => 1,
+            DeltaDtype::Bf16 => 2,
+        }
+    }
+
+    /// Parses a header code.
+    pub fn from_code(code: u8) -> Result<DeltaDtype, DeltaError> {
+        match code {
+            0 => Ok(DeltaDtype::F32),
+            1 => Ok(DeltaDtype::F16),
+            2 => Ok(DeltaDtype::Bf16),
+            c => Err(DeltaError::UnknownDtype(c)),
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DeltaDtype::F32 => 4,
+            DeltaDtype::F16 | DeltaDtype::Bf16 => 2,
+        }
+    }
+
+    /// The safetensors dtype tensors of this delta must carry.
+    pub fn safetensors(self) -> Dtype {
+        match self {
+            DeltaDtype::F32 => Dtype::F32,
+            DeltaDtype::F16 => Dtype::F16,
+            DeltaDtype::Bf16 => Dtype::BF16,
+        }
+    }
+}
+
+impl std::fmt::Display for DeltaDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeltaDtype::F32 => "f32",
+            DeltaDtype::F16 => "f16",
+            DeltaDtype::Bf16 => "bf16",
+        })
+    }
+}
+
+/// What a delta holds (header byte 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeltaKind {
+    /// A full-parameter delta: every parameter of the model (code 0).
+    Full,
+    /// A LoRA adapter with PEFT tensor names (code 1).
+    Lora,
+}
+
+impl DeltaKind {
+    /// The header code.
+    pub fn code(self) -> u8 {
+        match self {
+            DeltaKind::Full => 0,
+            DeltaKind::Lora => 1,
+        }
+    }
+
+    /// Parses a header code.
+    pub fn from_code(code: u8) -> Result<DeltaKind, DeltaError> {
+        match code {
+            0 => Ok(DeltaKind::Full),
+            1 => Ok(DeltaKind::Lora),
+            c => Err(DeltaError::UnknownKind(c)),
+        }
+    }
+}
+
+impl std::fmt::Display for DeltaKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DeltaKind::Full => "full",
+            DeltaKind::Lora => "lora",
+        })
+    }
+}
+
+/// The decoded 24-byte header (DESIGN §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaHeader {
+    /// Format version (always [`FORMAT_VERSION`] once parsed).
+    pub version: u16,
+    /// Element type of every tensor.
+    pub dtype: DeltaDtype,
+    /// Full-parameter or LoRA.
+    pub kind: DeltaKind,
+    /// Checkpoint version the delta was computed against.
+    pub base_version: u64,
+    /// Length of the safetensors body, in bytes.
+    pub body_len: u64,
+}
+
+impl DeltaHeader {
+    /// Encodes the header (little endian).
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&self.version.to_le_bytes());
+        b[6] = self.dtype.code();
+        b[7] = self.kind.code();
+        b[8..16].copy_from_slice(&self.base_version.to_le_bytes());
+        b[16..24].copy_from_slice(&self.body_len.to_le_bytes());
+        b
+    }
+
+    /// Decodes the first 24 bytes of `bytes`: [`DeltaError::Truncated`] when fewer,
+    /// then magic, version, dtype and kind are checked in that order. The body length is
+    /// not compared with anything here.
+    pub fn parse(bytes: &[u8]) -> Result<DeltaHeader, DeltaError> {
+        let Some(b) = bytes.get(..HEADER_LEN) else {
+            return Err(DeltaError::Truncated {
+                needed: HEADER_LEN as u64,
+                actual: bytes.len() as u64,
+            });
+        };
+        let magic: [u8; 4] = b[0..4].try_into().expect("4 bytes");
+        if magic != MAGIC {
+            return Err(DeltaError::BadMagic(magic));
+        }
+        let version = u16::from_le_bytes(b[4..6].try_into().expect("2 bytes"));
+        if version != FORMAT_VERSION {
+            return Err(DeltaError::UnsupportedVersion(version));
+        }
+        Ok(DeltaHeader {
+            version,
+            dtype: DeltaDtype::from_code(b[6])?,
+            kind: DeltaKind::from_code(b[7])?,
+            base_version: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+            body_len: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+        })
+    }
+}
+
+/// Why a delta (or its statement) was refused (DESIGN §6): one variant per cause.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeltaError {
+    /// Fewer bytes than the fixed structure needs (24-byte header, 8-byte safetensors
+    /// length prefix).
+    #[error("truncated delta: {actual} bytes, need at least {needed}")]
+    Truncated {
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes present.
+        actual: u64,
+    },
+    /// The first four bytes are not `HZDL`.
+    #[error("bad magic {0:02x?}, want \"HZDL\"")]
+    BadMagic([u8; 4]),
+    /// A format version other than [`FORMAT_VERSION`].
+    #[error("unsupported delta format version {0} (this build reads version 1)")]
+    UnsupportedVersion(u16),
+    /// A dtype code other than 0, 1, 2.
+    #[error("unknown dtype code {0} (0 f32, 1 f16, 2 bf16)")]
+    UnknownDtype(u8),
+    /// A kind code other than 0, 1.
+    #[error("unknown delta kind code {0} (0 full, 1 LoRA)")]
+    UnknownKind(u8),
+    /// The header's body length differs from the bytes after the header.
+    #[error("header declares a {declared}-byte body but {actual} bytes follow it")]
+    LengthMismatch {
+        /// Body length in the header, bytes.
+        declared: u64,
+        /// Bytes present after the header.
+        actual: u64,
+    },
+    /// The safetensors JSON header length exceeds the body or the global limit.
+    #[error("safetensors header declares {declared} bytes but at most {limit} are available")]
+    HeaderTooLarge {
+        /// Declared JSON header length, bytes.
+        declared: u64,
+        /// The most it may be here, bytes.
+        limit: u64,
+    },
+    /// The safetensors JSON header is not valid UTF-8 / JSON / tensor metadata.
+    #[error("invalid safetensors header: {0}")]
+    SafetensorsHeader(String),
+    /// Tensor data offsets overlap, leave gaps, disagree with the shape, or run past the body.
+    #[error("{}overlapping or out-of-range data offsets ({detail})", tensor_prefix(.tensor))]
+    OverlappingOrOutOfRange {
+        /// The tensor, where known (empty otherwise).
+        tensor: String,
+        /// What the safetensors validation found.
+        detail: String,
+    },
+    /// A tensor's dtype differs from the header's.
+    #[error("tensor {tensor:?} is {found} but the header says {header}")]
+    DtypeMismatch {
+        /// The tensor.
+        tensor: String,
+        /// The header dtype.
+        header: DeltaDtype,
+        /// The tensor's safetensors dtype.
+        found: String,
+    },
+    /// A NaN or infinite value.
+    #[error("tensor {tensor:?} has a non-finite value at element {index}")]
+    NonFinite {
+        /// The tensor.
+        tensor: String,
+        /// Element index (row-major).
+        index: u64,
+    },
+    /// A tensor name that the model (or its LoRA config) does not have.
+    #[error("unknown tensor {0:?} for this model")]
+    UnknownTensor(String),
+    /// A tensor whose shape differs from the model's.
+    #[error("tensor {tensor:?} has shape {found:?}, the model wants {expected:?}")]
+    WrongShape {
+        /// The tensor.
+        tensor: String,
+        /// The model's shape.
+        expected: Vec<usize>,
+        /// The delta's shape (for the writer: `[number of values given]`).
+        found: Vec<usize>,
+    },
+    /// A parameter the delta must cover but does not.
+    #[error("tensor {0:?} of the model is missing from the delta")]
+    MissingTensor(String),
+    /// The delta kind is not the one the job's model spec wants.
+    #[error("delta kind is {found} but the job wants {expected}")]
+    KindMismatch {
+        /// The spec's kind.
+        expected: DeltaKind,
+        /// The header's kind.
+        found: DeltaKind,
+    },
+    /// The writer was given the same tensor name twice.
+    #[error("tensor {0:?} given twice")]
+    DuplicateTensor(String),
+    /// The statement signature does not verify under the node's key (wrong signer, altered
+    /// payload or statement, malformed signature).
+    #[error("delta statement signature does not verify")]
+    BadSignature,
+    /// A valid signature by this node over a statement for another job, epoch, step or
+    /// loss than the one expected: a replay.
+    #[error("delta statement replayed: signed for {field} {signed}, expected {expected}")]
+    Replayed {
+        /// `job`, `epoch`, `step` or `claimed_loss`.
+        field: &'static str,
+        /// The signed value.
+        signed: String,
+        /// The expected value.
+        expected: String,
+    },
+}
+
+/// `tensor "name": ` for a known tensor, nothing when the safetensors check did not say which.
+fn tensor_prefix(tensor: &str) -> String {
+    if tensor.is_empty() {
+        String::new()
+    } else {
+        format!("tensor {tensor:?}: ")
+    }
+}
+
+impl DeltaError {
+    fn from_safetensors(e: SafeTensorError) -> DeltaError {
+        use SafeTensorError as S;
+        match e {
+            S::InvalidOffset(t) => DeltaError::OverlappingOrOutOfRange {
+                tensor: t,
+                detail: "offsets must be contiguous, increasing and start at 0".into(),
+            },
+            S::MetadataIncompleteBuffer => DeltaError::OverlappingOrOutOfRange {
+                tensor: String::new(),
+                detail: "the last offset is not the end of the body".into(),
+            },
+            S::TensorInvalidInfo => DeltaError::OverlappingOrOutOfRange {
+                tensor: String::new(),
+                detail: "offsets do not span shape × dtype size".into(),
+            },
+            S::ValidationOverflow => DeltaError::OverlappingOrOutOfRange {
+                tensor: String::new(),
+                detail: "shape × dtype size overflows".into(),
+            },
+            S::MisalignedSlice => DeltaError::OverlappingOrOutOfRange {
+                tensor: String::new(),
+                detail: "sub-byte tensor not byte-aligned".into(),
+            },
+            S::HeaderTooLarge => DeltaError::HeaderTooLarge {
+                declared: u64::MAX,
+                limit: MAX_SAFETENSORS_HEADER,
+            },
+            other => DeltaError::SafetensorsHeader(other.to_string()),
+        }
+    }
+}
+
+/// One tensor of a parsed delta; `data` borrows the input bytes (little endian, of the
+/// header's dtype, row-major).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeltaTensor<'a> {
+    /// Tensor name.
+    pub name: String,
+    /// Shape (element counts).
+    pub shape: Vec<usize>,
+    /// Raw little-endian element bytes, `elements × dtype size` long.
+    pub data: &'a [u8],
+}
+
+impl DeltaTensor<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> u64 {
+        elements(&self.shape)
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A parsed delta: the header and zero-copy views of its tensors, sorted by name.
+#[derive(Debug, Clone)]
+pub struct DeltaView<'a> {
+    /// The 24-byte header.
+    pub header: DeltaHeader,
+    /// The tensors, sorted by name.
+    pub tensors: Vec<DeltaTensor<'a>>,
+}
+
+impl<'a> DeltaView<'a> {
+    /// Parses a delta without copying tensor data. Checks, in order: header (magic,
+    /// version, dtype, kind), body length against the bytes present, the safetensors
+    /// header length against the body and [`MAX_SAFETENSORS_HEADER`], the safetensors
+    /// metadata and offsets (contiguous, in range), and that every tensor has the header's
+    /// dtype. Values are not read here: see [`DeltaView::check_finite`].
+    pub fn parse(bytes: &'a [u8]) -> Result<DeltaView<'a>, DeltaError> {
+        let header = DeltaHeader::parse(bytes)?;
+        let body = &bytes[HEADER_LEN..];
+        if header.body_len != body.len() as u64 {
+            return Err(DeltaError::LengthMismatch {
+                declared: header.body_len,
+                actual: body.len() as u64,
+            });
+        }
+        let Some(n) = body.get(..8) else {
+            return Err(DeltaError::Truncated {
+                needed: (HEADER_LEN + 8) as u64,
+                actual: bytes.len() as u64,
+            });
+        };
+        let n = u64::from_le_bytes(n.try_into().expect("8 bytes"));
+        let limit = (body.len() as u64 - 8).min(MAX_SAFETENSORS_HEADER);
+        if n > limit {
+            return Err(DeltaError::HeaderTooLarge { declared: n, limit });
+        }
+        let st = SafeTensors::deserialize(body).map_err(DeltaError::from_safetensors)?;
+        let want = header.dtype.safetensors();
+        let mut tensors = Vec::with_capacity(st.len());
+        for (name, t) in st.iter() {
+            if t.dtype() != want {
+                return Err(DeltaError::DtypeMismatch {
+                    tensor: name.to_string(),
+                    header: header.dtype,
+                    found: format!("{:?}", t.dtype()),
+                });
+            }
+            tensors.push(DeltaTensor {
+                name: name.to_string(),
+                shape: t.shape().to_vec(),
+                data: t.data(),
+            });
+        }
+        tensors.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(DeltaView { header, tensors })
+    }
+
+    /// The tensor called `name`, if present.
+    pub fn tensor(&self, name: &str) -> Option<&DeltaTensor<'a>> {
+        self.tensors
+            .binary_search_by(|t| t.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.tensors[i])
+    }
+
+    /// Calls `f` with each element of `t` converted to f32.
+    fn for_each_value(&self, t: &DeltaTensor<'_>, mut f: impl FnMut(f32)) {
+        match self.header.dtype {
+            DeltaDtype::F32 => t
+                .data
+                .chunks_exact(4)
+                .for_each(|c| f(f32::from_le_bytes(c.try_into().expect("4 bytes")))),
+            DeltaDtype::F16 => t
+                .data
+                .chunks_exact(2)
+                .for_each(|c| f(f16::from_le_bytes([c[0], c[1]]).to_f32())),
+            DeltaDtype::Bf16 => t
+                .data
+                .chunks_exact(2)
+                .for_each(|c| f(bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+        }
+    }
+
+    /// [`DeltaError::NonFinite`] for the first NaN or ±Inf (tensors in name order).
+    pub fn check_finite(&self) -> Result<(), DeltaError> {
+        for t in &self.tensors {
+            let mut i = 0u64;
+            let mut bad = None;
+            self.for_each_value(t, |v| {
+                if bad.is_none() && !v.is_finite() {
+                    bad = Some(i);
+                }
+                i += 1;
+            });
+            if let Some(index) = bad {
+                return Err(DeltaError::NonFinite {
+                    tensor: t.name.clone(),
+                    index,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The L2 norm of one tensor (accumulated in f64).
+    pub fn l2_norm(&self, t: &DeltaTensor<'_>) -> f64 {
+        let mut s = 0f64;
+        self.for_each_value(t, |v| s += f64::from(v) * f64::from(v));
+        s.sqrt()
+    }
+
+    /// `(name, L2 norm)` for every tensor, in name order.
+    pub fn l2_norms(&self) -> Vec<(&str, f64)> {
+        self.tensors
+            .iter()
+            .map(|t| (t.name.as_str(), self.l2_norm(t)))
+            .collect()
+    }
+
+    /// The L2 norm of the whole delta (all tensors as one vector, f64 accumulation).
+    pub fn total_l2_norm(&self) -> f64 {
+        self.tensors
+            .iter()
+            .map(|t| self.l2_norm(t).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    }
+
+    /// The values of tensor `t` converted to f32 (an owned copy, for merge math).
+    pub fn to_f32(&self, t: &DeltaTensor<'_>) -> Vec<f32> {
+        let mut out = Vec::with_capacity(t.data.len() / self.header.dtype.size());
+        self.for_each_value(t, |v| out.push(v));
+        out
+    }
+}
+
+/// The DESIGN §6 format check of a parsed delta against the job's model: the header kind
+/// is the spec's ([`DeltaKind::Lora`] for a spec from [`ModelSpec::lora_spec`]), every
+/// tensor name belongs to the spec, every shape matches, every spec tensor is present
+/// (full deltas cover every parameter, LoRA deltas exactly the adapter tensors), and no
+/// value is NaN or Inf. (Dtype against header and offsets are checked by
+/// [`DeltaView::parse`].)
+pub fn check_against(view: &DeltaView<'_>, spec: &ModelSpec) -> Result<(), DeltaError> {
+    if view.header.kind != spec.kind() {
+        return Err(DeltaError::KindMismatch {
+            expected: spec.kind(),
+            found: view.header.kind,
+        });
+    }
+    for t in &view.tensors {
+        let Some(expected) = spec.params.get(&t.name) else {
+            return Err(DeltaError::UnknownTensor(t.name.clone()));
+        };
+        if *expected != t.shape {
+            return Err(DeltaError::WrongShape {
+                tensor: t.name.clone(),
+                expected: expected.clone(),
+                found: t.shape.clone(),
+            });
+        }
+    }
+    if view.tensors.len() != spec.params.len() {
+        if let Some(name) = spec.params.keys().find(|n| view.tensor(n).is_none()) {
+            return Err(DeltaError::MissingTensor(name.clone()));
+        }
+    }
+    view.check_finite()
+}
+
+/// Writes a delta (DESIGN §6): the header for `kind`, `dtype`, `base_version`, then a
+/// safetensors body (via the safetensors serializer) holding each `(name, shape, values)`,
+/// the f32 values converted to `dtype` (round to nearest). Values are written as given
+/// (NaN included: the reader is the one to refuse them). Fails with
+/// [`DeltaError::WrongShape`] when a tensor's value count is not the product of its shape
+/// and [`DeltaError::DuplicateTensor`] on a repeated name.
+pub fn write_delta(
+    kind: DeltaKind,
+    base_version: u64,
+    dtype: DeltaDtype,
+    tensors: &[(&str, &[usize], &[f32])],
+) -> Result<Vec<u8>, DeltaError> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut encoded = Vec::with_capacity(tensors.len());
+    for (name, shape, values) in tensors {
+        if !seen.insert(*name) {
+            return Err(DeltaError::DuplicateTensor(name.to_string()));
+        }
+        if elements(shape) != values.len() as u64 {
+            return Err(DeltaError::WrongShape {
+                tensor: name.to_string(),
+                expected: shape.to_vec(),
+                found: vec![values.len()],
+            });
+        }
+        let bytes: Vec<u8> = match dtype {
+            DeltaDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DeltaDtype::F16 => values
+                .iter()
+                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                .collect(),
+            DeltaDtype::Bf16 => values
+                .iter()
+                .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                .collect(),
+        };
+        encoded.push((*name, shape.to_vec(), bytes));
+    }
+    let views = encoded
+        .iter()
+        .map(|(n, s, b)| TensorView::new(dtype.safetensors(), s.clone(), b).map(|v| (*n, v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(DeltaError::from_safetensors)?;
+    let body = safetensors::serialize(views, None).map_err(DeltaError::from_safetensors)?;
+    let header = DeltaHeader {
+        version: FORMAT_VERSION,
+        dtype,
+        kind,
+        base_version,
+        body_len: body.len() as u64,
+    };
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    out.extend_from_slice(&header.to_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// The delta hash: SHA-256 of the whole payload (header and body), as uploaded and stored
+/// content-addressed (DESIGN §6).
+pub fn payload_hash(payload: &[u8]) -> [u8; 32] {
+    Sha256::digest(payload).into()
+}
+
+/// What a node claims about a delta; signed together with the payload hash (DESIGN §6).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Statement {
+    /// Job id.
+    pub job: u64,
+    /// Epoch within the job.
+    pub epoch: u32,
+    /// The global step the node's local run of the epoch started at (`epoch × local_steps`).
+    pub step: u64,
+    /// The loss the node claims for the pre-delta weights on its batch of `step`, in the
+    /// job's loss unit (spot-checked, DESIGN §6).
+    pub claimed_loss: f64,
+}
+
+impl Statement {
+    /// [`statement_digest`] of this statement and `payload_sha256`.
+    pub fn digest(&self, payload_sha256: &[u8; 32]) -> [u8; 32] {
+        statement_digest(
+            self.job,
+            self.epoch,
+            self.step,
+            self.claimed_loss,
+            payload_sha256,
+        )
+    }
+}
+
+/// SHA-256(`hanzod-delta-v1` ‖ job u64 LE ‖ epoch u32 LE ‖ step u64 LE ‖ claimed loss f64
+/// LE ‖ payload SHA-256): the 32 bytes a node signs for a delta (DESIGN §6).
+pub fn statement_digest(
+    job: u64,
+    epoch: u32,
+    step: u64,
+    claimed_loss: f64,
+    payload_sha256: &[u8; 32],
+) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(hanzod_actors::domain::DELTA);
+    h.update(job.to_le_bytes());
+    h.update(epoch.to_le_bytes());
+    h.update(step.to_le_bytes());
+    h.update(claimed_loss.to_le_bytes());
+    h.update(payload_sha256);
+    h.finalize().into()
+}
+
+/// Signs the statement: Ed25519 over [`statement_digest`] (DESIGN §6).
+pub fn sign_statement(
+    identity: &Identity,
+    statement: &Statement,
+    payload_sha256: &[u8; 32],
+) -> [u8; 64] {
+    identity.sign(&[], &[&statement.digest(payload_sha256)])
+}
+
+/// Verifies `signature` by `key` over the `expected` statement and payload hash:
+/// [`DeltaError::BadSignature`] for any failure (another signer, another job, epoch, step
+/// or loss, another payload, a malformed signature).
+pub fn verify_statement(
+    key: &VerifyingKey,
+    expected: &Statement,
+    payload_sha256: &[u8; 32],
+    signature: &[u8],
+) -> Result<(), DeltaError> {
+    verify(key, &[], &[&expected.digest(payload_sha256)], signature)
+        .map_err(|_| DeltaError::BadSignature)
+}
+
+/// Verifies a statement the node sent (`claimed`) and then compares it with what the
+/// orchestrator `expected`: [`DeltaError::BadSignature`] when the signature does not
+/// cover `claimed` under `key` (another node, altered fields), then
+/// [`DeltaError::Replayed`] naming the first field (job, epoch, step, claimed_loss) where a
+/// genuinely signed statement differs from the expected one.
+pub fn verify_claimed_statement(
+    key: &VerifyingKey,
+    expected: &Statement,
+    claimed: &Statement,
+    payload_sha256: &[u8; 32],
+    signature: &[u8],
+) -> Result<(), DeltaError> {
+    verify_statement(key, claimed, payload_sha256, signature)?;
+    let replayed = |field, signed: String, expected: String| DeltaError::Replayed {
+        field,
+        signed,
+        expected,
+    };
+    if claimed.job != expected.job {
+        return Err(replayed(
+            "job",
+            claimed.job.to_string(),
+            expected.job.to_string(),
+        ));
+    }
+    if claimed.epoch != expected.epoch {
+        return Err(replayed(
+            "epoch",
+            claimed.epoch.to_string(),
+            expected.epoch.to_string(),
+        ));
+    }
+    if claimed.step != expected.step {
+        return Err(replayed(
+            "step",
+            claimed.step.to_string(),
+            expected.step.to_string(),
+        ));
+    }
+    if claimed.claimed_loss.to_bits() != expected.claimed_loss.to_bits() {
+        return Err(replayed(
+            "claimed_loss",
+            claimed.claimed_loss.to_string(),
+            expected.claimed_loss.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::verifying_key;
+    use proptest::prelude::*;
+
+    fn tiny_spec() -> ModelSpec {
+        ModelSpec {
+            name: "tiny".into(),
+            params: [
+                ("a.weight".to_string(), vec![2, 3]),
+                ("b.bias".to_string(), vec![4]),
+            ]
+            .into_iter()
+            .collect(),
+            lora: None,
+        }
+    }
+
+    const A: [f32; 6] = [0.5, -1.25, 3.0, 0.0, 1e-3, -7.5];
+    const B: [f32; 4] = [1.0, 2.0, -2.0, 0.25];
+
+    fn valid(dtype: DeltaDtype) -> Vec<u8> {
+        write_delta(
+            DeltaKind::Full,
+            7,
+            dtype,
+            &[("a.weight", &[2, 3], &A), ("b.bias", &[4], &B)],
+        )
+        .unwrap()
+    }
+
+    /// Offset of the safetensors JSON header in a delta, and its length.
+    fn json_range(bytes: &[u8]) -> std::ops::Range<usize> {
+        let n = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
+        32..32 + n
+    }
+
+    /// Replaces `from` with `to` (same length) inside the JSON header.
+    fn edit_json(bytes: &mut [u8], from: &str, to: &str) {
+        assert_eq!(from.len(), to.len());
+        let r = json_range(bytes);
+        let json = std::str::from_utf8(&bytes[r.clone()]).unwrap().to_string();
+        let at = json
+            .find(from)
+            .unwrap_or_else(|| panic!("{from} not in {json}"));
+        bytes[r.start + at..r.start + at + to.len()].copy_from_slice(to.as_bytes());
+    }
+
+    fn parse_err(bytes: &[u8]) -> DeltaError {
+        DeltaView::parse(bytes).unwrap_err()
+    }
+
+    fn check_err(bytes: &[u8], spec: &ModelSpec) -> DeltaError {
+        check_against(&DeltaView::parse(bytes).unwrap(), spec).unwrap_err()
+    }
+
+    #[test]
+    fn round_trip_all_dtypes() {
+        for dtype in [DeltaDtype::F32, DeltaDtype::F16, DeltaDtype::Bf16] {
+            let bytes = valid(dtype);
+            let v = DeltaView::parse(&bytes).unwrap();
+            assert_eq!(
+                v.header,
+                DeltaHeader {
+                    version: 1,
+                    dtype,
+                    kind: DeltaKind::Full,
+                    base_version: 7,
+                    body_len: (bytes.len() - 24) as u64
+                }
+            );
+            assert_eq!(&bytes[..4], b"HZDL");
+            assert_eq!(v.tensors.len(), 2);
+            let a = v.tensor("a.weight").unwrap();
+            assert_eq!(a.shape, [2, 3]);
+            assert_eq!(a.data.len(), 6 * dtype.size());
+            // All test values are exactly representable in f16 and bf16 except 1e-3.
+            let got = v.to_f32(a);
+            for (g, w) in got.iter().zip(A) {
+                assert!((g - w).abs() <= w.abs() * 4e-3, "{dtype}: {g} vs {w}");
+            }
+            assert_eq!(v.to_f32(v.tensor("b.bias").unwrap()), B);
+            let nb = v.l2_norm(v.tensor("b.bias").unwrap());
+            assert!((nb - (1.0f64 + 4.0 + 4.0 + 0.0625).sqrt()).abs() < 1e-12);
+            assert_eq!(v.l2_norms().len(), 2);
+            check_against(&v, &tiny_spec()).unwrap();
+        }
+    }
+
+    #[test]
+    fn f32_values_exact() {
+        let bytes = valid(DeltaDtype::F32);
+        let v = DeltaView::parse(&bytes).unwrap();
+        assert_eq!(v.to_f32(v.tensor("a.weight").unwrap()), A);
+        let total: f64 = A
+            .iter()
+            .chain(B.iter())
+            .map(|&x| f64::from(x).powi(2))
+            .sum();
+        assert!((v.total_l2_norm() - total.sqrt()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn truncated() {
+        let bytes = valid(DeltaDtype::F32);
+        assert_eq!(
+            parse_err(&bytes[..10]),
+            DeltaError::Truncated {
+                needed: 24,
+                actual: 10
+            }
+        );
+        assert!(matches!(parse_err(&[]), DeltaError::Truncated { .. }));
+        // A cut body: the header still declares the full length.
+        assert_eq!(
+            parse_err(&bytes[..bytes.len() - 1]),
+            DeltaError::LengthMismatch {
+                declared: (bytes.len() - 24) as u64,
+                actual: (bytes.len() - 25) as u64
+            }
+        );
+        // A body too short for the safetensors length prefix, consistently declared.
+        let mut short = bytes[..28].to_vec();
+        short[16..24].copy_from_slice(&4u64.to_le_bytes());
+        assert_eq!(
+            parse_err(&short),
+            DeltaError::Truncated {
+                needed: 32,
+                actual: 28
+            }
+        );
+    }
+
+    #[test]
+    fn bad_magic() {
+        let mut b = valid(DeltaDtype::F32);
+        b[0] = b'X';
+        assert_eq!(parse_err(&b), DeltaError::BadMagic(*b"XZDL"));
+    }
+
+    #[test]
+    fn unsupported_version() {
+        let mut b = valid(DeltaDtype::F32);
+        b[4..6].copy_from_slice(&2u16.to_le_bytes());
+        assert_eq!(parse_err(&b), DeltaError::UnsupportedVersion(2));
+    }
+
+    #[test]
+    fn unknown_dtype_and_kind() {
+        let mut b = valid(DeltaDtype::F32);
+        b[6] = 3;
+        assert_eq!(parse_err(&b), DeltaError::UnknownDtype(3));
+        let mut b = valid(DeltaDtype::F32);
+        b[7] = 9;
+        assert_eq!(parse_err(&b), DeltaError::UnknownKind(9));
+    }
+
+    #[test]
+    fn length_field_larger_than_bytes_is_an_error_not_an_allocation() {
+        let mut b = valid(DeltaDtype::F32);
+        let actual = (b.len() - 24) as u64;
+        b[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(
+            parse_err(&b),
+            DeltaError::LengthMismatch {
+                declared: u64::MAX,
+                actual
+            }
+        );
+        let mut b = valid(DeltaDtype::F32);
+        b.push(0);
+        assert_eq!(
+            parse_err(&b),
+            DeltaError::LengthMismatch {
+                declared: actual,
+                actual: actual + 1
+            }
+        );
+    }
+
+    #[test]
+    fn safetensors_header_overflow() {
+        let mut b = valid(DeltaDtype::F32);
+        let limit = (b.len() - 32) as u64;
+        b[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(
+            parse_err(&b),
+            DeltaError::HeaderTooLarge {
+                declared: u64::MAX,
+                limit
+            }
+        );
+        b[24..32].copy_from_slice(&(limit + 1).to_le_bytes());
+        assert!(matches!(parse_err(&b), DeltaError::HeaderTooLarge { .. }));
+    }
+
+    #[test]
+    fn safetensors_header_garbage() {
+        let mut b = valid(DeltaDtype::F32);
+        let r = json_range(&b);
+        b[r.start] = b'[';
+        assert!(matches!(parse_err(&b), DeltaError::SafetensorsHeader(_)));
+        b[r.start] = 0xff;
+        assert!(matches!(parse_err(&b), DeltaError::SafetensorsHeader(_)));
+    }
+
+    #[test]
+    fn overlapping_offsets() {
+        // Tensors are laid out by dtype then name: a.weight [0,24], b.bias [24,40].
+        let mut b = valid(DeltaDtype::F32);
+        edit_json(&mut b, "[24,40]", "[16,32]");
+        assert!(
+            matches!(parse_err(&b), DeltaError::OverlappingOrOutOfRange { ref tensor, .. } if tensor == "b.bias"),
+            "{:?}",
+            parse_err(&b)
+        );
+    }
+
+    #[test]
+    fn out_of_range_offsets() {
+        let mut b = valid(DeltaDtype::F32);
+        edit_json(&mut b, "[24,40]", "[24,48]");
+        assert!(matches!(
+            parse_err(&b),
+            DeltaError::OverlappingOrOutOfRange { .. }
+        ));
+        // Offsets that disagree with the shape.
+        let mut b = valid(DeltaDtype::F32);
+        edit_json(&mut b, "\"shape\":[4]", "\"shape\":[3]");
+        assert!(matches!(
+            parse_err(&b),
+            DeltaError::OverlappingOrOutOfRange { .. }
+        ));
+    }
+
+    #[test]
+    fn dtype_mismatch() {
+        // Header says f16, tensors are F32.
+        let mut b = valid(DeltaDtype::F32);
+        b[6] = DeltaDtype::F16.code();
+        assert!(matches!(
+            parse_err(&b),
+            DeltaError::DtypeMismatch { header: DeltaDtype::F16, ref found, .. } if found == "F32"
+        ));
+        // One tensor relabelled I32 (same size) in the JSON.
+        let mut b = valid(DeltaDtype::F32);
+        edit_json(&mut b, "\"F32\"", "\"I32\"");
+        assert!(matches!(
+            parse_err(&b),
+            DeltaError::DtypeMismatch { header: DeltaDtype::F32, ref found, .. } if found == "I32"
+        ));
+    }
+
+    #[test]
+    fn unknown_tensor() {
+        let b = write_delta(
+            DeltaKind::Full,
+            0,
+            DeltaDtype::F32,
+            &[
+                ("a.weight", &[2, 3], &A),
+                ("b.bias", &[4], &B),
+                ("c", &[1], &[0.0]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            check_err(&b, &tiny_spec()),
+            DeltaError::UnknownTensor("c".into())
+        );
+    }
+
+    #[test]
+    fn wrong_shape() {
+        let b = write_delta(
+            DeltaKind::Full,
+            0,
+            DeltaDtype::Bf16,
+            &[("a.weight", &[3, 2], &A), ("b.bias", &[4], &B)],
+        )
+        .unwrap();
+        assert_eq!(
+            check_err(&b, &tiny_spec()),
+            DeltaError::WrongShape {
+                tensor: "a.weight".into(),
+                expected: vec![2, 3],
+                found: vec![3, 2]
+            }
+        );
+    }
+
+    #[test]
+    fn missing_tensor() {
+        let b = write_delta(
+            DeltaKind::Full,
+            0,
+            DeltaDtype::F32,
+            &[("a.weight", &[2, 3], &A)],
+        )
+        .unwrap();
+        assert_eq!(
+            check_err(&b, &tiny_spec()),
+            DeltaError::MissingTensor("b.bias".into())
+        );
+    }
+
+    #[test]
+    fn kind_mismatch() {
+        let mut b = valid(DeltaDtype::F32);
+        b[7] = DeltaKind::Lora.code();
+        assert_eq!(
+            check_err(&b, &tiny_spec()),
+            DeltaError::KindMismatch {
+                expected: DeltaKind::Full,
+                found: DeltaKind::Lora
+            }
+        );
+    }
+
+    #[test]
+    fn nan_and_inf() {
+        for dtype in [DeltaDtype::F32, DeltaDtype::F16, DeltaDtype::Bf16] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let b = write_delta(
+                    DeltaKind::Full,
+                    0,
+                    dtype,
+                    &[
+                        ("a.weight", &[2, 3], &A),
+                        ("b.bias", &[4], &[1.0, 2.0, bad, 0.0]),
+                    ],
+                )
+                .unwrap();
+                assert_eq!(
+                    check_err(&b, &tiny_spec()),
+                    DeltaError::NonFinite {
+                        tensor: "b.bias".into(),
+                        index: 2
+                    },
+                    "{dtype} {bad}"
+                );
+            }
+        }
+        // f32 values beyond the f16 range become Inf when written as f16.
+        let b = write_delta(
+            DeltaKind::Full,
+            0,
+            DeltaDtype::F16,
+            &[
+                ("a.weight", &[2, 3], &[0.0, 0.0, 0.0, 0.0, 0.0, 1e6]),
+                ("b.bias", &[4], &B),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            check_err(&b, &tiny_spec()),
+            DeltaError::NonFinite {
+                tensor: "a.weight".into(),
+                index: 5
+            }
+        );
+    }
+
+    #[test]
+    fn writer_refuses_bad_input() {
+        assert!(matches!(
+            write_delta(
+                DeltaKind::Full,
+                0,
+                DeltaDtype::F32,
+                &[("a", &[2, 2], &[1.0])]
+            ),
+            Err(DeltaError::WrongShape { .. })
+        ));
+        assert_eq!(
+            write_delta(
+                DeltaKind::Full,
+                0,
+                DeltaDtype::F32,
+                &[("a", &[1], &[1.0]), ("a", &[1], &[1.0])]
+            ),
+            Err(DeltaError::DuplicateTensor("a".into()))
+        );
+    }
+
+    #[test]
+    fn lora_delta_checks_against_lora_spec() {
+        let base = ModelSpec::from_hf_config(
+            r#"{"model_type":"qwen3","hidden_size":8,"num_hidden_layers":1,
+            "num_attention_heads":2,"num_key_value_heads":1,"head_dim":4,
+            "intermediate_size":16,"vocab_size":10,"tie_word_embeddings":true}"#,
+        )
+        .unwrap();
+        let spec = base.lora_spec(2, &["q_proj"]).unwrap();
+        let a_name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
+        let b_name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight";
+        let la = [0.1f32; 16];
+        let b = write_delta(
+            DeltaKind::Lora,
+            3,
+            DeltaDtype::Bf16,
+            &[(a_name, &[2, 8], &la), (b_name, &[8, 2], &la)],
+        )
+        .unwrap();
+        check_against(&DeltaView::parse(&b).unwrap(), &spec).unwrap();
+        let only_a = write_delta(
+            DeltaKind::Lora,
+            3,
+            DeltaDtype::Bf16,
+            &[(a_name, &[2, 8], &la)],
+        )
+        .unwrap();
+        assert_eq!(
+            check_err(&only_a, &spec),
+            DeltaError::MissingTensor(b_name.into())
+        );
+        // A full delta where the job wants LoRA.
+        assert!(matches!(
+            check_err(&valid(DeltaDtype::F32), &spec),
+            DeltaError::KindMismatch { .. }
+        ));
+    }
+
+    #[test]
+    fn independent_fixtures() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/deltas/");
+        let read = |f: &str| std::fs::read(format!("{dir}{f}")).unwrap();
+        let ok = read("tiny_f32.hzdl");
+        let v = DeltaView::parse(&ok).unwrap();
+        assert_eq!(v.header.base_version, 7);
+        assert_eq!(v.to_f32(v.tensor("a.weight").unwrap()), A);
+        check_against(&v, &tiny_spec()).unwrap();
+        assert_eq!(
+            check_err(&read("tiny_nan_f32.hzdl"), &tiny_spec()),
+            DeltaError::NonFinite {
+                tensor: "b.bias".into(),
+                index: 2
+            }
+        );
+        assert!(matches!(
+            parse_err(&read("tiny_bad_magic.hzdl")),
+            DeltaError::BadMagic(_)
+        ));
+        assert!(matches!(
+            parse_err(&read("tiny_truncated.hzdl")),
+            DeltaError::LengthMismatch { .. }
+        ));
+    }
+
+    fn stmt() -> Statement {
+        Statement {
+            job: 42,
+            epoch: 3,
+            step: 1000,
+            claimed_loss: 2.5,
+        }
+    }
+
+    #[test]
+    fn statement_digest_layout() {
+        let h = [9u8; 32];
+        let mut m = b"hanzod-delta-v1".to_vec();
+        m.extend(42u64.to_le_bytes());
+        m.extend(3u32.to_le_bytes());
+        m.extend(1000u64.to_le_bytes());
+        m.extend(2.5f64.to_le_bytes());
+        m.extend(h);
+        let want: [u8; 32] = Sha256::digest(&m).into();
+        assert_eq!(statement_digest(42, 3, 1000, 2.5, &h), want);
+        assert_eq!(stmt().digest(&h), want);
+    }
+
+    #[test]
+    fn signature_good() {
+        let id = Identity::from_seed([1; 32]);
+        let key = verifying_key(&id.node_id()).unwrap();
+        let h = payload_hash(&valid(DeltaDtype::F32));
+        let sig = sign_statement(&id, &stmt(), &h);
+        assert_eq!(verify_statement(&key, &stmt(), &h, &sig), Ok(()));
+        assert_eq!(
+            verify_claimed_statement(&key, &stmt(), &stmt(), &h, &sig),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn signature_other_node_or_payload_or_malformed() {
+        let id = Identity::from_seed([1; 32]);
+        let other = verifying_key(&Identity::from_seed([2; 32]).node_id()).unwrap();
+        let key = verifying_key(&id.node_id()).unwrap();
+        let h = payload_hash(b"payload");
+        let sig = sign_statement(&id, &stmt(), &h);
+        assert_eq!(
+            verify_statement(&other, &stmt(), &h, &sig),
+            Err(DeltaError::BadSignature)
+        );
+        assert_eq!(
+            verify_claimed_statement(&other, &stmt(), &stmt(), &h, &sig),
+            Err(DeltaError::BadSignature)
+        );
+        let h2 = payload_hash(b"payloae");
+        assert_eq!(
+            verify_statement(&key, &stmt(), &h2, &sig),
+            Err(DeltaError::BadSignature)
+        );
+        assert_eq!(
+            verify_statement(&key, &stmt(), &h, &sig[..63]),
+            Err(DeltaError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn signature_replayed_job_epoch_step_loss() {
+        let id = Identity::from_seed([1; 32]);
+        let key = verifying_key(&id.node_id()).unwrap();
+        let h = payload_hash(b"payload");
+        let cases: [(&str, Statement); 4] = [
+            ("job", Statement { job: 43, ..stmt() }),
+            ("epoch", Statement { epoch: 4, ..stmt() }),
+            (
+                "step",
+                Statement {
+                    step: 1001,
+                    ..stmt()
+                },
+            ),
+            (
+                "claimed_loss",
+                Statement {
+                    claimed_loss: 2.4,
+                    ..stmt()
+                },
+            ),
+        ];
+        for (field, signed) in cases {
+            let sig = sign_statement(&id, &signed, &h);
+            // Checked against the expected statement alone: the signature does not cover it.
+            assert_eq!(
+                verify_statement(&key, &stmt(), &h, &sig),
+                Err(DeltaError::BadSignature),
+                "{field}"
+            );
+            // Sent with the statement it was signed for: a replay, naming the field.
+            assert!(
+                matches!(
+                    verify_claimed_statement(&key, &stmt(), &signed, &h, &sig),
+                    Err(DeltaError::Replayed { field: f, .. }) if f == field
+                ),
+                "{field}"
+            );
+            // A claimed statement edited to look right does not verify.
+            assert_eq!(
+                verify_claimed_statement(&key, &stmt(), &stmt(), &h, &sig),
+                Err(DeltaError::BadSignature)
+            );
+        }
+    }
+
+    #[test]
+    fn error_messages_are_precise() {
+        let e = DeltaError::LengthMismatch {
+            declared: 10,
+            actual: 4,
+        };
+        assert_eq!(
+            e.to_string(),
+            "header declares a 10-byte body but 4 bytes follow it"
+        );
+        assert_eq!(
+            DeltaError::BadMagic(*b"XZDL").to_string(),
+            "bad magic [58, 5a, 44, 4c], want \"HZDL\""
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn parse_never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = DeltaView::parse(&bytes);
+            // With a valid header prefix too, so the body parser is reached.
+            let mut b = b"HZDL\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00".to_vec();
+            b.extend((bytes.len() as u64).to_le_bytes());
+            b.extend(&bytes);
+            if let Ok(v) = DeltaView::parse(&b) {
+                let _ = check_against(&v, &tiny_spec());
+                let _ = v.l2_norms();
+            }
+        }
+
+        #[test]
+        fn parse_never_panics_on_mutated_valid_files(
+            dtype in 0u8..3,
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+            cut in proptest::option::of(any::<usize>()),
+        ) {
+            let mut b = valid(DeltaDtype::from_code(dtype).unwrap());
+            for (at, byte) in edits {
+                let i = at % b.len();
+                b[i] = byte;
+            }
+            if let Some(c) = cut {
+                b.truncate(c % (b.len() + 1));
+            }
+            if let Ok(v) = DeltaView::parse(&b) {
+                let _ = check_against(&v, &tiny_spec());
+                let _ = v.total_l2_norm();
+            }
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! # hanzod-protocol
+//!
+//! What a node, the orchestrator and any auditor must compute identically (DESIGN §3, §6,
+//! §7): the Ed25519 [`identity`] and its signatures, the signature and hash [`domain`]s,
+//! the `HZDL` delta format and its signed statement ([`hzdl`]) with the model descriptions
+//! it is checked against ([`model`]), the IPFS [`cid`] of a checkpoint (as Kubo computes
+//! it), the signed publication [`record`], the wire ↔ domain conversions ([`convert`]),
+//! the gRPC client setup ([`client`]) and the status conventions ([`status`]).
+//!
+//! No I/O beyond a gRPC channel; no burn, no chain client, no state store.
+#![warn(missing_docs)]
+
+pub mod cid;
+pub mod client;
+pub mod convert;
+pub mod hzdl;
+pub mod identity;
+pub mod model;
+pub mod record;
+pub mod status;
+
+pub use hanzod_actors::domain;

@@ -1,0 +1,1468 @@
+//! `hanzod demo`: the main job end to end on one machine (paper §3, §6, §10).
+//!
+//! One command starts the orchestrator (in this process, on the embedded defaults) and N
+//! `hanzod node` processes on loopback, submits a training job for the built-in
+//! `wine-mlp` on Wine Quality (red), and follows it to Published: each epoch the nodes
+//! fetch the global checkpoint, train with burn on their deterministic batch streams,
+//! upload signed deltas; the orchestrator validates, spot-checks, merges, publishes the
+//! checkpoint, pays the epoch's rewards and slashes failed spot-checks on the embedded
+//! ledger. Faults are injected on request: `--kill K` SIGKILLs K node processes when an
+//! epoch starts; `--byzantine B` makes B nodes poison their deltas (sign-flipped and
+//! scaled) or lie about their loss.
+//!
+//! The run is reproducible: the node keys, the orchestrator key (hence the spot-check
+//! secrets) and the training seed all derive from `--seed`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use hanzod_actors::actor::Notice;
+use hanzod_actors::job::{JobPhase, JobSpec, TrainingSpec};
+use hanzod_actors::types::{GymWei, JobId, NodeId};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::mpsc;
+
+use hanzod_daemon::config::Config;
+use hanzod_daemon::serve::Daemon;
+use hanzod_node::trainer::Behaviour;
+use hanzod_pipeline::sink::EpochReport;
+use hanzod_protocol::identity::Identity;
+
+/// The `hanzod demo` flags. Every one may also come from a scenario file (`--scenario`,
+/// TOML with the same names in snake_case); a flag given on the command line wins.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DemoArgs {
+    /// Node processes to start (1..=64) [default: 8].
+    #[arg(long)]
+    pub nodes: Option<usize>,
+    /// Epochs to train (1..=1000) [default: 5].
+    #[arg(long)]
+    pub epochs: Option<u32>,
+    /// Honest node processes to SIGKILL when epoch --kill-epoch starts [default: 0].
+    #[arg(long)]
+    pub kill: Option<usize>,
+    /// The epoch at whose start --kill nodes die [default: 1, or 0 for a 1-epoch run].
+    #[arg(long)]
+    pub kill_epoch: Option<u32>,
+    /// Byzantine nodes [default: 0].
+    #[arg(long)]
+    pub byzantine: Option<usize>,
+    /// What Byzantine nodes do: `poison` (upload −10 × the honest delta), `lie-loss` (claim
+    /// half the measured loss) or `mixed` (alternate) [default: mixed].
+    #[arg(long)]
+    pub attack: Option<Attack>,
+    /// Local steps per node per epoch [default: 20].
+    #[arg(long)]
+    pub local_steps: Option<u32>,
+    /// Samples per local step [default: 32].
+    #[arg(long)]
+    pub batch_size: Option<u32>,
+    /// The nodes' learning rate [default: 0.05].
+    #[arg(long, allow_negative_numbers = true)]
+    pub local_lr: Option<f64>,
+    /// Fraction of deltas spot-checked (the daemon's default is 0.1; the demo checks more so
+    /// a short run catches a liar) [default: 0.5].
+    #[arg(long, allow_negative_numbers = true)]
+    pub spot_check_rate: Option<f64>,
+    /// Seed of the keys, the spot-check secrets and the training [default: 1].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Where keys, node logs, the object store and the published model folders go
+    /// [default: hanzod-demo].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Give up after this many seconds [default: 600].
+    #[arg(long)]
+    pub timeout_s: Option<u64>,
+    /// Run on a real EVM chain: start anvil (`cd contracts && npm ci` installs it), deploy
+    /// GYMToken and MiningPool, stake the orchestrator's account and each node's operator,
+    /// bind the node keys, and pay rewards, slash and record publications on it.
+    #[arg(long)]
+    pub anvil: bool,
+    /// With --anvil: take the chain's JSON-RPC endpoint down when this epoch starts
+    /// (writes fail and are retried; nothing is paid twice).
+    #[arg(long)]
+    pub chain_outage_epoch: Option<u32>,
+    /// With --chain-outage-epoch: how long the endpoint stays down, s [default: 5].
+    #[arg(long)]
+    pub chain_outage_s: Option<u64>,
+    /// A TOML scenario file with any of the flags above.
+    #[arg(long)]
+    #[serde(skip)]
+    pub scenario: Option<PathBuf>,
+}
+
+/// What Byzantine nodes do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Attack {
+    /// Upload −10 × the honest delta.
+    Poison,
+    /// Claim half the measured loss.
+    LieLoss,
+    /// Alternate poison and lie-loss.
+    Mixed,
+}
+
+/// A resolved demo run.
+#[derive(Debug, Clone, Serialize)]
+pub struct DemoPlan {
+    /// Node processes.
+    pub nodes: usize,
+    /// Epochs.
+    pub epochs: u32,
+    /// Nodes killed.
+    pub kill: usize,
+    /// The epoch at whose start they die.
+    pub kill_epoch: u32,
+    /// Byzantine nodes.
+    pub byzantine: usize,
+    /// Their attack.
+    pub attack: Attack,
+    /// Local steps per epoch.
+    pub local_steps: u32,
+    /// Batch size.
+    pub batch_size: u32,
+    /// Local learning rate.
+    pub local_lr: f64,
+    /// Spot-check rate.
+    pub spot_check_rate: f64,
+    /// Seed.
+    pub seed: u64,
+    /// Output folder.
+    pub out: PathBuf,
+    /// Timeout, s.
+    pub timeout_s: u64,
+    /// The `hanzod` executable the nodes run (not serialised).
+    #[serde(skip)]
+    pub exe: PathBuf,
+    /// Draw the live progress view (on a terminal) rather than log lines.
+    #[serde(skip)]
+    pub progress: bool,
+    /// Start anvil and run on it (`--anvil`).
+    pub anvil: bool,
+    /// Take the chain endpoint down at the start of this epoch for this many seconds.
+    pub chain_outage: Option<(u32, u64)>,
+    /// Run on this chain (contracts deployed, accounts staked and bound by the caller, as
+    /// [`stake_accounts`] does) instead of the embedded ledger or a fresh anvil (not
+    /// serialised; for embedders and tests).
+    #[serde(skip)]
+    pub chain: Option<DemoChain>,
+}
+
+/// A chain a demo runs on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DemoChain {
+    /// Its JSON-RPC endpoint.
+    pub url: String,
+    /// The adapter options (contracts, chain id, first block).
+    pub options: hanzod_adapters::chain::EvmOptions,
+}
+
+/// What a demo on a chain saw there.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainSummary {
+    /// The JSON-RPC endpoint the orchestrator used.
+    pub rpc: String,
+    /// The `GYMToken` contract.
+    pub gym_token: String,
+    /// The `MiningPool` contract.
+    pub mining_pool: String,
+    /// The orchestrator's account.
+    pub orchestrator_account: String,
+    /// Requests the endpoint refused while it was down (`--chain-outage-epoch`).
+    pub refused_during_outage: u64,
+    /// Reward batches on chain for the job.
+    pub reward_batches: usize,
+    /// Publication records on chain for the job.
+    pub publications: usize,
+}
+
+/// Why the demo could not run (distinct from a run whose job failed: see
+/// [`DemoSummary::phase`]).
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The flags or the scenario file are unusable.
+    #[error("{0}")]
+    Usage(String),
+    /// Setting up failed (output folder, daemon, node processes).
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl DemoArgs {
+    /// The plan: flags over the scenario file over the defaults, validated.
+    ///
+    /// Errors: [`DemoError::Usage`] naming the flag at fault.
+    pub fn plan(&self, exe: PathBuf) -> Result<DemoPlan, DemoError> {
+        let file = match &self.scenario {
+            None => DemoArgs::default(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| DemoError::Usage(format!("scenario {}: {e}", path.display())))?;
+                toml::from_str::<DemoArgs>(&text)
+                    .map_err(|e| DemoError::Usage(format!("scenario {}: {e}", path.display())))?
+            }
+        };
+        let epochs = self.epochs.or(file.epochs).unwrap_or(5);
+        let plan = DemoPlan {
+            nodes: self.nodes.or(file.nodes).unwrap_or(8),
+            epochs,
+            kill: self.kill.or(file.kill).unwrap_or(0),
+            kill_epoch: self
+                .kill_epoch
+                .or(file.kill_epoch)
+                .unwrap_or(if epochs > 1 { 1 } else { 0 }),
+            byzantine: self.byzantine.or(file.byzantine).unwrap_or(0),
+            attack: self.attack.or(file.attack).unwrap_or(Attack::Mixed),
+            local_steps: self.local_steps.or(file.local_steps).unwrap_or(20),
+            batch_size: self.batch_size.or(file.batch_size).unwrap_or(32),
+            local_lr: self.local_lr.or(file.local_lr).unwrap_or(0.05),
+            spot_check_rate: self.spot_check_rate.or(file.spot_check_rate).unwrap_or(0.5),
+            seed: self.seed.or(file.seed).unwrap_or(1),
+            out: self
+                .out
+                .clone()
+                .or(file.out)
+                .unwrap_or_else(|| PathBuf::from("hanzod-demo")),
+            timeout_s: self.timeout_s.or(file.timeout_s).unwrap_or(600),
+            exe,
+            progress: true,
+            anvil: self.anvil || file.anvil,
+            chain_outage: self
+                .chain_outage_epoch
+                .or(file.chain_outage_epoch)
+                .map(|e| (e, self.chain_outage_s.or(file.chain_outage_s).unwrap_or(5))),
+            chain: None,
+        };
+        plan.validate()?;
+        Ok(plan)
+    }
+}
+
+impl DemoPlan {
+    fn validate(&self) -> Result<(), DemoError> {
+        let bad = |m: String| Err(DemoError::Usage(m));
+        if !(1..=64).contains(&self.nodes) {
+            return bad(format!("--nodes must be within 1..=64, got {}", self.nodes));
+        }
+        if !(1..=1000).contains(&self.epochs) {
+            return bad(format!(
+                "--epochs must be within 1..=1000, got {}",
+                self.epochs
+            ));
+        }
+        if self.kill + self.byzantine >= self.nodes {
+            return bad(format!(
+                "--kill {} + --byzantine {} must leave at least one honest node alive of --nodes {}",
+                self.kill, self.byzantine, self.nodes
+            ));
+        }
+        if self.kill > 0 && self.kill_epoch >= self.epochs {
+            return bad(format!(
+                "--kill-epoch {} must be below --epochs {}",
+                self.kill_epoch, self.epochs
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.spot_check_rate) {
+            return bad(format!(
+                "--spot-check-rate must be within [0, 1], got {}",
+                self.spot_check_rate
+            ));
+        }
+        if !(self.local_lr.is_finite() && self.local_lr > 0.0) {
+            return bad(format!(
+                "--local-lr must be a positive number, got {}",
+                self.local_lr
+            ));
+        }
+        if self.timeout_s == 0 {
+            return bad("--timeout-s must be at least 1".into());
+        }
+        if let Some((epoch, secs)) = self.chain_outage {
+            if !self.anvil && self.chain.is_none() {
+                return bad(
+                    "--chain-outage-epoch needs --anvil (the embedded ledger cannot go down)"
+                        .into(),
+                );
+            }
+            if epoch >= self.epochs {
+                return bad(format!(
+                    "--chain-outage-epoch {epoch} must be below --epochs {}",
+                    self.epochs
+                ));
+            }
+            if secs == 0 {
+                return bad("--chain-outage-s must be at least 1".into());
+            }
+        }
+        let recipe = TrainingSpec {
+            local_steps: self.local_steps,
+            batch_size: self.batch_size,
+            local_lr: self.local_lr,
+            seed: self.seed,
+            ..TrainingSpec::default()
+        };
+        hanzod_train::recipe::recipe_of(&recipe, JobId(1))
+            .map_err(|e| DemoError::Usage(format!("training recipe: {e}")))?;
+        Ok(())
+    }
+
+    /// The node roles: index → behaviour, and the indices killed, drawn from the seed.
+    pub fn roles(&self) -> (Vec<Behaviour>, Vec<usize>) {
+        let mut order: Vec<usize> = (0..self.nodes).collect();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed);
+        order.shuffle(&mut rng);
+        let mut behaviours = vec![Behaviour::Honest; self.nodes];
+        for (k, &i) in order.iter().take(self.byzantine).enumerate() {
+            let poison = match self.attack {
+                Attack::Poison => true,
+                Attack::LieLoss => false,
+                Attack::Mixed => k % 2 == 0,
+            };
+            behaviours[i] = if poison {
+                Behaviour::Poison { scale: 10.0 }
+            } else {
+                Behaviour::LieLoss { factor: 0.5 }
+            };
+        }
+        let mut killed: Vec<usize> = order
+            .iter()
+            .skip(self.byzantine)
+            .take(self.kill)
+            .copied()
+            .collect();
+        killed.sort_unstable();
+        (behaviours, killed)
+    }
+}
+
+/// One epoch in the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpochLine {
+    /// The epoch.
+    pub epoch: u32,
+    /// Validation loss of its base checkpoint.
+    pub loss_before: f64,
+    /// Validation loss of the checkpoint it published.
+    pub loss_after: f64,
+    /// Deltas accepted.
+    pub accepted: usize,
+    /// Deltas rejected.
+    pub rejected: usize,
+    /// Accepted deltas that were suspect (no weight under the weighted mean).
+    pub suspect: usize,
+    /// Spot-checks run, and how many failed.
+    pub spot_checks: usize,
+    /// Failed spot-checks.
+    pub spot_check_failures: usize,
+    /// The aggregator (`weighted-mean`, `median`, or `kept`).
+    pub aggregator: String,
+    /// The checkpoint's CID.
+    pub checkpoint: String,
+    /// Where the Hugging Face repo folder of the checkpoint is.
+    pub published: Option<String>,
+    /// Wall time from the epoch's start to its checkpoint, ms.
+    pub ms: u64,
+}
+
+/// One node in the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeLine {
+    /// Index (0-based) in the run.
+    pub index: usize,
+    /// Node id (hex).
+    pub node: String,
+    /// Its behaviour.
+    pub behaviour: Behaviour,
+    /// Killed during the run.
+    pub killed: bool,
+    /// Deltas accepted by validation.
+    pub accepted: usize,
+    /// Deltas rejected by validation.
+    pub rejected: usize,
+    /// Deltas accepted but suspect (no weight in the merge, no reward).
+    pub suspect: usize,
+    /// Spot-checks passed.
+    pub spot_checks_passed: usize,
+    /// Spot-checks failed.
+    pub spot_checks_failed: usize,
+    /// Rewards received, GYM wei (decimal string).
+    pub rewards_wei: String,
+    /// Stake slashed, GYM wei (decimal string).
+    pub slashed_wei: String,
+    /// Stake at the end, GYM wei (decimal string).
+    pub stake_wei: String,
+}
+
+/// The outcome of a demo run.
+#[derive(Debug, Clone, Serialize)]
+pub struct DemoSummary {
+    /// The plan that ran.
+    pub plan: DemoPlan,
+    /// The job id.
+    pub job: u64,
+    /// The job's final phase name (`Published` on success).
+    pub phase: String,
+    /// Why it failed, when it did.
+    pub failure: Option<String>,
+    /// Wall time from submission to the end, ms.
+    pub wall_ms: u64,
+    /// Validation loss of the initial weights.
+    pub initial_loss: Option<f64>,
+    /// Per epoch.
+    pub epochs: Vec<EpochLine>,
+    /// Per node.
+    pub nodes: Vec<NodeLine>,
+    /// Ring versions recorded (formation is 1).
+    pub ring_version: u64,
+    /// Ms from each kill to the ring without the killed nodes.
+    pub ring_repair_ms: Vec<u64>,
+    /// Mean validation time per delta over the run, ms (aggregation time / deltas).
+    pub aggregation_ms_per_delta: Option<f64>,
+    /// Where the run's files are.
+    pub out: PathBuf,
+    /// The orchestrator's public key (hex): the signer of the publication records.
+    pub orchestrator: String,
+    /// The chain, when the demo ran on one (`--anvil`).
+    pub chain: Option<ChainSummary>,
+}
+
+impl DemoSummary {
+    /// True when the job reached Published.
+    pub fn succeeded(&self) -> bool {
+        self.phase == "Published"
+    }
+}
+
+/// A node process and what the demo knows about it.
+struct NodeProc {
+    id: NodeId,
+    behaviour: Behaviour,
+    child: Option<tokio::process::Child>,
+    /// The node's stdin: while the demo holds it the node runs (`--parent-stdin`), so a
+    /// demo that dies, however it dies, takes its nodes with it.
+    _lifeline: Option<tokio::process::ChildStdin>,
+    killed: bool,
+    status: String,
+}
+
+/// The file that marks a folder as the demo's own (`--out`).
+pub const MARKER: &str = ".hanzod-demo";
+
+/// Makes `out` the demo's folder: creates it with the [`MARKER`], or accepts it when the
+/// marker is there (then the previous run's `ipfs/` and `models/` are removed: the same
+/// seed republishes the same checkpoints, another would conflict).
+///
+/// Errors: [`DemoError::Usage`] when `out` is a file, or a non-empty folder without the
+/// marker (the demo never deletes what it did not make); [`DemoError::Setup`] on I/O.
+pub fn prepare_out(out: &Path) -> Result<(), DemoError> {
+    let setup = |p: &Path, e: std::io::Error| DemoError::Setup(format!("{}: {e}", p.display()));
+    let marker = out.join(MARKER);
+    if out.exists() && !out.is_dir() {
+        return Err(DemoError::Usage(format!(
+            "--out {} is not a folder",
+            out.display()
+        )));
+    }
+    let foreign = std::fs::read_dir(out)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+        && !marker.exists();
+    if foreign {
+        return Err(DemoError::Usage(format!(
+            "--out {} is not empty and was not made by hanzod demo; name a new folder",
+            out.display()
+        )));
+    }
+    std::fs::create_dir_all(out).map_err(|e| setup(out, e))?;
+    std::fs::write(
+        &marker,
+        "made by hanzod demo; each run replaces ipfs/ and models/ here\n",
+    )
+    .map_err(|e| setup(&marker, e))?;
+    for sub in ["ipfs", "models"] {
+        let dir = out.join(sub);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| setup(&dir, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// The deterministic identity of node `i` of a run with `seed`.
+pub fn node_identity(seed: u64, i: usize) -> Identity {
+    let mut h = Sha256::new();
+    h.update(hanzod_actors::domain::DEMO_NODE);
+    h.update(seed.to_le_bytes());
+    h.update((i as u64).to_le_bytes());
+    Identity::from_seed(h.finalize().into())
+}
+
+/// The demo orchestrator's secret key for `seed` (64 hex digits): derived from the seed, so
+/// runs of one seed sign with one key.
+pub fn orchestrator_key(seed: u64) -> String {
+    let mut h = Sha256::new();
+    h.update(hanzod_actors::domain::DEMO_ORCHESTRATOR);
+    h.update(seed.to_le_bytes());
+    hex::encode(h.finalize())
+}
+
+/// The stake each demo node's operator holds on a demo chain: 20,000 GYM (twice the
+/// minimum, so a slashed operator stays eligible to be slashed again).
+pub const DEMO_NODE_STAKE: GymWei = GymWei::gym(20_000);
+
+/// Stakes a demo's accounts on `deployment`: the orchestrator's (50,000 GYM, the minimum
+/// to lead) and, for each node of `plan`, an operator account holding
+/// [`DEMO_NODE_STAKE`] with the node key bound to it.
+///
+/// Errors: a transaction failing.
+pub async fn stake_accounts(
+    plan: &DemoPlan,
+    deployment: &crate::anvil::Deployment,
+) -> Result<(), crate::anvil::AnvilError> {
+    let orchestrator = Identity::from_hex(&orchestrator_key(plan.seed), "the demo key")
+        .map_err(|e| crate::anvil::AnvilError(e.to_string()))?;
+    deployment
+        .fund_and_stake(
+            &hanzod_adapters::chain::account::signer(&orchestrator),
+            hanzod_adapters::chain::ORCHESTRATOR_MIN_STAKE,
+        )
+        .await?;
+    for i in 0..plan.nodes {
+        deployment
+            .stake_and_bind(&node_identity(plan.seed, i).node_id(), DEMO_NODE_STAKE)
+            .await?;
+    }
+    Ok(())
+}
+
+/// What the chain holds for the demo's job, once every epoch is settled there (waited for
+/// up to 60 s: a settlement cut short by an outage is retried by the daemon); `refused`:
+/// the requests the endpoint refused while it was down.
+async fn chain_summary(
+    cfg: &Config,
+    d: &Daemon,
+    summary: &DemoSummary,
+    refused: u64,
+) -> ChainSummary {
+    let ledger = d.ledger();
+    let job = JobId(summary.job);
+    let want_paid: Vec<u32> = summary
+        .epochs
+        .iter()
+        .filter(|e| e.aggregator != "kept")
+        .map(|e| e.epoch)
+        .collect();
+    let want_records = summary.epochs.len();
+    let until = Instant::now() + Duration::from_secs(60);
+    let (mut batches, mut records) = (0, 0);
+    loop {
+        if let (Ok(b), Ok(p)) = (ledger.reward_batches().await, ledger.publications().await) {
+            batches = b.iter().filter(|r| r.job == job).count();
+            records = p.iter().filter(|r| r.record.job == job).count();
+            let paid = want_paid
+                .iter()
+                .all(|e| b.iter().any(|r| r.job == job && r.epoch == *e));
+            if paid && records >= want_records {
+                break;
+            }
+        }
+        if Instant::now() >= until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let orchestrator = Identity::from_hex(&cfg.orchestrator.key, "the demo key")
+        .map(|i| hanzod_adapters::chain::account::address(&i).to_string())
+        .unwrap_or_default();
+    ChainSummary {
+        rpc: cfg.redacted().chain.rpc_url,
+        gym_token: cfg.chain.gym_token.clone(),
+        mining_pool: cfg.chain.mining_pool.clone(),
+        orchestrator_account: orchestrator,
+        refused_during_outage: refused,
+        reward_batches: batches,
+        publications: records,
+    }
+}
+
+/// The daemon configuration of a demo: the embedded defaults, on loopback, with timings
+/// short enough for a demo (heartbeat 1 s, failure after 3 s, assignments resent every
+/// 2 s, probes of 256 KiB).
+pub fn demo_config(plan: &DemoPlan) -> Result<Config, DemoError> {
+    let mut cfg = Config::load(None, |_| None).map_err(|e| DemoError::Setup(e.to_string()))?;
+    cfg.server.grpc_addr = "127.0.0.1:0".into();
+    cfg.server.metrics_addr = String::new();
+    cfg.core.heartbeat.interval_ms = 1000;
+    cfg.core.heartbeat.timeout_ms = 3000;
+    cfg.core.ring.resync_ms = 2000;
+    cfg.core.scheduler.tick_ms = 100;
+    cfg.core.probe.peers_per_node = 2;
+    cfg.nodes.probe_bytes = 256 << 10;
+    // One fetch and one upload per node can be in flight at once.
+    cfg.deltas.max_concurrent_uploads = 2 * plan.nodes.max(1);
+    cfg.validation.spot_check_rate = plan.spot_check_rate;
+    cfg.orchestrator.key = orchestrator_key(plan.seed);
+    let out = plan.out.display().to_string();
+    cfg.publish.object_dir = format!("{out}/ipfs");
+    cfg.publish.registry_dir = format!("{out}/models");
+    cfg.check().map_err(DemoError::Setup)?;
+    Ok(cfg)
+}
+
+/// The file in `--out` holding the ledger's signed publication records (a JSON array of
+/// [`hanzod_protocol::record::SignedPublication`]).
+pub const PUBLICATIONS_FILE: &str = "publications.json";
+
+/// Writes every publication record `ledger` holds to `path` as a JSON array.
+async fn export_publications(
+    ledger: &dyn hanzod_actors::ports::Ledger,
+    path: &Path,
+) -> Result<(), DemoError> {
+    let setup =
+        |e: &dyn std::fmt::Display| DemoError::Setup(format!("writing {}: {e}", path.display()));
+    let records = ledger.publications().await.map_err(|e| setup(&e))?;
+    let json = serde_json::to_vec_pretty(&records).map_err(|e| setup(&e))?;
+    std::fs::write(path, json).map_err(|e| setup(&e))
+}
+
+/// An event a node process printed (one JSON object per line, `hanzod node --json`).
+struct NodeEvent {
+    index: usize,
+    event: serde_json::Value,
+}
+
+/// Runs the demo (module docs) and returns its summary; the job's outcome is in
+/// [`DemoSummary::phase`].
+///
+/// Errors: [`DemoError`] when the run could not be set up.
+pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
+    let setup = |what: &str, e: &dyn std::fmt::Display| DemoError::Setup(format!("{what}: {e}"));
+    prepare_out(&plan.out)?;
+    let keys = plan.out.join("keys");
+    let logs = plan.out.join("logs");
+    for dir in [&keys, &logs] {
+        std::fs::create_dir_all(dir).map_err(|e| setup(&dir.display().to_string(), &e))?;
+    }
+    let mut cfg = demo_config(&plan)?;
+    // The chain: the caller's, or a fresh anvil with everything staked and bound (kept
+    // alive until the demo ends), or none (the embedded ledger).
+    let mut _anvil = None;
+    let mut chain = plan.chain.clone();
+    if plan.anvil && chain.is_none() {
+        {
+            use crate::anvil::{AnvilNode, DeployOptions, Deployment};
+            let node = AnvilNode::start()
+                .await
+                .map_err(|e| setup("starting anvil", &e))?;
+            let deployment = Deployment::deploy(&node.url(), &DeployOptions::default())
+                .await
+                .map_err(|e| setup("deploying the contracts", &e))?;
+            stake_accounts(&plan, &deployment)
+                .await
+                .map_err(|e| setup("staking the demo accounts", &e))?;
+            chain = Some(DemoChain {
+                url: node.url(),
+                options: deployment.options(),
+            });
+            _anvil = Some(node);
+        }
+    }
+    let proxy = match (&chain, plan.chain_outage) {
+        (Some(c), Some(_)) => Some(std::sync::Arc::new(
+            crate::anvil::RpcProxy::start(&c.url)
+                .await
+                .map_err(|e| setup("starting the RPC endpoint", &e))?,
+        )),
+        _ => None,
+    };
+    if let Some(c) = &chain {
+        let url = proxy.as_ref().map_or_else(|| c.url.clone(), |p| p.url());
+        cfg.chain.rpc_url = url;
+        cfg.chain.chain_id = c.options.chain_id;
+        cfg.chain.gym_token = c.options.token.to_string();
+        cfg.chain.mining_pool = c.options.pool.to_string();
+        cfg.chain.from_block = c.options.from_block;
+        // Fail fast while the endpoint is down: the writes are retried.
+        cfg.chain.call_timeout_ms = 2_000;
+        cfg.chain.tx_timeout_ms = 10_000;
+        cfg.check().map_err(DemoError::Setup)?;
+    }
+    let daemon = Daemon::start(&cfg)
+        .await
+        .map_err(|e| setup("starting the orchestrator", &e))?;
+    let outage = proxy.clone().zip(plan.chain_outage);
+    let mut result = drive(&plan, &daemon, &keys, &logs, outage).await;
+    if let (Ok(summary), Some(_)) = (&mut result, &chain) {
+        let refused = proxy.as_ref().map_or(0, |p| p.refused());
+        summary.chain = Some(chain_summary(&cfg, &daemon, summary, refused).await);
+    }
+    // The embedded ledger lives in the daemon: its publication records are written out so
+    // that `hanzod verify <folder> --records <out>/publications.json` can check the
+    // published models after the demo.
+    let exported = export_publications(&*daemon.ledger(), &plan.out.join(PUBLICATIONS_FILE)).await;
+    daemon.stop().await;
+    exported?;
+    result
+}
+
+/// The endpoint to take down and when: (the proxy in front of the chain, (epoch, s)).
+type Outage = Option<(std::sync::Arc<crate::anvil::RpcProxy>, (u32, u64))>;
+
+async fn drive(
+    plan: &DemoPlan,
+    d: &Daemon,
+    keys: &Path,
+    logs: &Path,
+    outage: Outage,
+) -> Result<DemoSummary, DemoError> {
+    let setup = |what: String, e: &dyn std::fmt::Display| DemoError::Setup(format!("{what}: {e}"));
+    let view = View::new(plan);
+    let (behaviours, to_kill) = plan.roles();
+    let (tx, mut events) = mpsc::channel::<NodeEvent>(1024);
+    let endpoint = format!("http://{}", d.grpc_addr);
+    let regions = ["eu-west", "us-east", "ap-south"];
+    let mut nodes: Vec<NodeProc> = Vec::new();
+    for (i, behaviour) in behaviours.iter().enumerate() {
+        let identity = node_identity(plan.seed, i);
+        let key = keys.join(format!("node-{i}.key"));
+        identity
+            .save(&key, true)
+            .map_err(|e| setup(key.display().to_string(), &e))?;
+        let log = std::fs::File::create(logs.join(format!("node-{i}.log")))
+            .map_err(|e| setup(format!("node {i} log"), &e))?;
+        let mut cmd = tokio::process::Command::new(&plan.exe);
+        cmd.arg("node")
+            .arg("--key")
+            .arg(&key)
+            .args(["--listen", "127.0.0.1:0", "--json"])
+            .args(["--region", regions[i % regions.len()]])
+            .args(["--endpoint", &endpoint])
+            .args(["--backoff-min-ms", "100", "--backoff-max-ms", "2000"])
+            .arg("--byzantine")
+            .arg(behaviour_flag(behaviour))
+            .arg("--parent-stdin")
+            .env_remove("HANZOD_ENDPOINT")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| setup(format!("starting node {i} ({})", plan.exe.display()), &e))?;
+        if let Some(out) = child.stdout.take() {
+            let tx = tx.clone();
+            // The node's events are also kept, one JSON object per line.
+            let mut events_file =
+                std::fs::File::create(logs.join(format!("node-{i}.events.jsonl")))
+                    .map_err(|e| setup(format!("node {i} events"), &e))?;
+            tokio::spawn(async move {
+                use std::io::Write;
+                let mut lines = tokio::io::BufReader::new(out).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let _ = writeln!(events_file, "{line}");
+                    if let Ok(event) = serde_json::from_str(&line) {
+                        if tx.send(NodeEvent { index: i, event }).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+        let lifeline = child.stdin.take();
+        nodes.push(NodeProc {
+            id: identity.node_id(),
+            behaviour: *behaviour,
+            _lifeline: lifeline,
+            child: Some(child),
+            killed: false,
+            status: "starting".into(),
+        });
+    }
+    let index_of: HashMap<NodeId, usize> =
+        nodes.iter().enumerate().map(|(i, n)| (n.id, i)).collect();
+    let mut notices = d.core.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(plan.timeout_s);
+
+    // Wait for every node to register.
+    view.log(&format!(
+        "orchestrator on {}; {} nodes starting (logs and node events in {})",
+        d.grpc_addr,
+        plan.nodes,
+        logs.display()
+    ));
+    // SIGINT/SIGTERM end the run with its summary (and the nodes with it).
+    let interrupted = hanzod_daemon::serve::termination();
+    tokio::pin!(interrupted);
+    let mut registered = 0usize;
+    let mut poll = tokio::time::interval(Duration::from_millis(250));
+    while registered < plan.nodes {
+        tokio::select! {
+            _ = &mut interrupted => {
+                return Err(DemoError::Setup("interrupted while the nodes were starting".into()));
+            }
+            _ = poll.tick() => {
+                for (i, n) in nodes.iter_mut().enumerate() {
+                    if let Some(Ok(Some(status))) = n.child.as_mut().map(|c| c.try_wait()) {
+                        return Err(DemoError::Setup(format!(
+                            "node {i} exited ({status}) before registering; see {}",
+                            logs.join(format!("node-{i}.log")).display()
+                        )));
+                    }
+                }
+            }
+            e = events.recv() => {
+                let Some(e) = e else { break };
+                if e.event["event"] == "registered" {
+                    registered += 1;
+                    nodes[e.index].status = "registered".into();
+                }
+                if e.event["event"] == "stopped" {
+                    return Err(DemoError::Setup(format!("node {} stopped: {}", e.index, e.event["reason"])));
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(DemoError::Setup(format!(
+                    "only {registered} of {} nodes registered within {} s (see {})",
+                    plan.nodes, plan.timeout_s, logs.display()
+                )));
+            }
+        }
+    }
+    view.nodes(&nodes);
+
+    let spec = JobSpec {
+        name: "demo: wine-mlp on Wine Quality (red)".into(),
+        epochs: plan.epochs,
+        min_nodes: (plan.nodes - plan.kill).max(1) as u32,
+        max_nodes: plan.nodes as u32,
+        min_vram_bytes: 8 << 30,
+        pending_deadline_ms: 60_000,
+        epoch_deadline_ms: 60_000,
+        utility: 1.0,
+        submitter_stake: GymWei::gym(100_000),
+        training: TrainingSpec {
+            local_steps: plan.local_steps,
+            batch_size: plan.batch_size,
+            local_lr: plan.local_lr,
+            seed: plan.seed,
+            ..TrainingSpec::default()
+        },
+    };
+    let started = Instant::now();
+    let job = d
+        .core
+        .submit_job(spec.clone())
+        .await
+        .map_err(|e| setup("submitting the job".into(), &e))?;
+    let initial_loss = initial_loss(&spec.training, job);
+    view.log(&format!(
+        "job {} submitted: {} epochs × {} local steps × batch {}; initial validation loss {}",
+        job.0,
+        plan.epochs,
+        plan.local_steps,
+        plan.batch_size,
+        initial_loss.map_or("?".into(), |l| format!("{l:.4}"))
+    ));
+
+    let mut epochs = EpochLog::default();
+    let mut killed_at: Option<Instant> = None;
+    let mut ring_repair_ms = Vec::new();
+    let mut ring_version = 0;
+    let mut node_failures: BTreeMap<usize, String> = BTreeMap::new();
+    let (phase, failure) = loop {
+        tokio::select! {
+            _ = &mut interrupted => {
+                break ("Failed".to_string(), Some("interrupted".to_string()));
+            }
+            n = notices.recv() => {
+                let n = match n {
+                    Ok(n) => n,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        // Notices were dropped: the job may have ended meanwhile.
+                        match d.core.job(job).await.map(|v| v.phase) {
+                            Ok(JobPhase::Published { .. }) => {
+                                epochs.finish(d, job, plan.epochs - 1, &view, &mut nodes, &index_of).await;
+                                break ("Published".to_string(), None);
+                            }
+                            Ok(JobPhase::Failed { reason, .. }) => break ("Failed".to_string(), Some(reason.to_string())),
+                            _ => continue,
+                        }
+                    }
+                    Err(_) => break ("Failed".to_string(), Some("the orchestrator stopped".to_string())),
+                };
+                match n {
+                    Notice::JobPhase { job: j, phase } if j == job => {
+                        let now = Instant::now();
+                        match &phase {
+                            // A ring change mid-epoch re-announces the phase: not a new epoch.
+                            JobPhase::Running { epoch, .. } if !epochs.started.contains_key(epoch) => {
+                                let epoch = *epoch;
+                                epochs.started.insert(epoch, now);
+                                if epoch > 0 {
+                                    epochs.finish(d, job, epoch - 1, &view, &mut nodes, &index_of).await;
+                                }
+                                view.epoch(epoch, plan.epochs);
+                                if let Some((proxy, (at, secs))) = &outage {
+                                    if *at == epoch {
+                                        use crate::anvil::ProxyMode;
+                                        proxy.set_mode(ProxyMode::Down);
+                                        view.log(&format!("epoch {epoch}: the chain's RPC endpoint is down for {secs} s"));
+                                        let (proxy, secs) = (proxy.clone(), *secs);
+                                        tokio::spawn(async move {
+                                            tokio::time::sleep(Duration::from_secs(secs)).await;
+                                            proxy.set_mode(ProxyMode::Forward);
+                                        });
+                                    }
+                                }
+                                if plan.kill > 0 && epoch == plan.kill_epoch && killed_at.is_none() {
+                                    for &i in &to_kill {
+                                        if let Some(c) = nodes[i].child.as_mut() {
+                                            let _ = c.start_kill();
+                                        }
+                                        nodes[i].killed = true;
+                                        nodes[i].status = format!("killed (SIGKILL) at the start of epoch {epoch}");
+                                    }
+                                    killed_at = Some(now);
+                                    view.log(&format!("epoch {epoch}: killed node(s) {:?}", to_kill));
+                                }
+                            }
+                            JobPhase::Aggregating { .. } => epochs.aggregating_since = Some(now),
+                            JobPhase::Published { .. } => {
+                                epochs.finish(d, job, plan.epochs - 1, &view, &mut nodes, &index_of).await;
+                                break ("Published".to_string(), None);
+                            }
+                            JobPhase::Failed { reason, .. } => {
+                                break ("Failed".to_string(), Some(reason.to_string()));
+                            }
+                            _ => {}
+                        }
+                        view.nodes(&nodes);
+                    }
+                    Notice::RingChanged { ring, removed, .. } if ring.job == job => {
+                        ring_version = ring.version;
+                        if !removed.is_empty() {
+                            if let Some(t) = killed_at {
+                                if removed.iter().all(|r| index_of.get(r).is_some_and(|&i| nodes[i].killed)) {
+                                    ring_repair_ms.push(t.elapsed().as_millis() as u64);
+                                }
+                            }
+                            view.log(&format!(
+                                "ring v{}: {} members, removed {}",
+                                ring.version,
+                                ring.members.len(),
+                                removed.iter().map(|r| index_of.get(r).map_or(r.to_string(), |i| format!("node {i}"))).collect::<Vec<_>>().join(", ")
+                            ));
+                        }
+                    }
+                    Notice::NodeFailed { node, kind, .. } => {
+                        if let Some(&i) = index_of.get(&node) {
+                            nodes[i].status = format!("failed ({kind:?})");
+                            view.nodes(&nodes);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            e = events.recv() => {
+                let Some(e) = e else { continue };
+                if e.event["event"] == "epoch_failed" && !nodes[e.index].killed {
+                    let why = format!("node {}: epoch {} failed: {}", e.index, e.event["epoch"], e.event["reason"].as_str().unwrap_or("?"));
+                    if view.bars.is_none() {
+                        view.log(&why);
+                    }
+                    node_failures.insert(e.index, why);
+                }
+                if let Some(status) = node_status(&e.event) {
+                    if !nodes[e.index].killed {
+                        nodes[e.index].status = status;
+                        view.nodes(&nodes);
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                break ("Failed".to_string(), Some(format!("timed out after {} s", plan.timeout_s)));
+            }
+        }
+    };
+    // A failed job says what its nodes reported (a recipe they could not train, …).
+    let failure = match failure {
+        Some(f) if !node_failures.is_empty() => Some(format!(
+            "{f}; nodes reported: {}",
+            node_failures
+                .values()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+        other => other,
+    };
+    // The epoch reports of the last epoch are fetched above; stop the node processes.
+    for n in nodes.iter_mut() {
+        if let Some(mut c) = n.child.take() {
+            let _ = c.start_kill();
+            let _ = c.wait().await;
+        }
+    }
+    view.finish();
+    let ledger = d.ledger();
+    let mut lines = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let hex_id = hex::encode(n.id.0);
+        let mut line = NodeLine {
+            index: i,
+            node: hex_id.clone(),
+            behaviour: n.behaviour,
+            killed: n.killed,
+            accepted: 0,
+            rejected: 0,
+            suspect: 0,
+            spot_checks_passed: 0,
+            spot_checks_failed: 0,
+            rewards_wei: "0".into(),
+            slashed_wei: "0".into(),
+            stake_wei: "0".into(),
+        };
+        for r in epochs.reports.values() {
+            for dl in r.deltas.iter().filter(|dl| dl.node == hex_id) {
+                if dl.rejected.is_some() {
+                    line.rejected += 1;
+                } else {
+                    line.accepted += 1;
+                    line.suspect += usize::from(dl.suspect);
+                }
+                match &dl.spot_check {
+                    Some(c) if c.passed => line.spot_checks_passed += 1,
+                    Some(_) => line.spot_checks_failed += 1,
+                    None => {}
+                }
+            }
+        }
+        line.rewards_wei = ledger
+            .balance_of(&n.id)
+            .await
+            .map_or("0".into(), |w| w.0.to_string());
+        line.stake_wei = ledger
+            .stake_of(&n.id)
+            .await
+            .map_or("0".into(), |w| w.0.to_string());
+        lines.push(line);
+    }
+    if let Ok(slashes) = ledger.slashes().await {
+        for s in slashes.iter().filter(|s| !s.duplicate) {
+            if let Some(&i) = index_of.get(&s.node) {
+                let before: u128 = lines[i].slashed_wei.parse().unwrap_or(0);
+                lines[i].slashed_wei = (before + s.slashed.0).to_string();
+            }
+        }
+    }
+    let (agg_ms, agg_deltas) = epochs.aggregation;
+    let epoch_lines = epochs
+        .reports
+        .values()
+        .map(|r| EpochLine {
+            epoch: r.epoch,
+            loss_before: r.loss_before,
+            loss_after: r.loss_after,
+            accepted: r.deltas.iter().filter(|x| x.rejected.is_none()).count(),
+            rejected: r.deltas.iter().filter(|x| x.rejected.is_some()).count(),
+            suspect: r
+                .deltas
+                .iter()
+                .filter(|x| x.rejected.is_none() && x.suspect)
+                .count(),
+            spot_checks: r.deltas.iter().filter(|x| x.spot_check.is_some()).count(),
+            spot_check_failures: r
+                .deltas
+                .iter()
+                .filter(|x| x.spot_check.as_ref().is_some_and(|c| !c.passed))
+                .count(),
+            aggregator: r.aggregator.as_deref().unwrap_or("kept").to_string(),
+            checkpoint: r.checkpoint.clone(),
+            published: r.location.clone(),
+            ms: epochs.ms.get(&r.epoch).copied().unwrap_or(0),
+        })
+        .collect();
+    Ok(DemoSummary {
+        plan: plan.clone(),
+        job: job.0,
+        phase,
+        failure,
+        wall_ms: started.elapsed().as_millis() as u64,
+        initial_loss,
+        epochs: epoch_lines,
+        nodes: lines,
+        ring_version,
+        ring_repair_ms,
+        aggregation_ms_per_delta: (agg_deltas > 0).then(|| agg_ms as f64 / agg_deltas as f64),
+        out: plan.out.clone(),
+        orchestrator: Identity::from_hex(&orchestrator_key(plan.seed), "the demo key")
+            .map(|k| hex::encode(k.node_id().0))
+            .unwrap_or_default(),
+        chain: None,
+    })
+}
+
+/// What the demo records per epoch while the job runs.
+#[derive(Default)]
+struct EpochLog {
+    /// When each epoch started.
+    started: BTreeMap<u32, Instant>,
+    /// Each epoch's wall time, start to checkpoint, ms.
+    ms: BTreeMap<u32, u64>,
+    /// When the epoch in flight entered Aggregating.
+    aggregating_since: Option<Instant>,
+    /// Total ms spent aggregating, and the deltas aggregated in that time.
+    aggregation: (u64, usize),
+    /// The epochs' reports.
+    reports: BTreeMap<u32, EpochReport>,
+}
+
+impl EpochLog {
+    /// Records the end of `epoch`: its wall time, its aggregation time, its report, and
+    /// the nodes' scores.
+    async fn finish(
+        &mut self,
+        d: &Daemon,
+        job: JobId,
+        epoch: u32,
+        view: &View,
+        nodes: &mut [NodeProc],
+        index_of: &HashMap<NodeId, usize>,
+    ) {
+        if let Some(t) = self.started.get(&epoch) {
+            self.ms
+                .entry(epoch)
+                .or_insert(t.elapsed().as_millis() as u64);
+        }
+        let aggregated_ms = self
+            .aggregating_since
+            .take()
+            .map(|since| since.elapsed().as_millis() as u64);
+        if let std::collections::btree_map::Entry::Vacant(slot) = self.reports.entry(epoch) {
+            if let Some(r) = finished_report(d, job, epoch, view, nodes, index_of).await {
+                slot.insert(r);
+            }
+        }
+        if let Some(ms) = aggregated_ms {
+            let deltas = self.reports.get(&epoch).map_or(0, |r| r.deltas.len());
+            self.aggregation = (self.aggregation.0 + ms, self.aggregation.1 + deltas);
+        }
+    }
+}
+
+/// Fetches `epoch`'s report, shows each node's outcome, and logs the epoch.
+async fn finished_report(
+    d: &Daemon,
+    job: JobId,
+    epoch: u32,
+    view: &View,
+    nodes: &mut [NodeProc],
+    index_of: &HashMap<NodeId, usize>,
+) -> Option<EpochReport> {
+    let r = d.sink().report(job, epoch).await?;
+    for dl in &r.deltas {
+        let Some(&i) = dl.node.parse().ok().and_then(|n: NodeId| index_of.get(&n)) else {
+            continue;
+        };
+        if nodes[i].killed {
+            continue;
+        }
+        let reward = r
+            .rewards
+            .iter()
+            .find(|x| x.node == dl.node)
+            .and_then(|x| x.amount_wei.parse::<u128>().ok())
+            .unwrap_or(0);
+        nodes[i].status = match (&dl.rejected, &dl.spot_check) {
+            (Some(why), Some(c)) if !c.passed => {
+                format!("epoch {epoch}: REJECTED, spot-check failed ({why:?}) → slashed")
+            }
+            (Some(why), _) => format!("epoch {epoch}: rejected ({why:?})"),
+            (None, _) => format!(
+                "epoch {epoch}: accepted, score {:.3}{}, +{} GYM",
+                dl.score.map_or(0.0, |s| s.composite),
+                if dl.suspect { " (suspect)" } else { "" },
+                gym(reward)
+            ),
+        };
+    }
+    view.log(&format!(
+        "epoch {epoch} published {}: validation loss {:.4} → {:.4}, {} deltas ({} rejected), {}",
+        r.checkpoint,
+        r.loss_before,
+        r.loss_after,
+        r.deltas.len(),
+        r.deltas.iter().filter(|x| x.rejected.is_some()).count(),
+        r.aggregator.as_deref().unwrap_or("kept the base")
+    ));
+    Some(r)
+}
+
+fn initial_loss(training: &TrainingSpec, job: JobId) -> Option<f64> {
+    let recipe = hanzod_train::recipe::recipe_of(training, job).ok()?;
+    let data = hanzod_train::Dataset::wine_quality().ok()?;
+    hanzod_train::validation_loss(&hanzod_train::init(&recipe), &data).ok()
+}
+
+fn behaviour_flag(b: &Behaviour) -> String {
+    match b {
+        Behaviour::Honest => "honest".into(),
+        Behaviour::Poison { scale } => format!("poison:{scale}"),
+        Behaviour::LieLoss { factor } => format!("lie-loss:{factor}"),
+    }
+}
+
+fn node_status(e: &serde_json::Value) -> Option<String> {
+    let epoch = &e["epoch"];
+    Some(match e["event"].as_str()? {
+        "registered" => "registered".into(),
+        "ring_applied" => format!("in ring v{}", e["version"]),
+        "epoch_assigned" => format!("epoch {epoch}: training"),
+        "delta_uploaded" => format!(
+            "epoch {epoch}: delta uploaded, claimed loss {:.4} (trained in {} ms)",
+            e["claimed_loss"].as_f64().unwrap_or(f64::NAN),
+            e["train_ms"]
+        ),
+        "epoch_failed" => format!("epoch {epoch}: failed: {}", e["reason"]),
+        "disconnected" => format!("disconnected: {}", e["reason"]),
+        "stopped" => format!("stopped: {}", e["reason"]),
+        _ => return None,
+    })
+}
+
+/// Whole GYM with 3 decimals, from wei.
+pub fn gym(wei: u128) -> String {
+    let whole = wei / GymWei::PER_GYM;
+    let milli = (wei % GymWei::PER_GYM) / (GymWei::PER_GYM / 1000);
+    format!("{whole}.{milli:03}")
+}
+
+/// The live view: an epoch bar and a line per node on a terminal, log lines otherwise.
+struct View {
+    bars: Option<(
+        indicatif::MultiProgress,
+        indicatif::ProgressBar,
+        Vec<indicatif::ProgressBar>,
+    )>,
+    labels: Vec<String>,
+}
+
+impl View {
+    fn new(plan: &DemoPlan) -> View {
+        let (behaviours, _) = plan.roles();
+        let labels: Vec<String> = behaviours
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let id = node_identity(plan.seed, i).node_id().to_string();
+                let role = match b {
+                    Behaviour::Honest => "honest",
+                    Behaviour::Poison { .. } => "POISON",
+                    Behaviour::LieLoss { .. } => "LIAR",
+                };
+                format!("node {i:>2} {} {role:<6}", &id[..8.min(id.len())])
+            })
+            .collect();
+        use std::io::IsTerminal;
+        let bars = (plan.progress && std::io::stderr().is_terminal()).then(|| {
+            let multi = indicatif::MultiProgress::new();
+            let style = indicatif::ProgressStyle::with_template(
+                "epochs {bar:30.cyan/blue} {pos}/{len} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+            let epochs = multi.add(indicatif::ProgressBar::new(u64::from(plan.epochs)));
+            epochs.set_style(style);
+            let lines = labels
+                .iter()
+                .map(|_| {
+                    let b = multi.add(indicatif::ProgressBar::new_spinner());
+                    b.set_style(
+                        indicatif::ProgressStyle::with_template("  {msg}")
+                            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+                    );
+                    b
+                })
+                .collect();
+            (multi, epochs, lines)
+        });
+        View { bars, labels }
+    }
+
+    fn log(&self, line: &str) {
+        match &self.bars {
+            Some((multi, ..)) => {
+                let _ = multi.println(line);
+            }
+            None => eprintln!("{line}"),
+        }
+    }
+
+    fn epoch(&self, epoch: u32, of: u32) {
+        match &self.bars {
+            Some((_, bar, _)) => {
+                bar.set_position(u64::from(epoch));
+                bar.set_message(format!("training epoch {epoch}"));
+            }
+            None => eprintln!("epoch {epoch}/{of}: started"),
+        }
+    }
+
+    fn nodes(&self, nodes: &[NodeProc]) {
+        if let Some((_, _, lines)) = &self.bars {
+            for ((bar, label), n) in lines.iter().zip(&self.labels).zip(nodes) {
+                bar.set_message(format!("{label} {}", n.status));
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some((multi, bar, lines)) = &self.bars {
+            bar.finish();
+            for l in lines {
+                l.finish();
+            }
+            let _ = multi.clear();
+        }
+    }
+}
+
+/// The summary as text: the epoch table, the node table, the fault-recovery figures and
+/// where the published files are.
+pub fn render(s: &DemoSummary) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "job {}: {} in {:.1} s{}",
+        s.job,
+        s.phase,
+        s.wall_ms as f64 / 1000.0,
+        s.failure
+            .as_ref()
+            .map_or(String::new(), |f| format!(" ({f})"))
+    );
+    if let Some(l) = s.initial_loss {
+        let _ = writeln!(o, "initial validation loss {l:.4}");
+    }
+    let _ = writeln!(
+        o,
+        "\n{:>5}  {:>9}  {:>9}  {:>8}  {:>7}  {:>8}  {:>11}  {:<13}  {:>7}  checkpoint",
+        "epoch",
+        "loss in",
+        "loss out",
+        "accepted",
+        "suspect",
+        "rejected",
+        "spot-checks",
+        "merge",
+        "ms"
+    );
+    for e in &s.epochs {
+        let _ = writeln!(
+            o,
+            "{:>5}  {:>9.4}  {:>9.4}  {:>8}  {:>7}  {:>8}  {:>11}  {:<13}  {:>7}  {}",
+            e.epoch,
+            e.loss_before,
+            e.loss_after,
+            e.accepted,
+            e.suspect,
+            e.rejected,
+            format!("{} ({} ✗)", e.spot_checks, e.spot_check_failures),
+            e.aggregator,
+            e.ms,
+            e.checkpoint
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n{:>4}  {:<16}  {:<8}  {:>8}  {:>7}  {:>8}  {:>11}  {:>12}  {:>12}  {:>12}",
+        "node",
+        "id",
+        "role",
+        "accepted",
+        "suspect",
+        "rejected",
+        "spot ✓/✗",
+        "rewards GYM",
+        "slashed GYM",
+        "stake GYM"
+    );
+    for n in &s.nodes {
+        let role = match n.behaviour {
+            Behaviour::Honest if n.killed => "killed",
+            Behaviour::Honest => "honest",
+            Behaviour::Poison { .. } => "poison",
+            Behaviour::LieLoss { .. } => "liar",
+        };
+        let wei = |v: &str| gym(v.parse().unwrap_or(0));
+        let _ = writeln!(
+            o,
+            "{:>4}  {:<16}  {:<8}  {:>8}  {:>7}  {:>8}  {:>11}  {:>12}  {:>12}  {:>12}",
+            n.index,
+            &n.node[..16],
+            role,
+            n.accepted,
+            n.suspect,
+            n.rejected,
+            format!("{}/{}", n.spot_checks_passed, n.spot_checks_failed),
+            wei(&n.rewards_wei),
+            wei(&n.slashed_wei),
+            wei(&n.stake_wei)
+        );
+    }
+    if !s.ring_repair_ms.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nring repaired {:?} ms after the kill (ring version {})",
+            s.ring_repair_ms, s.ring_version
+        );
+    }
+    if let Some(ms) = s.aggregation_ms_per_delta {
+        let _ = writeln!(o, "aggregation (validation + merge) {ms:.1} ms per delta");
+    }
+    if let Some(c) = &s.chain {
+        let _ = writeln!(
+            o,
+            "\non chain at {} (GYMToken {}, MiningPool {}, orchestrator account {}): {} \
+             reward batches, {} publication records; rewards, stakes and slashes above are read \
+             from the chain",
+            c.rpc,
+            c.gym_token,
+            c.mining_pool,
+            c.orchestrator_account,
+            c.reward_batches,
+            c.publications
+        );
+        if c.refused_during_outage > 0 {
+            let _ = writeln!(
+                o,
+                "the RPC endpoint refused {} requests while it was down; the writes were retried",
+                c.refused_during_outage
+            );
+        }
+    }
+    if let Some(last) = s.epochs.last().and_then(|e| e.published.as_ref()) {
+        let _ = writeln!(o, "\nlast checkpoint published to {last}");
+        let _ = writeln!(
+            o,
+            "verify it: hanzod verify {last} --records {} --orchestrator {}",
+            s.out.join(PUBLICATIONS_FILE).display(),
+            s.orchestrator
+        );
+    }
+    let _ = writeln!(
+        o,
+        "files: {} (keys/, logs/, ipfs/ object store blocks by CID, models/ Hugging Face repo folders)",
+        s.out.display()
+    );
+    o
+}

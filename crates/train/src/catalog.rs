@@ -1,0 +1,182 @@
+//! The models and datasets a daemon knows (DESIGN §6): a job's `training.model` names a
+//! [`ModelSpec`] here, which bounds the size of every delta uploaded for the job and is the
+//! format check's reference; `training.dataset` names a dataset here.
+//!
+//! [`ModelCatalog::builtin`] holds what this crate ships ([`BUILTIN_MODELS`],
+//! [`BUILTIN_DATASETS`]); library users add their own with [`ModelCatalog::insert`] and
+//! [`ModelCatalog::insert_dataset`] and hand the catalog to the daemon
+//! (`serve::DaemonParts`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use hanzod_actors::job::TrainingSpec;
+
+use hanzod_protocol::model::ModelSpec;
+
+/// The models built into this crate ([`crate::builtin_model`]).
+pub const BUILTIN_MODELS: &[&str] = &["wine-mlp"];
+
+/// The datasets built into this crate (the UCI red-wine quality data, [`crate::Dataset::wine_quality`]).
+pub const BUILTIN_DATASETS: &[&str] = &["wine-quality-red"];
+
+/// A name the catalog does not hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CatalogError {
+    /// No model of this name.
+    #[error("unknown model {name:?} (known: {})", known.join(", "))]
+    UnknownModel {
+        /// The name asked for.
+        name: String,
+        /// Every model the catalog holds, sorted.
+        known: Vec<String>,
+    },
+    /// No dataset of this name.
+    #[error("unknown dataset {name:?} (known: {})", known.join(", "))]
+    UnknownDataset {
+        /// The name asked for.
+        name: String,
+        /// Every dataset the catalog holds, sorted.
+        known: Vec<String>,
+    },
+}
+
+/// Model name → [`ModelSpec`], and the set of dataset names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelCatalog {
+    models: BTreeMap<String, ModelSpec>,
+    datasets: BTreeSet<String>,
+}
+
+impl ModelCatalog {
+    /// A catalog with nothing in it.
+    pub fn empty() -> ModelCatalog {
+        ModelCatalog::default()
+    }
+
+    /// The built-in models ([`BUILTIN_MODELS`], from [`crate::builtin_model`]) and datasets
+    /// ([`BUILTIN_DATASETS`]).
+    pub fn builtin() -> ModelCatalog {
+        let mut c = ModelCatalog::empty();
+        for name in BUILTIN_MODELS {
+            if let Some(spec) = crate::builtin_model(name) {
+                c.insert(*name, spec);
+            }
+        }
+        for name in BUILTIN_DATASETS {
+            c.insert_dataset(*name);
+        }
+        c
+    }
+
+    /// Adds (or replaces) the model `name`; returns the spec it replaced.
+    pub fn insert(&mut self, name: impl Into<String>, spec: ModelSpec) -> Option<ModelSpec> {
+        self.models.insert(name.into(), spec)
+    }
+
+    /// Adds the dataset `name`; returns false when it was already there.
+    pub fn insert_dataset(&mut self, name: impl Into<String>) -> bool {
+        self.datasets.insert(name.into())
+    }
+
+    /// The model `name`, or [`CatalogError::UnknownModel`] listing the known ones.
+    pub fn get(&self, name: &str) -> Result<&ModelSpec, CatalogError> {
+        self.models
+            .get(name)
+            .ok_or_else(|| CatalogError::UnknownModel {
+                name: name.to_string(),
+                known: self.models.keys().cloned().collect(),
+            })
+    }
+
+    /// `Ok` when the dataset `name` is known, else [`CatalogError::UnknownDataset`].
+    pub fn dataset(&self, name: &str) -> Result<(), CatalogError> {
+        if self.datasets.contains(name) {
+            Ok(())
+        } else {
+            Err(CatalogError::UnknownDataset {
+                name: name.to_string(),
+                known: self.datasets.iter().cloned().collect(),
+            })
+        }
+    }
+
+    /// Checks a job's training recipe: its model, then its dataset; returns the model.
+    pub fn check_training(&self, training: &TrainingSpec) -> Result<&ModelSpec, CatalogError> {
+        let model = self.get(&training.model)?;
+        self.dataset(&training.dataset)?;
+        Ok(model)
+    }
+
+    /// The model names, sorted.
+    pub fn models(&self) -> impl Iterator<Item = &str> {
+        self.models.keys().map(String::as_str)
+    }
+
+    /// The dataset names, sorted.
+    pub fn datasets(&self) -> impl Iterator<Item = &str> {
+        self.datasets.iter().map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hanzod_protocol::hzdl::DeltaDtype;
+
+    #[test]
+    fn builtin_holds_wine_mlp_and_wine_quality() {
+        let c = ModelCatalog::builtin();
+        let m = c.get("wine-mlp").unwrap();
+        assert_eq!(m, &crate::builtin_model("wine-mlp").unwrap());
+        assert!(m.max_delta_bytes(DeltaDtype::F32) > 24);
+        c.dataset("wine-quality-red").unwrap();
+        assert_eq!(c.models().collect::<Vec<_>>(), ["wine-mlp"]);
+        assert_eq!(c.datasets().collect::<Vec<_>>(), ["wine-quality-red"]);
+        assert!(c.check_training(&TrainingSpec::default()).is_ok());
+    }
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        let mut c = ModelCatalog::builtin();
+        let e = c.get("gpt-5").unwrap_err();
+        assert_eq!(
+            e,
+            CatalogError::UnknownModel {
+                name: "gpt-5".into(),
+                known: vec!["wine-mlp".into()]
+            }
+        );
+        assert_eq!(e.to_string(), "unknown model \"gpt-5\" (known: wine-mlp)");
+        let e = c.dataset("imagenet").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown dataset \"imagenet\" (known: wine-quality-red)"
+        );
+        let t = TrainingSpec {
+            dataset: "imagenet".into(),
+            ..TrainingSpec::default()
+        };
+        assert!(matches!(
+            c.check_training(&t),
+            Err(CatalogError::UnknownDataset { .. })
+        ));
+
+        // Library users add their own.
+        let spec = crate::builtin_model("wine-mlp").unwrap();
+        assert!(c.insert("tiny", spec.clone()).is_none());
+        assert_eq!(c.insert("tiny", spec.clone()), Some(spec));
+        assert!(c.insert_dataset("imagenet"));
+        assert!(!c.insert_dataset("imagenet"));
+        assert!(c
+            .check_training(&TrainingSpec {
+                model: "tiny".into(),
+                ..t
+            })
+            .is_ok());
+        assert_eq!(
+            c.get("nope").unwrap_err().to_string(),
+            "unknown model \"nope\" (known: tiny, wine-mlp)"
+        );
+        assert!(ModelCatalog::empty().get("wine-mlp").is_err());
+    }
+}

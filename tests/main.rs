@@ -1,0 +1,30 @@
+//! The integration tests, one binary for the crate (each file below is a module).
+
+mod support {
+    pub mod test_tls;
+}
+
+mod agent;
+mod chain;
+mod chain_demo;
+mod delta_cli;
+mod delta_upload;
+mod demo;
+mod deploy;
+mod failover;
+mod grpc_abuse;
+mod harness_faults;
+mod hub;
+mod ipfs;
+mod lifecycle;
+mod metrics_scrape;
+mod processes;
+mod publish;
+mod publish_resume;
+mod readme_harness;
+mod supervision;
+mod train;
+mod turmoil_sims;
+mod validation;
+mod valkey;
+mod verify_cli;
