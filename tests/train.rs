@@ -4,7 +4,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use hanzod::delta::format::{check_against, DeltaView};
+use hanzod::delta::format::DeltaView;
+use hanzod::delta::model::check_against;
 use hanzod::delta::model::ModelSpec;
 use hanzod::train::{
     batch_indices, batch_loss, init, layout, model_spec, train_local, validation_loss, Dataset,

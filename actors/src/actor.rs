@@ -24,6 +24,7 @@
 pub mod children;
 pub mod job;
 pub mod jobs;
+pub mod msg;
 pub mod node;
 pub mod orchestrator;
 pub mod registry;
@@ -48,7 +49,7 @@ use crate::ring::RingBuilder;
 use crate::sched::SchedulingPolicy;
 use crate::types::{JobId, NodeId, Timestamp};
 
-use self::orchestrator::OrchestratorMsg;
+use self::msg::OrchestratorMsg;
 
 /// Something observable that happened, broadcast to watchers (CLI `watch`, tests, metrics).
 /// Watchers that fall behind lose old notices; the event log remains the source of truth.

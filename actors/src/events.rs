@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::job::{JobEvent, JobSpec};
-use crate::ports::{DeltaReceipt, RingView};
+use crate::types::{DeltaReceipt, RingView};
 use crate::types::{GymWei, JobId, NodeId, NodeInfo, Timestamp};
 
 /// Why a node was declared failed.

@@ -30,6 +30,7 @@ use crate::job::JobSpec;
 use crate::publication::{PublicationReceipt, SignedPublication};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
+pub use crate::types::{DeltaReceipt, RingView};
 pub use memory::TokioClock;
 
 /// A source of wall-clock time. Every time the core reasons about comes from here, so tests
@@ -349,24 +350,6 @@ pub trait Ledger: ChainReader {
     async fn publications(&self) -> Result<Vec<SignedPublication>, LedgerError>;
 }
 
-/// The ordered members of a job's ring at one version (DESIGN §4).
-///
-/// Member `k` sends to member `k+1` (and the last to the first) in the ring all-reduce.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RingView {
-    /// The job this ring serves.
-    pub job: JobId,
-    /// Strictly increasing per job, starting at 1; a node rejects a lower version than one it has.
-    pub version: u64,
-    /// Members in ring order.
-    pub members: Vec<NodeId>,
-    /// The ring's weakest link in Mbit/s (min over ring edges of B), as computed when built.
-    pub bottleneck_mbps: f32,
-    /// How many of the ring's links were estimated from the nodes' declared capacities
-    /// rather than measured by a probe (DESIGN §4); 0 when every link was probed.
-    pub estimated_links: u32,
-}
-
 /// A command from the orchestrator to one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum NodeCommand {
@@ -414,30 +397,6 @@ pub enum LinkError {
 pub trait NodeLink: Send + Sync + std::fmt::Debug + 'static {
     /// Queues `command` for `node`.
     async fn send(&self, node: &NodeId, command: NodeCommand) -> Result<(), LinkError>;
-}
-
-/// A node's receipt for its model update in one epoch, as the core sees it: the delta
-/// itself is validated and stored by the deltas pipeline; the core keeps its hash.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeltaReceipt {
-    /// The job.
-    pub job: JobId,
-    /// The submitting node.
-    pub node: NodeId,
-    /// The epoch the delta belongs to.
-    pub epoch: u32,
-    /// The global step the node's local run of this epoch started at (`epoch × local_steps`).
-    pub step: u64,
-    /// SHA-256 of the delta payload (DESIGN §6).
-    pub delta_hash: [u8; 32],
-    /// The loss the node claims for the pre-delta weights on its batch of `step` (checked
-    /// by spot-checks, DESIGN §6). Absent in logs written before it existed: 0.
-    #[serde(default)]
-    pub claimed_loss: f64,
-    /// The node's Ed25519 signature (64 bytes) over the delta statement of DESIGN §6
-    /// (job, epoch, step, claimed loss, delta hash), kept so anyone can audit the epoch.
-    #[serde(default)]
-    pub signature: Vec<u8>,
 }
 
 /// Errors of a [`CheckpointSink`].

@@ -427,6 +427,22 @@ impl SchedulingPolicy for PaperPolicy {
     }
 }
 
+/// The scheduler's entry for a job still `Pending`, `None` otherwise.
+pub fn pending_of(job: &Job) -> Option<PendingJob> {
+    let JobPhase::Pending { submitted_at, .. } = job.phase else {
+        return None;
+    };
+    Some(PendingJob {
+        id: job.id,
+        submitter_stake: job.spec.submitter_stake,
+        utility: job.spec.utility,
+        submitted_at,
+        min_nodes: job.spec.min_nodes,
+        max_nodes: job.spec.max_nodes,
+        min_vram_bytes: job.spec.min_vram_bytes,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,8 @@
 //! must then survive the finite check, the norms and the format check against a model.
 #![no_main]
 
-use hanzod::delta::format::{check_against, DeltaView};
+use hanzod::delta::format::DeltaView;
+use hanzod::delta::model::check_against;
 use hanzod::delta::model::ModelSpec;
 use libfuzzer_sys::fuzz_target;
 

@@ -9,203 +9,21 @@ use crate::ports::Counter;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use serde::{Deserialize, Serialize};
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use super::children::{schedule_respawn, Children, Exit};
-use super::jobs::JobSupervisorMsg;
-use super::orchestrator::OrchestratorMsg;
-use super::ring::{RingActor, RingActorArgs, RingMsg};
-use super::scheduler::SchedulerMsg;
+use super::msg::JobSupervisorMsg;
+use super::msg::OrchestratorMsg;
+use super::msg::RingMsg;
+use super::msg::SchedulerMsg;
+use super::ring::{RingActor, RingActorArgs};
 use super::{answer, Deps, Notice};
 use crate::events::Event;
-use crate::job::{EpochAssignment, FailReason, Job, JobError, JobEvent, JobPhase, JobSpec};
+use crate::job::{EpochAssignment, FailReason, Job, JobEvent, JobPhase};
 use crate::ports::{DeltaReceipt, EpochInput, NodeCommand, RingView};
 use crate::types::{JobId, NodeId, Timestamp};
 
-/// Messages of a [`JobActor`].
-pub enum JobMsg {
-    /// The scheduler placed the job on these nodes.
-    Place {
-        /// The nodes.
-        nodes: Vec<NodeId>,
-    },
-    /// The ring actor recorded a new ring (formation or recovery).
-    RingChanged {
-        /// The ring.
-        ring: RingView,
-    },
-    /// A node's session opened: if it is a member of this job's ring, the ring actor
-    /// resends the ring and the running epoch's assignment goes out again (to members that
-    /// have not delivered).
-    NodeReturned {
-        /// The node.
-        node: NodeId,
-    },
-    /// A node failed somewhere; the job checks whether it is a member.
-    NodeFailed {
-        /// The node.
-        node: NodeId,
-    },
-    /// A node's delta receipt.
-    Delta {
-        /// The receipt.
-        receipt: DeltaReceipt,
-        /// Accepted or why not.
-        reply: RpcReplyPort<Result<(), JobRequestError>>,
-    },
-    /// The epoch deadline armed for `epoch` passed.
-    EpochDeadline {
-        /// The epoch it was armed for.
-        epoch: u32,
-    },
-    /// The pending deadline passed.
-    PendingDeadline,
-    /// Cancel the job.
-    Cancel {
-        /// Done or why not.
-        reply: RpcReplyPort<Result<(), JobRequestError>>,
-    },
-    /// The job's view.
-    Get {
-        /// The view.
-        reply: RpcReplyPort<Result<JobView, JobRequestError>>,
-    },
-    /// The job's ring.
-    GetRing {
-        /// The ring, None before formation.
-        reply: RpcReplyPort<Result<Option<RingView>, JobRequestError>>,
-    },
-    /// Rebuild the ring actor (after the backoff).
-    RespawnRing,
-    /// Re-derive what is owed in the current phase and do it (after a rebuild, or after a
-    /// write the state store refused): fail a pending job past its deadline, finish
-    /// provisioning, complete an epoch that is complete or past its deadline, publish an
-    /// aggregated epoch.
-    Reconcile,
-    /// The publication of `epoch` (run as its own task beside the actor) ended:
-    /// the checkpoint's reference, or why it failed (including its deadline passing).
-    Published {
-        /// The epoch published.
-        epoch: u32,
-        /// The checkpoint reference, or the failure.
-        result: Result<String, String>,
-    },
-    /// Resend the running epoch's assignment to the ring members that have not delivered
-    /// (every `ring.resync_ms`: a node that reconnected, or missed the first one, learns
-    /// its work).
-    Reassign,
-    #[cfg(feature = "fault-injection")]
-    /// Fault injection: panic in this actor.
-    InjectPanic,
-    #[cfg(feature = "fault-injection")]
-    /// Fault injection: make the ring actor panic; replies whether it exists.
-    InjectRingPanic {
-        /// Whether the ring actor exists.
-        reply: RpcReplyPort<bool>,
-    },
-}
-
-/// Why a request about a job was refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum JobRequestError {
-    /// No such job.
-    #[error("{0} not found")]
-    NotFound(JobId),
-    /// The job has ended.
-    #[error("{0} has ended")]
-    Ended(JobId),
-    /// The job's actor is being rebuilt; retry shortly.
-    #[error("{0} is restarting; retry")]
-    Restarting(JobId),
-    /// The job is not collecting deltas now.
-    #[error("job is {phase}, not running")]
-    NotRunning {
-        /// Its phase.
-        phase: String,
-    },
-    /// The receipt is for another epoch.
-    #[error("delta for epoch {got}, the job is in epoch {expected}")]
-    WrongEpoch {
-        /// The current epoch.
-        expected: u32,
-        /// The receipt's.
-        got: u32,
-    },
-    /// The node is not in the job's ring.
-    #[error("node {0} is not a member of the job's ring")]
-    NotMember(NodeId),
-    /// The node already submitted a different delta this epoch.
-    #[error("node {0} already submitted a different delta this epoch")]
-    Conflicting(NodeId),
-    /// The state machine refused the transition.
-    #[error(transparent)]
-    Transition(#[from] JobError),
-    /// The event could not be made durable.
-    #[error("state store: {0}")]
-    Store(String),
-}
-
-/// A job as reported to callers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobView {
-    /// The id.
-    pub id: JobId,
-    /// The spec's name.
-    pub name: String,
-    /// The phase.
-    pub phase: JobPhase,
-    /// Epochs the spec asks for.
-    pub epochs: u32,
-    /// The current ring.
-    pub ring: Option<RingView>,
-    /// Deltas accepted in the current epoch.
-    pub deltas_this_epoch: usize,
-    /// The current epoch's receipts: each node that delivered its delta this epoch, with
-    /// that delta's hash (empty outside Running, and in the views of ended jobs). An upload
-    /// checks it at the header, so a node that already delivered is refused before sending
-    /// its data again.
-    #[serde(default)]
-    pub delivered: BTreeMap<NodeId, [u8; 32]>,
-    /// Published checkpoint references, one per finished epoch.
-    pub checkpoints: Vec<String>,
-    /// The spec as submitted (its training recipe names the model every delta is checked
-    /// against).
-    pub spec: JobSpec,
-}
-
-impl JobView {
-    /// The view of `job` with `ring` and `deltas` receipts this epoch, without the receipts
-    /// themselves (`delivered` is empty): for ended jobs, whose epoch is over.
-    pub fn of(job: &Job, ring: Option<RingView>, deltas: usize) -> Self {
-        JobView {
-            id: job.id,
-            name: job.spec.name.clone(),
-            phase: job.phase.clone(),
-            epochs: job.spec.epochs,
-            ring,
-            deltas_this_epoch: deltas,
-            delivered: BTreeMap::new(),
-            checkpoints: job.checkpoints.clone(),
-            spec: job.spec.clone(),
-        }
-    }
-
-    /// The view of `job` with `ring` and the current epoch's `receipts`.
-    pub fn with_receipts(
-        job: &Job,
-        ring: Option<RingView>,
-        receipts: &BTreeMap<NodeId, DeltaReceipt>,
-    ) -> Self {
-        JobView {
-            delivered: receipts
-                .iter()
-                .map(|(node, r)| (*node, r.delta_hash))
-                .collect(),
-            ..JobView::of(job, ring, receipts.len())
-        }
-    }
-}
+pub use super::msg::{JobMsg, JobRequestError, JobView};
 
 /// Spawn arguments of a [`JobActor`].
 pub struct JobActorArgs {

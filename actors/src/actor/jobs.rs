@@ -13,110 +13,17 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use super::children::{schedule_respawn, Children, Exit};
-use super::job::{JobActor, JobActorArgs, JobMsg, JobRequestError, JobView};
-use super::orchestrator::OrchestratorMsg;
-use super::scheduler::{pending_of, SchedulerMsg};
+use super::job::{JobActor, JobActorArgs};
+use super::msg::OrchestratorMsg;
+use super::msg::SchedulerMsg;
+use super::msg::{JobMsg, JobRequestError, JobView};
 use super::{answer, Deps, Notice};
 use crate::events::Event;
-use crate::job::{FailReason, Job, JobEvent, JobSpec, JobSpecError};
-use crate::ports::{DeltaReceipt, RingView};
-use crate::types::{JobId, NodeId};
+use crate::job::{FailReason, Job, JobEvent};
+use crate::sched::pending_of;
+use crate::types::JobId;
 
-/// Messages of the [`JobSupervisor`].
-pub enum JobSupervisorMsg {
-    /// Accept a job.
-    Submit {
-        /// Its spec.
-        spec: JobSpec,
-        /// Its id, or why it was refused.
-        reply: RpcReplyPort<Result<JobId, SubmitError>>,
-    },
-    /// The scheduler placed a job.
-    Place {
-        /// The job.
-        job: JobId,
-        /// Its nodes.
-        nodes: Vec<NodeId>,
-    },
-    /// A node's session opened: jobs whose ring holds it resend the ring and the running
-    /// epoch's assignment.
-    NodeReturned {
-        /// The node.
-        node: NodeId,
-    },
-    /// A node failed: tell every live job (each checks membership).
-    NodeFailed {
-        /// The node.
-        node: NodeId,
-    },
-    /// A node's delta receipt for a job's epoch.
-    Delta {
-        /// The receipt.
-        receipt: DeltaReceipt,
-        /// Accepted or why not.
-        reply: RpcReplyPort<Result<(), JobRequestError>>,
-    },
-    /// Cancel a job.
-    Cancel {
-        /// The job.
-        job: JobId,
-        /// Done or why not.
-        reply: RpcReplyPort<Result<(), JobRequestError>>,
-    },
-    /// One job's view.
-    Get {
-        /// The job.
-        job: JobId,
-        /// The view or NotFound.
-        reply: RpcReplyPort<Result<JobView, JobRequestError>>,
-    },
-    /// Every job's view, by id.
-    List {
-        /// The views.
-        reply: RpcReplyPort<Vec<JobView>>,
-    },
-    /// A job's current ring.
-    Ring {
-        /// The job.
-        job: JobId,
-        /// The ring (None before it is formed) or NotFound.
-        reply: RpcReplyPort<Result<Option<RingView>, JobRequestError>>,
-    },
-    /// A job actor reached a terminal phase and is stopping.
-    Finished {
-        /// Its final view.
-        view: JobView,
-    },
-    /// Rebuild a failed job actor (after the backoff).
-    Respawn {
-        /// The job.
-        job: JobId,
-    },
-    /// Fault injection: panic in the job supervisor (its job actors go with it).
-    Panic,
-    #[cfg(feature = "fault-injection")]
-    /// Fault injection: make the job's actor (`ring: false`) or its ring actor (`ring: true`)
-    /// panic. Replies whether the target exists.
-    InjectPanic {
-        /// The job.
-        job: JobId,
-        /// Target the ring actor instead of the job actor.
-        ring: bool,
-        /// Whether the target was found.
-        reply: RpcReplyPort<bool>,
-    },
-}
-
-/// Why a job was refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SubmitError {
-    /// The spec is invalid.
-    #[error("invalid job spec: {0}")]
-    InvalidSpec(#[from] JobSpecError),
-    /// The job could not be recorded durably.
-    #[error("state store: {0}")]
-    Store(String),
-}
+pub use super::msg::{JobSupervisorMsg, SubmitError};
 
 /// Spawn arguments of the [`JobSupervisor`].
 pub struct JobSupervisorArgs {

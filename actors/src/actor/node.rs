@@ -5,40 +5,15 @@
 use crate::ports::Counter;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::registry::RegistryMsg;
+use super::msg::RegistryMsg;
 use super::{answer, Deps};
 use crate::events::FailureKind;
-use crate::node::{Heartbeat, HeartbeatError, Liveness, NodeCore};
+use crate::node::{Liveness, NodeCore};
 use crate::types::{GymWei, NodeInfo, Timestamp};
 
-/// Messages of a [`NodeActor`].
-pub enum NodeMsg {
-    /// A heartbeat from the node (already authenticated by the transport).
-    Heartbeat {
-        /// The heartbeat.
-        hb: Heartbeat,
-        /// Accepted → the interval the node should keep, in ms.
-        reply: RpcReplyPort<Result<u64, HeartbeatError>>,
-    },
-    /// The node registered again (restart, reconnect, or a duplicate registration).
-    Reregister {
-        /// New info.
-        info: NodeInfo,
-        /// Stake read at this registration.
-        stake: GymWei,
-        /// Acknowledged once applied.
-        reply: RpcReplyPort<()>,
-    },
-    /// The node's session closed: fail it now rather than at the timeout.
-    SessionClosed,
-    /// The watchdog timer fired (there is at most one outstanding at a time).
-    Watchdog,
-    #[cfg(feature = "fault-injection")]
-    /// Fault injection: panic inside the handler (tests supervision).
-    InjectPanic,
-}
+pub use super::msg::NodeMsg;
 
 /// Spawn arguments of a [`NodeActor`].
 pub struct NodeActorArgs {

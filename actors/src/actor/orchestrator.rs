@@ -15,41 +15,15 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use super::children::{schedule_respawn, Children, Exit};
-use super::jobs::{JobSupervisor, JobSupervisorArgs, JobSupervisorMsg};
-use super::registry::{NodeRegistry, RegistryArgs, RegistryMsg};
-use super::scheduler::{Scheduler, SchedulerArgs, SchedulerMsg};
+use super::jobs::{JobSupervisor, JobSupervisorArgs};
+use super::msg::JobSupervisorMsg;
+use super::msg::RegistryMsg;
+use super::msg::SchedulerMsg;
+use super::registry::{NodeRegistry, RegistryArgs};
+use super::scheduler::{Scheduler, SchedulerArgs};
 use super::{Deps, Notice};
 
-/// One of the root's children.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum Subsystem {
-    /// The node registry.
-    Registry,
-    /// The scheduler.
-    Scheduler,
-    /// The job supervisor.
-    Jobs,
-}
-
-/// Messages of the root: routed messages for each subsystem, and its own.
-pub enum OrchestratorMsg {
-    /// For the node registry.
-    Registry(RegistryMsg),
-    /// For the scheduler.
-    Scheduler(SchedulerMsg),
-    /// For the job supervisor.
-    Jobs(JobSupervisorMsg),
-    /// Rebuild a failed subsystem (after the backoff).
-    Respawn(Subsystem),
-    #[cfg(feature = "fault-injection")]
-    /// Fault injection: make a subsystem panic (it is rebuilt from the log).
-    InjectPanic {
-        /// Which.
-        which: Subsystem,
-        /// Whether it was running.
-        reply: ractor::RpcReplyPort<bool>,
-    },
-}
+pub use super::msg::{OrchestratorMsg, Subsystem};
 
 /// State of the root.
 pub struct OrchestratorState {

@@ -12,195 +12,28 @@ use crate::ports::Counter;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use serde::{Deserialize, Serialize};
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use super::children::{schedule_respawn, Children, Exit};
-use super::jobs::JobSupervisorMsg;
-use super::node::{NodeActor, NodeActorArgs, NodeMsg};
-use super::orchestrator::OrchestratorMsg;
-use super::scheduler::SchedulerMsg;
+use super::msg::JobSupervisorMsg;
+use super::msg::NodeMsg;
+use super::msg::OrchestratorMsg;
+use super::msg::SchedulerMsg;
+use super::node::{NodeActor, NodeActorArgs};
 use super::{answer, Deps, Notice};
 use crate::events::{Event, FailureKind};
-use crate::node::{Heartbeat, HeartbeatError};
-use crate::ports::{ChainError, LinkError, NodeCommand, StoreError};
+use crate::node::HeartbeatError;
+use crate::ports::{ChainError, LinkError, NodeCommand};
 use crate::ring::{plan_probes, ProbePair};
 use crate::sched::NodeView;
-use crate::types::{GymWei, LinkProfile, NodeId, NodeInfo, Timestamp};
+use crate::types::{GymWei, NodeId, NodeInfo, Timestamp};
 
-/// Messages of the [`NodeRegistry`].
-pub enum RegistryMsg {
-    /// Admit a node (or re-admit one already known).
-    Register {
-        /// What it declares.
-        info: NodeInfo,
-        /// The outcome.
-        reply: RpcReplyPort<Result<Registration, RegisterError>>,
-    },
-    /// The chain facts of a registration were read: admit the node.
-    Admit {
-        /// What it declares.
-        info: NodeInfo,
-        /// Its stake, GYM wei (already checked against the minimum).
-        stake: GymWei,
-        /// Its active penalty, if any.
-        penalty: Option<Timestamp>,
-        /// The outcome.
-        reply: RpcReplyPort<Result<Registration, RegisterError>>,
-    },
-    /// A heartbeat, forwarded to the node's actor.
-    Heartbeat {
-        /// The heartbeat.
-        hb: Heartbeat,
-        /// Accepted → heartbeat interval in ms.
-        reply: RpcReplyPort<Result<u64, HeartbeatError>>,
-    },
-    /// The node's session closed.
-    SessionClosed {
-        /// The node.
-        node: NodeId,
-        /// Which registration session closed ([`Registration::sessions`]).
-        session: u32,
-    },
-    /// A probe measured the link `from → to`.
-    ReportLink {
-        /// Sender.
-        from: NodeId,
-        /// Receiver.
-        to: NodeId,
-        /// Measured Mbit/s.
-        mbps: f32,
-        /// Accepted or why not.
-        reply: RpcReplyPort<Result<(), RegisterError>>,
-    },
-    /// A node actor's latest status.
-    Status {
-        /// The status.
-        view: NodeView,
-        /// The reporting actor: reports of a replaced (crashed) actor are ignored.
-        from: ActorId,
-    },
-    /// A node actor declared its node failed.
-    NodeDown {
-        /// The node.
-        node: NodeId,
-        /// Why.
-        kind: FailureKind,
-        /// The reporting actor: reports of a replaced (crashed) actor are ignored.
-        from: ActorId,
-    },
-    /// Every node's latest status.
-    Snapshot {
-        /// The views, ordered by node id.
-        reply: RpcReplyPort<Vec<NodeView>>,
-    },
-    /// What is known about the links among `nodes`.
-    Links {
-        /// The nodes, in the order the answer uses.
-        nodes: Vec<NodeId>,
-        /// The answer.
-        reply: RpcReplyPort<LinkSnapshot>,
-    },
-    /// Rebuild a crashed node actor (sent after the backoff).
-    Respawn {
-        /// The node.
-        node: NodeId,
-    },
-    /// Fault injection: panic in the registry itself (its node actors go with it).
-    Panic,
-    #[cfg(feature = "fault-injection")]
-    /// Fault injection: make the node's actor panic. Replies whether the node exists.
-    InjectPanic {
-        /// The node.
-        node: NodeId,
-        /// Whether it was found.
-        reply: RpcReplyPort<bool>,
-    },
-}
+pub use super::msg::{LinkSnapshot, RegisterError, Registration, RegistryMsg};
 
 /// Counts and logs a refused registration.
 fn refused(deps: &Deps, e: &RegisterError) {
     tracing::info!(error = %e, "registration refused");
     deps.metrics.incr(Counter::Registrations, e.reason(), 1);
-}
-
-/// A successful registration.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Registration {
-    /// The node.
-    pub node: NodeId,
-    /// Stake read from the chain, GYM wei.
-    pub stake: GymWei,
-    /// The heartbeat interval the node must keep, ms.
-    pub heartbeat_interval_ms: u64,
-    /// 1 for a first registration, more for re-registrations of the same key.
-    pub sessions: u32,
-}
-
-/// Why a registration (or a report) was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-pub enum RegisterError {
-    /// Stake below the minimum (paper §3.3: 10,000 GYM).
-    #[error("stake {have} is below the minimum {need}")]
-    InsufficientStake {
-        /// The node's stake.
-        have: GymWei,
-        /// The minimum.
-        need: GymWei,
-    },
-    /// The node is not known (for reports from unregistered nodes).
-    #[error("node {0} is not registered")]
-    UnknownNode(NodeId),
-    /// The node key is not bound to an operator on chain.
-    #[error("node key is not bound to an operator on chain")]
-    Unbound,
-    /// The chain could not be read.
-    #[error("chain unavailable: {0}")]
-    ChainUnavailable(String),
-    /// The event could not be made durable.
-    #[error("state store: {0}")]
-    Store(String),
-    /// A field is malformed.
-    #[error("invalid {field}: {reason}")]
-    Invalid {
-        /// The field.
-        field: &'static str,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
-impl RegisterError {
-    /// A short snake_case label for metrics and logs.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            RegisterError::InsufficientStake { .. } => "insufficient_stake",
-            RegisterError::UnknownNode(_) => "unknown_node",
-            RegisterError::Unbound => "unbound",
-            RegisterError::ChainUnavailable(_) => "chain_unavailable",
-            RegisterError::Store(_) => "store",
-            RegisterError::Invalid { .. } => "invalid",
-        }
-    }
-}
-
-impl From<StoreError> for RegisterError {
-    fn from(e: StoreError) -> Self {
-        RegisterError::Store(e.to_string())
-    }
-}
-
-/// What the registry knows about the links among some nodes.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LinkSnapshot {
-    /// Declared capacities, one per requested node (default for unknown nodes).
-    pub profiles: Vec<LinkProfile>,
-    /// Regions, one per requested node.
-    pub regions: Vec<String>,
-    /// Whether each requested node is alive (unknown nodes are not).
-    pub alive: Vec<bool>,
-    /// Measured links as (from index, to index, Mbit/s).
-    pub measured: Vec<(usize, usize, f32)>,
 }
 
 /// Spawn arguments of the [`NodeRegistry`].

@@ -11,44 +11,19 @@ use crate::ports::{Counter, Histogram};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::job::JobMsg;
-use super::orchestrator::OrchestratorMsg;
-use super::registry::{LinkSnapshot, RegistryMsg};
-use super::scheduler::SchedulerMsg;
+use super::msg::JobMsg;
+use super::msg::OrchestratorMsg;
+use super::msg::SchedulerMsg;
+use super::msg::{LinkSnapshot, RegistryMsg};
 use super::{answer, ask, Deps, Notice};
 use crate::events::Event;
 use crate::ports::{NodeCommand, RingView};
 use crate::ring::{bottleneck, is_permutation, recover, BandwidthMatrix, LinkEstimate};
 use crate::types::{JobId, NodeId};
 
-/// Messages of a [`RingActor`].
-pub enum RingMsg {
-    /// A member failed.
-    NodeFailed {
-        /// The node.
-        node: NodeId,
-    },
-    /// The coalescing window closed: reconfigure now.
-    Reconfigure,
-    /// Periodic resend of the current ring to its members, so a member that missed an
-    /// update (hung, reconnected) converges; members ignore a version they already have.
-    Resync,
-    /// Resend the current ring to one member whose session just opened.
-    ResyncTo {
-        /// The member.
-        node: NodeId,
-    },
-    /// The current ring.
-    Get {
-        /// The ring, None before formation.
-        reply: RpcReplyPort<Option<RingView>>,
-    },
-    #[cfg(feature = "fault-injection")]
-    /// Fault injection: panic in the handler.
-    InjectPanic,
-}
+pub use super::msg::RingMsg;
 
 /// Spawn arguments of a [`RingActor`].
 pub struct RingActorArgs {

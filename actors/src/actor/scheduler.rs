@@ -5,56 +5,18 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::jobs::JobSupervisorMsg;
-use super::orchestrator::OrchestratorMsg;
-use super::registry::RegistryMsg;
+use super::msg::JobSupervisorMsg;
+use super::msg::OrchestratorMsg;
+use super::msg::RegistryMsg;
 use super::{answer, ask, Deps};
 use crate::events::Event;
-use crate::job::{Job, JobPhase};
 use crate::sched::{check_eligibility, NodeView, PendingJob};
 use crate::types::{JobId, NodeId};
 
-/// Messages of the [`Scheduler`].
-pub enum SchedulerMsg {
-    /// A job to place.
-    Enqueue(PendingJob),
-    /// Periodic matching.
-    Tick,
-    /// Nodes joined, failed or came back: match soon.
-    NodesChanged,
-    /// A job ended or was rebuilt without its nodes: free them and forget it.
-    Release {
-        /// The job.
-        job: JobId,
-    },
-    /// Nodes left a job's ring: free them.
-    ReleaseNodes {
-        /// The job.
-        job: JobId,
-        /// The nodes.
-        nodes: Vec<NodeId>,
-    },
-    /// A ring lost members: give it up to `count` eligible free nodes.
-    RequestStandby {
-        /// The job.
-        job: JobId,
-        /// How many it wants.
-        count: usize,
-        /// Its VRAM minimum, bytes.
-        min_vram_bytes: u64,
-        /// The nodes given (possibly fewer, possibly none).
-        reply: RpcReplyPort<Vec<NodeId>>,
-    },
-    /// Fault injection: panic in the scheduler.
-    Panic,
-    /// Current assignments and queue (observability).
-    Inspect {
-        /// (pending job ids, node → job).
-        reply: RpcReplyPort<(Vec<JobId>, BTreeMap<NodeId, JobId>)>,
-    },
-}
+pub use super::msg::SchedulerMsg;
+use crate::sched::pending_of;
 
 /// Spawn arguments of the [`Scheduler`].
 pub struct SchedulerArgs {
@@ -77,22 +39,6 @@ pub struct SchedulerState {
 
 /// The scheduler actor.
 pub struct Scheduler;
-
-/// The scheduler's entry for a job still `Pending`, `None` otherwise.
-pub(crate) fn pending_of(job: &Job) -> Option<PendingJob> {
-    let JobPhase::Pending { submitted_at, .. } = job.phase else {
-        return None;
-    };
-    Some(PendingJob {
-        id: job.id,
-        submitter_stake: job.spec.submitter_stake,
-        utility: job.spec.utility,
-        submitted_at,
-        min_nodes: job.spec.min_nodes,
-        max_nodes: job.spec.max_nodes,
-        min_vram_bytes: job.spec.min_vram_bytes,
-    })
-}
 
 impl SchedulerState {
     async fn nodes(&self) -> Vec<NodeView> {

@@ -71,3 +71,9 @@ pub fn status_of(e: &OrchestratorError) -> Status {
         },
     }
 }
+
+/// True for tonic's "message too large" refusal.
+pub fn is_too_large(status: &Status) -> bool {
+    status.code() == tonic::Code::OutOfRange
+        && status.message().contains("message length too large")
+}

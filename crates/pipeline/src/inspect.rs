@@ -3,7 +3,8 @@
 
 use serde::Serialize;
 
-use hanzod_protocol::hzdl::{check_against, payload_hash, DeltaView};
+use hanzod_protocol::hzdl::{payload_hash, DeltaView};
+use hanzod_protocol::model::check_against;
 use hanzod_protocol::model::ModelSpec;
 
 /// One tensor of the report.

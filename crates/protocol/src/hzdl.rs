@@ -24,7 +24,6 @@ use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, TensorView};
 use sha2::{Digest, Sha256};
 
 use crate::identity::{verify, Identity};
-use crate::model::{elements, ModelSpec};
 
 /// The magic bytes at offset 0.
 pub const MAGIC: [u8; 4] = *b"HZDL";
@@ -502,39 +501,6 @@ impl<'a> DeltaView<'a> {
     }
 }
 
-/// The DESIGN §6 format check of a parsed delta against the job's model: the header kind
-/// is the spec's ([`DeltaKind::Lora`] for a spec from [`ModelSpec::lora_spec`]), every
-/// tensor name belongs to the spec, every shape matches, every spec tensor is present
-/// (full deltas cover every parameter, LoRA deltas exactly the adapter tensors), and no
-/// value is NaN or Inf. (Dtype against header and offsets are checked by
-/// [`DeltaView::parse`].)
-pub fn check_against(view: &DeltaView<'_>, spec: &ModelSpec) -> Result<(), DeltaError> {
-    if view.header.kind != spec.kind() {
-        return Err(DeltaError::KindMismatch {
-            expected: spec.kind(),
-            found: view.header.kind,
-        });
-    }
-    for t in &view.tensors {
-        let Some(expected) = spec.params.get(&t.name) else {
-            return Err(DeltaError::UnknownTensor(t.name.clone()));
-        };
-        if *expected != t.shape {
-            return Err(DeltaError::WrongShape {
-                tensor: t.name.clone(),
-                expected: expected.clone(),
-                found: t.shape.clone(),
-            });
-        }
-    }
-    if view.tensors.len() != spec.params.len() {
-        if let Some(name) = spec.params.keys().find(|n| view.tensor(n).is_none()) {
-            return Err(DeltaError::MissingTensor(name.clone()));
-        }
-    }
-    view.check_finite()
-}
-
 /// Writes a delta (DESIGN §6): the header for `kind`, `dtype`, `base_version`, then a
 /// safetensors body (via the safetensors serializer) holding each `(name, shape, values)`,
 /// the f32 values converted to `dtype` (round to nearest). Values are written as given
@@ -715,10 +681,16 @@ pub fn verify_claimed_statement(
     Ok(())
 }
 
+/// Elements of a shape (product of dimensions), saturating at `u64::MAX`.
+pub fn elements(shape: &[usize]) -> u64 {
+    shape.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::identity::verifying_key;
+    use crate::model::{check_against, ModelSpec};
     use proptest::prelude::*;
 
     fn tiny_spec() -> ModelSpec {

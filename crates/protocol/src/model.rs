@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
-use crate::hzdl::{DeltaDtype, DeltaKind, HEADER_LEN};
+use crate::hzdl::{elements, DeltaDtype, DeltaError, DeltaKind, DeltaView, HEADER_LEN};
 
 /// Why a model description could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -281,9 +281,37 @@ impl ModelSpec {
     }
 }
 
-/// Elements of a shape (product of dimensions), saturating at `u64::MAX`.
-pub(crate) fn elements(shape: &[usize]) -> u64 {
-    shape.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64))
+/// The DESIGN §6 format check of a parsed delta against the job's model: the header kind
+/// is the spec's ([`DeltaKind::Lora`] for a spec from [`ModelSpec::lora_spec`]), every
+/// tensor name belongs to the spec, every shape matches, every spec tensor is present
+/// (full deltas cover every parameter, LoRA deltas exactly the adapter tensors), and no
+/// value is NaN or Inf. (Dtype against header and offsets are checked by
+/// [`DeltaView::parse`].)
+pub fn check_against(view: &DeltaView<'_>, spec: &ModelSpec) -> Result<(), DeltaError> {
+    if view.header.kind != spec.kind() {
+        return Err(DeltaError::KindMismatch {
+            expected: spec.kind(),
+            found: view.header.kind,
+        });
+    }
+    for t in &view.tensors {
+        let Some(expected) = spec.params.get(&t.name) else {
+            return Err(DeltaError::UnknownTensor(t.name.clone()));
+        };
+        if *expected != t.shape {
+            return Err(DeltaError::WrongShape {
+                tensor: t.name.clone(),
+                expected: expected.clone(),
+                found: t.shape.clone(),
+            });
+        }
+    }
+    if view.tensors.len() != spec.params.len() {
+        if let Some(name) = spec.params.keys().find(|n| view.tensor(n).is_none()) {
+            return Err(DeltaError::MissingTensor(name.clone()));
+        }
+    }
+    view.check_finite()
 }
 
 #[cfg(test)]

@@ -10,10 +10,8 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use super::TrainError;
-use hanzod_protocol::hzdl::{
-    check_against, write_delta, DeltaDtype, DeltaError, DeltaKind, DeltaView,
-};
-use hanzod_protocol::model::ModelSpec;
+use hanzod_protocol::hzdl::{write_delta, DeltaDtype, DeltaError, DeltaKind, DeltaView};
+use hanzod_protocol::model::{check_against, ModelSpec};
 
 /// One tensor's place in a [`Layout`].
 #[derive(Debug, Clone, PartialEq, Eq)]

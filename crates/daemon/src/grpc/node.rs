@@ -511,7 +511,7 @@ impl NodeService for NodeServiceImpl {
 /// tonic refuses an oversized message `OUT_OF_RANGE`; the gRPC specification's code for a
 /// message over the configured limit is `RESOURCE_EXHAUSTED`.
 fn resource_exhausted_if_too_large(status: Status) -> Status {
-    if super::server::is_too_large(&status) {
+    if super::is_too_large(&status) {
         Status::resource_exhausted(status.message().to_string())
     } else {
         status

@@ -118,12 +118,6 @@ impl<S> tower::Layer<S> for TooLargeLayer {
     }
 }
 
-/// True for tonic's "message too large" refusal.
-pub fn is_too_large(status: &Status) -> bool {
-    status.code() == tonic::Code::OutOfRange
-        && status.message().contains("message length too large")
-}
-
 impl<S, B, R> tower::Service<tonic::codegen::http::Request<B>> for TooLargeIsResourceExhausted<S>
 where
     S: tower::Service<

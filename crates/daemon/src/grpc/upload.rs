@@ -74,9 +74,9 @@ use tonic::Status;
 
 use super::sessions::Sessions;
 use hanzod_protocol::hzdl::{
-    check_against, verify_statement, DeltaDtype, DeltaError, DeltaView, Statement, HEADER_LEN,
+    verify_statement, DeltaDtype, DeltaError, DeltaView, Statement, HEADER_LEN,
 };
-use hanzod_protocol::model::ModelSpec;
+use hanzod_protocol::model::{check_against, ModelSpec};
 use hanzod_store::blobs::{BlobError, BlobStore};
 use hanzod_train::catalog::ModelCatalog;
 
@@ -769,7 +769,7 @@ where
         }),
         Ok(None) => Ok(None),
         Ok(Some(Ok(c))) => Ok(Some(c)),
-        Ok(Some(Err(status))) if super::server::is_too_large(&status) => Err(refusal(
+        Ok(Some(Err(status))) if super::is_too_large(&status) => Err(refusal(
             "too_large_message",
             Status::resource_exhausted(status.message().to_string()),
         )),
