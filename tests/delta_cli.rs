@@ -98,3 +98,67 @@ fn sign_then_verify_and_a_replayed_statement_fails() {
     assert!(stdout(&replayed).contains("INVALID"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Regression: a client command whose output goes to a closed pipe (`hanzod config | head
+/// -1`) ends as a Unix tool does, by SIGPIPE or with status 0, never with a panic.
+#[test]
+fn a_closed_pipe_ends_a_client_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hanzod"))
+        .arg("config")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("hanzod starts");
+    // The reader goes away before the command writes.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("hanzod ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        out.status.success() || out.status.signal() == Some(13),
+        "{:?}: {stderr}",
+        out.status
+    );
+}
+
+/// Regression: `delta inspect --model nosuch` said only that the file was missing; it now
+/// names the built-in models too (exit 2, a usage error).
+#[test]
+fn an_unknown_model_lists_the_built_in_models() {
+    let delta = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/deltas/tiny_f32.hzdl");
+    let out = hanzod(&[
+        "delta",
+        "inspect",
+        delta.to_str().unwrap(),
+        "--model",
+        "nosuch",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("not a built-in model (wine-mlp)"),
+        "{stderr}"
+    );
+}
+
+/// Regression: `node --region "EU West"` wrote a key file before refusing the region.
+#[test]
+fn a_bad_region_is_refused_before_a_key_is_written() {
+    let dir = std::env::temp_dir().join(format!("hanzod-region-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("node.key");
+    let _ = std::fs::remove_file(&key);
+    let out = hanzod(&[
+        "node",
+        "--key",
+        key.to_str().unwrap(),
+        "--region",
+        "EU West",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--region"), "{stderr}");
+    assert!(!key.exists(), "no key was written");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -436,3 +436,20 @@ fn the_demo_writes_only_into_its_own_folder() {
     assert!(err.contains("not a folder"), "{err}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Regression: two demos into one `--out` shared its keys and overwrote each other's
+/// results while both exited 0. The folder is locked for the run: a second one is refused
+/// until the first lets go.
+#[test]
+fn two_demos_into_one_folder_are_refused() {
+    let out = std::env::temp_dir().join(format!("hanzod-demo-lock-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let first = hanzod::demo::prepare_out(&out).unwrap();
+    let err = hanzod::demo::prepare_out(&out).unwrap_err().to_string();
+    assert!(err.contains("another hanzod demo is running"), "{err}");
+    drop(first);
+    let again = hanzod::demo::prepare_out(&out);
+    assert!(again.is_ok(), "{again:?}");
+    drop(again);
+    let _ = std::fs::remove_dir_all(&out);
+}

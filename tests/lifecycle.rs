@@ -414,3 +414,92 @@ async fn reads_racing_a_cancel_see_the_final_state() {
         );
     }
 }
+
+/// A checkpoint sink that takes `delay` for every epoch of job `slow` (then publishes like
+/// the harness's own sink), and publishes every other job's epochs at once.
+#[derive(Debug)]
+struct SlowSink {
+    inner: std::sync::Arc<hanzod::core::ports::memory::MemoryCheckpointSink>,
+    slow: hanzod::core::types::JobId,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl hanzod::core::ports::CheckpointSink for SlowSink {
+    async fn publish(
+        &self,
+        input: hanzod::core::ports::EpochInput<'_>,
+    ) -> Result<String, hanzod::core::ports::CheckpointError> {
+        if input.job == self.slow {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.publish(input).await
+    }
+}
+
+/// Regression (the job actor awaited the sink inside its message handler): while a sink
+/// takes 30 s over one job's epoch, that job's status is answered at once (it used to time
+/// out after `call_timeout_ms`) and another job's epochs run to Published meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_slow_publication_blocks_neither_its_job_status_nor_other_jobs() {
+    let sink = std::sync::Arc::new(hanzod::core::ports::memory::MemoryCheckpointSink::new());
+    let slow = hanzod::core::types::JobId(1);
+    let delay = Duration::from_secs(30);
+    let h = Harness::start(HarnessConfig::new(8).seed_from_env_or(71).checkpoint_sink(
+        std::sync::Arc::new(SlowSink {
+            inner: sink.clone(),
+            slow,
+            delay,
+        }),
+    ))
+    .await;
+    let a = h.orch.submit_job(h.job_spec("slow", 4, 1)).await.unwrap();
+    assert_eq!(a, slow, "the first job gets id 1");
+    let b = h.orch.submit_job(h.job_spec("fast", 4, 3)).await.unwrap();
+    h.await_phase(a, 2 * MIN, "job 1 aggregating", |p| {
+        matches!(p, JobPhase::Aggregating { .. })
+    })
+    .await
+    .unwrap();
+    let aggregating_since = tokio::time::Instant::now();
+
+    // The slow job's own status: answered without waiting for its sink.
+    let asked = tokio::time::Instant::now();
+    let view = h
+        .orch
+        .job(a)
+        .await
+        .expect("job status while its sink works");
+    assert!(
+        matches!(view.phase, JobPhase::Aggregating { .. }),
+        "{:?}",
+        view.phase
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
+    );
+
+    // The other job publishes all its epochs while the first sink call still runs.
+    let end = h.await_end(b, 2 * MIN).await.unwrap();
+    assert!(
+        matches!(end, JobPhase::Published { epochs: 3, .. }),
+        "{end:?}"
+    );
+    assert!(
+        aggregating_since.elapsed() < delay,
+        "job 2 ended {:?} after job 1 began aggregating",
+        aggregating_since.elapsed()
+    );
+    let still = h.orch.job(a).await.unwrap().phase;
+    assert!(matches!(still, JobPhase::Aggregating { .. }), "{still:?}");
+
+    // And the slow publication lands when the sink returns.
+    let end = h.await_end(a, 2 * MIN).await.unwrap();
+    assert!(
+        matches!(end, JobPhase::Published { epochs: 1, .. }),
+        "{end:?}"
+    );
+    assert_eq!(sink.checkpoints(a).len(), 1);
+}

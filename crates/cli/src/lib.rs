@@ -226,6 +226,38 @@ fn init_logging(cfg: &Config) {
     }
 }
 
+impl Command {
+    /// Whether the command prints its result and exits, so that a closed pipe
+    /// (`hanzod nodes | head -1`) should end it as it ends any Unix tool: by SIGPIPE (status
+    /// 141 in a shell), not by a panic on the failed write. The long-running commands keep
+    /// Rust's ignored SIGPIPE, under which a peer closing a socket is an error to handle.
+    fn prints_for_a_pipe(&self) -> bool {
+        matches!(
+            self,
+            Command::Config
+                | Command::Nodes { .. }
+                | Command::Ring { .. }
+                | Command::Job(_)
+                | Command::Delta(_)
+                | Command::Verify(_)
+                | Command::Chain(_)
+                | Command::Keygen { .. }
+                | Command::Health { .. }
+        )
+    }
+}
+
+/// Restores the default disposition of SIGPIPE (terminate), which Rust's runtime sets to
+/// ignore before `main`.
+fn restore_default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: signal(2) with SIG_DFL installs no handler; nothing else runs yet (no thread
+    // has been started), so no other code observes the change mid-flight.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -241,6 +273,9 @@ pub(crate) fn fail(e: impl std::fmt::Display) -> ExitCode {
 /// the subcommand. The exit code: 0 success, 1 failure, 2 bad configuration or usage.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.command.prints_for_a_pipe() {
+        restore_default_sigpipe();
+    }
     let env_names: Vec<String> = std::env::vars_os()
         .filter_map(|(k, _)| k.into_string().ok())
         .collect();

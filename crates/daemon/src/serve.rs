@@ -557,73 +557,17 @@ impl Daemon {
         )
         .await?;
         let objects = publication.objects.clone();
-        let sink = TrainingSink::start(
+        let sink = start_sink(
+            cfg,
             blobs.clone(),
             catalog.clone(),
             seed,
-            cfg.validation.sink_config(),
             metrics.clone(),
-            Some(Economics {
-                min_stake: cfg.core.eligibility.rules().min_stake,
-                // On a chain a settlement is a few transactions, each awaited up to
-                // chain.tx_timeout_ms.
-                settle_timeout: if cfg.chain.rpc_url.is_empty() {
-                    hanzod_pipeline::sink::LEDGER_TIMEOUT
-                } else {
-                    Duration::from_millis(cfg.chain.tx_timeout_ms.saturating_mul(4))
-                },
-                ..Economics::new(
-                    ledger.clone(),
-                    GymWei::gym(cfg.chain.epoch_reward_gym),
-                    cfg.chain.slash_pct,
-                )
-            }),
+            &ledger,
             publication,
         )
-        .await
-        .map_err(|e| StartError::Validator(e.to_string()))?;
-        // An empty state store beside a chain that holds this orchestrator's publications
-        // is a full-node failure: rebuild each job from the chain and the object store and
-        // resume it from its last published epoch (paper §10).
-        if store
-            .last_seq()
-            .await
-            .map_err(|e| StartError::Store(e.to_string()))?
-            == 0
-        {
-            let now = clock
-                .as_ref()
-                .map_or_else(|| hanzod_actors::ports::SystemClock.now(), |c| c.now());
-            let recovery = hanzod_pipeline::recovery::rebuild(
-                &*ledger,
-                &*objects,
-                &*store,
-                identity.node_id().0,
-                now,
-            )
-            .await
-            .map_err(|e| StartError::Store(format!("rebuilding from the chain: {e}")))?;
-            for j in &recovery.jobs {
-                tracing::info!(
-                    job = %j.job,
-                    next_epoch = j.next_epoch(),
-                    epochs = j.spec.epochs,
-                    last_checkpoint = j.checkpoints.last().map(String::as_str).unwrap_or(""),
-                    unpaid_epochs = ?j.unpaid,
-                    "job rebuilt from the chain's publication records; it resumes from its last published epoch"
-                );
-            }
-            for (job, why) in &recovery.skipped {
-                tracing::warn!(job = %job, %why, "job found on the chain but not rebuilt");
-            }
-            if !recovery.jobs.is_empty() {
-                tracing::info!(
-                    jobs = recovery.jobs.len(),
-                    took_ms = recovery.took.as_millis() as u64,
-                    "state rebuilt from the chain"
-                );
-            }
-        }
+        .await?;
+        recover_from_chain(&*store, &*ledger, &*objects, &identity, clock.as_deref()).await?;
         let mut builder = Orchestrator::builder()
             .config(cfg.core.clone())
             .checkpoint_sink(Arc::new(sink.clone()))
@@ -653,84 +597,15 @@ impl Daemon {
             shutdown_rx.clone(),
         )
         .await?;
-        let mut stop = shutdown_rx.clone();
-        let signal = async move { hanzod_protocol::status::stopped(&mut stop).await };
-        let grpc = tokio::spawn(async move {
-            match serving {
-                Serving::Tcp(l, Some(a)) => server.serve_tls(l, a, signal).await,
-                Serving::Tcp(l, None) => server.serve(l, signal).await,
-                Serving::Incoming(s) => {
-                    use futures_util::StreamExt;
-                    server
-                        .serve_with_incoming(s.map(|r| r.map(AnyIo)), signal)
-                        .await
-                }
-            }
-        });
+        let grpc = spawn_grpc(server, serving, shutdown_rx.clone());
         let (metrics_addr, exporter) = match metrics_listener {
             None => (None, None),
             Some(l) => {
-                let addr = l.local_addr().ok();
-                let mut stop = shutdown_rx.clone();
-                let core2 = core.clone();
-                let m2 = metrics.clone();
-                // One sample in flight at a time, at most one a second: a scrape flood must
-                // not queue work on the actors that handle heartbeats.
-                let gate = Arc::new(tokio::sync::Mutex::new(None::<std::time::Instant>));
-                let sample = move || {
-                    let core = core2.clone();
-                    let m = m2.clone();
-                    let gate = gate.clone();
-                    async move {
-                        let Ok(mut last) = gate.try_lock() else {
-                            return;
-                        };
-                        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
-                            return;
-                        }
-                        m.sample_from(&core).await;
-                        *last = Some(std::time::Instant::now());
-                    }
-                    .boxed()
-                };
-                let task = tokio::spawn(crate::metrics::serve(
-                    l,
-                    metrics,
-                    health.clone(),
-                    sample,
-                    async move { hanzod_protocol::status::stopped(&mut stop).await },
-                ));
+                let (addr, task) = spawn_exporter(l, &core, metrics, &health, shutdown_rx.clone());
                 (addr, Some(task))
             }
         };
-        // Snapshots of the log's fold, so a standby (or a rebuilt actor) replays only the
-        // tail. Through a fenced store a deposed leader's snapshot is refused like its events.
-        let snapshots = {
-            let store = store.clone();
-            let every = cfg.state.snapshot_every;
-            // As often as the lease is renewed: two reads per check when none is due.
-            let check = Duration::from_millis(cfg.state.campaign_ms);
-            let mut stop = shutdown_rx.clone();
-            tokio::spawn(async move {
-                if every == 0 {
-                    return;
-                }
-                let mut tick = tokio::time::interval(check);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut known = None;
-                loop {
-                    tokio::select! {
-                        _ = tick.tick() => {}
-                        _ = hanzod_protocol::status::stopped(&mut stop) => return,
-                    }
-                    match hanzod_actors::replay::snapshot(&*store, every, &mut known).await {
-                        Ok(Some(seq)) => tracing::debug!(seq, "snapshot of the event log written"),
-                        Ok(None) => {}
-                        Err(e) => tracing::debug!(error = %e, "snapshot not written; will retry"),
-                    }
-                }
-            })
-        };
+        let snapshots = spawn_snapshots(store.clone(), cfg, shutdown_rx.clone());
         tracing::info!(
             grpc = %grpc_addr,
             metrics = ?metrics_addr,
@@ -833,4 +708,187 @@ pub async fn termination() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// The epoch pipeline's sink: the validator pool and the model keeper, settling on
+/// `ledger` with the configured rewards, slash and settlement deadline.
+async fn start_sink(
+    cfg: &Config,
+    blobs: Arc<dyn BlobStore>,
+    catalog: Arc<ModelCatalog>,
+    seed: [u8; 32],
+    metrics: Arc<PrometheusMetrics>,
+    ledger: &Arc<dyn Ledger>,
+    publication: Publication,
+) -> Result<TrainingSink, StartError> {
+    TrainingSink::start(
+        blobs,
+        catalog,
+        seed,
+        cfg.validation.sink_config(),
+        metrics,
+        Some(Economics {
+            min_stake: cfg.core.eligibility.rules().min_stake,
+            // On a chain a settlement is a few transactions, each awaited up to
+            // chain.tx_timeout_ms.
+            settle_timeout: if cfg.chain.rpc_url.is_empty() {
+                hanzod_pipeline::sink::LEDGER_TIMEOUT
+            } else {
+                Duration::from_millis(cfg.chain.tx_timeout_ms.saturating_mul(4))
+            },
+            ..Economics::new(
+                ledger.clone(),
+                GymWei::gym(cfg.chain.epoch_reward_gym),
+                cfg.chain.slash_pct,
+            )
+        }),
+        publication,
+    )
+    .await
+    .map_err(|e| StartError::Validator(e.to_string()))
+}
+
+/// An empty state store beside a chain that holds this orchestrator's publications is a
+/// full-node failure: rebuilds each job from the chain and the object store, so that it
+/// resumes from its last published epoch (paper §10). Nothing on a store that holds events.
+async fn recover_from_chain(
+    store: &dyn StateStore,
+    ledger: &dyn Ledger,
+    objects: &dyn ObjectStore,
+    identity: &Identity,
+    clock: Option<&dyn Clock>,
+) -> Result<(), StartError> {
+    if store
+        .last_seq()
+        .await
+        .map_err(|e| StartError::Store(e.to_string()))?
+        == 0
+    {
+        let now = clock.map_or_else(|| hanzod_actors::ports::SystemClock.now(), |c| c.now());
+        let recovery =
+            hanzod_pipeline::recovery::rebuild(ledger, objects, store, identity.node_id().0, now)
+                .await
+                .map_err(|e| StartError::Store(format!("rebuilding from the chain: {e}")))?;
+        for j in &recovery.jobs {
+            tracing::info!(
+                job = %j.job,
+                next_epoch = j.next_epoch(),
+                epochs = j.spec.epochs,
+                last_checkpoint = j.checkpoints.last().map(String::as_str).unwrap_or(""),
+                unpaid_epochs = ?j.unpaid,
+                "job rebuilt from the chain's publication records; it resumes from its last published epoch"
+            );
+        }
+        for (job, why) in &recovery.skipped {
+            tracing::warn!(job = %job, %why, "job found on the chain but not rebuilt");
+        }
+        if !recovery.jobs.is_empty() {
+            tracing::info!(
+                jobs = recovery.jobs.len(),
+                took_ms = recovery.took.as_millis() as u64,
+                "state rebuilt from the chain"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Serves gRPC on `serving` until `shutdown` turns true.
+fn spawn_grpc(
+    server: GrpcServer,
+    serving: Serving,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<(), ServeError>> {
+    let mut stop = shutdown;
+    let signal = async move { hanzod_protocol::status::stopped(&mut stop).await };
+    tokio::spawn(async move {
+        match serving {
+            Serving::Tcp(l, Some(a)) => server.serve_tls(l, a, signal).await,
+            Serving::Tcp(l, None) => server.serve(l, signal).await,
+            Serving::Incoming(s) => {
+                use futures_util::StreamExt;
+                server
+                    .serve_with_incoming(s.map(|r| r.map(AnyIo)), signal)
+                    .await
+            }
+        }
+    })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `l` until `shutdown` turns true,
+/// sampling the gauges from `core` at most once a second.
+fn spawn_exporter(
+    l: TcpListener,
+    core: &OrchestratorHandle,
+    metrics: Arc<PrometheusMetrics>,
+    health: &Health,
+    shutdown: watch::Receiver<bool>,
+) -> (
+    Option<SocketAddr>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let addr = l.local_addr().ok();
+    let mut stop = shutdown;
+    let core2 = core.clone();
+    let m2 = metrics.clone();
+    // One sample in flight at a time, at most one a second: a scrape flood must
+    // not queue work on the actors that handle heartbeats.
+    let gate = Arc::new(tokio::sync::Mutex::new(None::<std::time::Instant>));
+    let sample = move || {
+        let core = core2.clone();
+        let m = m2.clone();
+        let gate = gate.clone();
+        async move {
+            let Ok(mut last) = gate.try_lock() else {
+                return;
+            };
+            if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+                return;
+            }
+            m.sample_from(&core).await;
+            *last = Some(std::time::Instant::now());
+        }
+        .boxed()
+    };
+    let task = tokio::spawn(crate::metrics::serve(
+        l,
+        metrics,
+        health.clone(),
+        sample,
+        async move { hanzod_protocol::status::stopped(&mut stop).await },
+    ));
+    (addr, task)
+}
+
+/// Writes a snapshot of the log's fold every `state.snapshot_every` events, so a standby
+/// (or a rebuilt actor) replays only the tail; through a fenced store a deposed leader's
+/// snapshot is refused like its events.
+fn spawn_snapshots(
+    store: Arc<dyn StateStore>,
+    cfg: &Config,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let every = cfg.state.snapshot_every;
+    // As often as the lease is renewed: two reads per check when none is due.
+    let check = Duration::from_millis(cfg.state.campaign_ms);
+    let mut stop = shutdown;
+    tokio::spawn(async move {
+        if every == 0 {
+            return;
+        }
+        let mut tick = tokio::time::interval(check);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut known = None;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = hanzod_protocol::status::stopped(&mut stop) => return,
+            }
+            match hanzod_actors::replay::snapshot(&*store, every, &mut known).await {
+                Ok(Some(seq)) => tracing::debug!(seq, "snapshot of the event log written"),
+                Ok(None) => {}
+                Err(e) => tracing::debug!(error = %e, "snapshot not written; will retry"),
+            }
+        }
+    })
 }

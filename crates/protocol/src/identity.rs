@@ -29,6 +29,9 @@ pub enum KeyError {
     /// Refused to overwrite an existing key file.
     #[error("{0} exists; pass --force to overwrite it")]
     Exists(String),
+    /// The key's folder does not exist (it is not created: a mistyped path should fail).
+    #[error("{0} is not a folder; create it first")]
+    NoFolder(String),
 }
 
 /// A signing identity.
@@ -76,7 +79,8 @@ impl Identity {
         Identity::from_hex(&text, &path.display().to_string())
     }
 
-    /// Writes the key to `path` (mode 0600); refuses to overwrite unless `force`.
+    /// Writes the key to `path` (mode 0600); refuses to overwrite unless `force`, and refuses
+    /// a path whose folder does not exist ([`KeyError::NoFolder`]).
     pub fn save(&self, path: &Path, force: bool) -> Result<(), KeyError> {
         let io = |source| KeyError::Io {
             path: path.display().to_string(),
@@ -85,8 +89,11 @@ impl Identity {
         if path.exists() && !force {
             return Err(KeyError::Exists(path.display().to_string()));
         }
+        // A missing folder is more likely a mistyped path than a wish to create one.
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
+            if !dir.is_dir() {
+                return Err(KeyError::NoFolder(dir.display().to_string()));
+            }
         }
         let mut opts = std::fs::OpenOptions::new();
         opts.write(true).create(true).truncate(true);
@@ -214,6 +221,7 @@ mod tests {
     #[test]
     fn key_file_round_trip_refuses_overwrite() {
         let dir = std::env::temp_dir().join(format!("hanzod-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("node.key");
         let _ = std::fs::remove_file(&path);
         let (a, created) = Identity::load_or_generate(&path).unwrap();
@@ -234,5 +242,19 @@ mod tests {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    /// Regression: `node --key` created missing parent folders, so a mistyped path made a
+    /// new folder and a new identity instead of failing.
+    #[test]
+    fn a_key_is_not_written_into_a_missing_folder() {
+        let dir = std::env::temp_dir().join(format!("hanzod-nokey-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("sub").join("node.key");
+        assert!(matches!(
+            Identity::load_or_generate(&path),
+            Err(KeyError::NoFolder(_))
+        ));
+        assert!(!dir.exists(), "no folder was created");
     }
 }

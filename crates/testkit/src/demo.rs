@@ -461,9 +461,14 @@ pub const MARKER: &str = ".hanzod-demo";
 /// marker is there (then the previous run's `ipfs/` and `models/` are removed: the same
 /// seed republishes the same checkpoints, another would conflict).
 ///
-/// Errors: [`DemoError::Usage`] when `out` is a file, or a non-empty folder without the
-/// marker (the demo never deletes what it did not make); [`DemoError::Setup`] on I/O.
-pub fn prepare_out(out: &Path) -> Result<(), DemoError> {
+/// The folder is locked (an exclusive lock on `<out>/.hanzod-demo.lock`) for as long as
+/// the returned [`OutLock`] lives: hold it for the whole run, so a second demo into the same
+/// folder is refused rather than sharing its keys and overwriting its results.
+///
+/// Errors: [`DemoError::Usage`] when `out` is a file, a non-empty folder without the
+/// marker (the demo never deletes what it did not make), or a folder another demo holds;
+/// [`DemoError::Setup`] on I/O.
+pub fn prepare_out(out: &Path) -> Result<OutLock, DemoError> {
     let setup = |p: &Path, e: std::io::Error| DemoError::Setup(format!("{}: {e}", p.display()));
     let marker = out.join(MARKER);
     if out.exists() && !out.is_dir() {
@@ -473,7 +478,7 @@ pub fn prepare_out(out: &Path) -> Result<(), DemoError> {
         )));
     }
     let foreign = std::fs::read_dir(out)
-        .map(|mut d| d.next().is_some())
+        .map(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name() != LOCK)))
         .unwrap_or(false)
         && !marker.exists();
     if foreign {
@@ -483,6 +488,23 @@ pub fn prepare_out(out: &Path) -> Result<(), DemoError> {
         )));
     }
     std::fs::create_dir_all(out).map_err(|e| setup(out, e))?;
+    let lock_path = out.join(LOCK);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| setup(&lock_path, e))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(DemoError::Usage(format!(
+                "another hanzod demo is running in {}; wait for it or name another --out",
+                out.display()
+            )))
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(setup(&lock_path, e)),
+    }
     std::fs::write(
         &marker,
         "made by hanzod demo; each run replaces ipfs/ and models/ here\n",
@@ -494,8 +516,15 @@ pub fn prepare_out(out: &Path) -> Result<(), DemoError> {
             std::fs::remove_dir_all(&dir).map_err(|e| setup(&dir, e))?;
         }
     }
-    Ok(())
+    Ok(OutLock(lock))
 }
+
+/// The file whose lock marks a demo folder in use ([`prepare_out`]).
+pub const LOCK: &str = ".hanzod-demo.lock";
+
+/// A demo folder held for one run: its lock is released when this is dropped.
+#[derive(Debug)]
+pub struct OutLock(#[allow(dead_code)] std::fs::File);
 
 /// The deterministic identity of node `i` of a run with `seed`.
 pub fn node_identity(seed: u64, i: usize) -> Identity {
@@ -645,8 +674,16 @@ struct NodeEvent {
 ///
 /// Errors: [`DemoError`] when the run could not be set up.
 pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
+    let lock = prepare_out(&plan.out)?;
+    run_in(plan, lock).await
+}
+
+/// [`run`] in a folder [`prepare_out`] already prepared and locked (held until the run
+/// ends).
+///
+/// Errors: [`DemoError`] when the run could not be set up.
+pub async fn run_in(plan: DemoPlan, _lock: OutLock) -> Result<DemoSummary, DemoError> {
     let setup = |what: &str, e: &dyn std::fmt::Display| DemoError::Setup(format!("{what}: {e}"));
-    prepare_out(&plan.out)?;
     let keys = plan.out.join("keys");
     let logs = plan.out.join("logs");
     for dir in [&keys, &logs] {
@@ -717,19 +754,25 @@ pub async fn run(plan: DemoPlan) -> Result<DemoSummary, DemoError> {
 /// The endpoint to take down and when: (the proxy in front of the chain, (epoch, s)).
 type Outage = Option<(std::sync::Arc<crate::anvil::RpcProxy>, (u32, u64))>;
 
-async fn drive(
+/// A setup failure: what was being done, and why it failed.
+fn setup(what: String, e: &dyn std::fmt::Display) -> DemoError {
+    DemoError::Setup(format!("{what}: {e}"))
+}
+
+/// The regions the demo's nodes declare, in turn.
+const REGIONS: [&str; 3] = ["eu-west", "us-east", "ap-south"];
+
+/// Starts one `hanzod node` process per behaviour, each with its key in `keys` and its log
+/// and events in `logs`; their JSON events arrive on `tx`.
+fn spawn_nodes(
     plan: &DemoPlan,
     d: &Daemon,
     keys: &Path,
     logs: &Path,
-    outage: Outage,
-) -> Result<DemoSummary, DemoError> {
-    let setup = |what: String, e: &dyn std::fmt::Display| DemoError::Setup(format!("{what}: {e}"));
-    let view = View::new(plan);
-    let (behaviours, to_kill) = plan.roles();
-    let (tx, mut events) = mpsc::channel::<NodeEvent>(1024);
+    behaviours: &[Behaviour],
+    tx: &mpsc::Sender<NodeEvent>,
+) -> Result<Vec<NodeProc>, DemoError> {
     let endpoint = format!("http://{}", d.grpc_addr);
-    let regions = ["eu-west", "us-east", "ap-south"];
     let mut nodes: Vec<NodeProc> = Vec::new();
     for (i, behaviour) in behaviours.iter().enumerate() {
         let identity = node_identity(plan.seed, i);
@@ -744,7 +787,7 @@ async fn drive(
             .arg("--key")
             .arg(&key)
             .args(["--listen", "127.0.0.1:0", "--json"])
-            .args(["--region", regions[i % regions.len()]])
+            .args(["--region", REGIONS[i % REGIONS.len()]])
             .args(["--endpoint", &endpoint])
             .args(["--backoff-min-ms", "100", "--backoff-max-ms", "2000"])
             .arg("--byzantine")
@@ -787,26 +830,24 @@ async fn drive(
             status: "starting".into(),
         });
     }
-    let index_of: HashMap<NodeId, usize> =
-        nodes.iter().enumerate().map(|(i, n)| (n.id, i)).collect();
-    let mut notices = d.core.subscribe();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(plan.timeout_s);
+    Ok(nodes)
+}
 
-    // Wait for every node to register.
-    view.log(&format!(
-        "orchestrator on {}; {} nodes starting (logs and node events in {})",
-        d.grpc_addr,
-        plan.nodes,
-        logs.display()
-    ));
-    // SIGINT/SIGTERM end the run with its summary (and the nodes with it).
-    let interrupted = hanzod_daemon::serve::termination();
-    tokio::pin!(interrupted);
+/// Waits until every node registered; a node that exits or stops first, the `deadline`
+/// or an interruption end the run.
+async fn await_registered(
+    plan: &DemoPlan,
+    logs: &Path,
+    nodes: &mut [NodeProc],
+    events: &mut mpsc::Receiver<NodeEvent>,
+    interrupted: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    deadline: tokio::time::Instant,
+) -> Result<(), DemoError> {
     let mut registered = 0usize;
     let mut poll = tokio::time::interval(Duration::from_millis(250));
     while registered < plan.nodes {
         tokio::select! {
-            _ = &mut interrupted => {
+            _ = interrupted.as_mut() => {
                 return Err(DemoError::Setup("interrupted while the nodes were starting".into()));
             }
             _ = poll.tick() => {
@@ -837,9 +878,13 @@ async fn drive(
             }
         }
     }
-    view.nodes(&nodes);
+    Ok(())
+}
 
-    let spec = JobSpec {
+/// The demo's job: the built-in wine-mlp with the plan's recipe, on every node, surviving
+/// the nodes the plan kills.
+fn demo_spec(plan: &DemoPlan) -> JobSpec {
+    JobSpec {
         name: "demo: wine-mlp on Wine Quality (red)".into(),
         epochs: plan.epochs,
         min_nodes: (plan.nodes - plan.kill).max(1) as u32,
@@ -856,7 +901,254 @@ async fn drive(
             seed: plan.seed,
             ..TrainingSpec::default()
         },
-    };
+    }
+}
+
+/// A running demo job, as its notices and node events arrive.
+struct Run<'a> {
+    plan: &'a DemoPlan,
+    d: &'a Daemon,
+    view: &'a View,
+    job: JobId,
+    nodes: Vec<NodeProc>,
+    index_of: HashMap<NodeId, usize>,
+    to_kill: Vec<usize>,
+    outage: Outage,
+    epochs: EpochLog,
+    killed_at: Option<Instant>,
+    ring_repair_ms: Vec<u64>,
+    ring_version: u64,
+    node_failures: BTreeMap<usize, String>,
+}
+
+/// How the job ended: its phase's name and, when it failed, why.
+type Ending = (String, Option<String>);
+
+impl Run<'_> {
+    /// Follows the job until it ends, the `deadline` passes or the run is interrupted.
+    async fn follow(
+        &mut self,
+        notices: &mut tokio::sync::broadcast::Receiver<Notice>,
+        events: &mut mpsc::Receiver<NodeEvent>,
+        interrupted: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+        deadline: tokio::time::Instant,
+    ) -> Ending {
+        loop {
+            tokio::select! {
+                _ = interrupted.as_mut() => {
+                    return ("Failed".to_string(), Some("interrupted".to_string()));
+                }
+                n = notices.recv() => {
+                    let n = match n {
+                        Ok(n) => n,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            // Notices were dropped: the job may have ended meanwhile.
+                            match self.d.core.job(self.job).await.map(|v| v.phase) {
+                                Ok(JobPhase::Published { .. }) => return self.published().await,
+                                Ok(JobPhase::Failed { reason, .. }) => {
+                                    return ("Failed".to_string(), Some(reason.to_string()))
+                                }
+                                _ => continue,
+                            }
+                        }
+                        Err(_) => {
+                            return ("Failed".to_string(), Some("the orchestrator stopped".to_string()))
+                        }
+                    };
+                    if let Some(end) = self.on_notice(n).await {
+                        return end;
+                    }
+                }
+                e = events.recv() => {
+                    if let Some(e) = e {
+                        self.on_node_event(e);
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    return (
+                        "Failed".to_string(),
+                        Some(format!("timed out after {} s", self.plan.timeout_s)),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The last epoch's report, then `Published`.
+    async fn published(&mut self) -> Ending {
+        let last = self.plan.epochs - 1;
+        self.epochs
+            .finish(
+                self.d,
+                self.job,
+                last,
+                self.view,
+                &mut self.nodes,
+                &self.index_of,
+            )
+            .await;
+        ("Published".to_string(), None)
+    }
+
+    /// What a notice of the orchestrator changes; `Some` when the job ended.
+    async fn on_notice(&mut self, n: Notice) -> Option<Ending> {
+        match n {
+            Notice::JobPhase { job, phase } if job == self.job => {
+                let now = Instant::now();
+                match &phase {
+                    // A ring change mid-epoch re-announces the phase: not a new epoch.
+                    JobPhase::Running { epoch, .. } if !self.epochs.started.contains_key(epoch) => {
+                        self.on_epoch_start(*epoch, now).await;
+                    }
+                    JobPhase::Aggregating { .. } => self.epochs.aggregating_since = Some(now),
+                    JobPhase::Published { .. } => return Some(self.published().await),
+                    JobPhase::Failed { reason, .. } => {
+                        return Some(("Failed".to_string(), Some(reason.to_string())));
+                    }
+                    _ => {}
+                }
+                self.view.nodes(&self.nodes);
+            }
+            Notice::RingChanged { ring, removed, .. } if ring.job == self.job => {
+                self.ring_version = ring.version;
+                if !removed.is_empty() {
+                    let all_killed = removed
+                        .iter()
+                        .all(|r| self.index_of.get(r).is_some_and(|&i| self.nodes[i].killed));
+                    if let (Some(t), true) = (self.killed_at, all_killed) {
+                        self.ring_repair_ms.push(t.elapsed().as_millis() as u64);
+                    }
+                    let names: Vec<String> = removed
+                        .iter()
+                        .map(|r| {
+                            self.index_of
+                                .get(r)
+                                .map_or(r.to_string(), |i| format!("node {i}"))
+                        })
+                        .collect();
+                    self.view.log(&format!(
+                        "ring v{}: {} members, removed {}",
+                        ring.version,
+                        ring.members.len(),
+                        names.join(", ")
+                    ));
+                }
+            }
+            Notice::NodeFailed { node, kind, .. } => {
+                if let Some(&i) = self.index_of.get(&node) {
+                    self.nodes[i].status = format!("failed ({kind:?})");
+                    self.view.nodes(&self.nodes);
+                }
+            }
+            _ => {}
+        }
+        None
+    }
+
+    /// Epoch `epoch` started: the previous one's report, and the faults the plan injects
+    /// at this epoch (the chain's endpoint down, nodes killed).
+    async fn on_epoch_start(&mut self, epoch: u32, now: Instant) {
+        self.epochs.started.insert(epoch, now);
+        if epoch > 0 {
+            self.epochs
+                .finish(
+                    self.d,
+                    self.job,
+                    epoch - 1,
+                    self.view,
+                    &mut self.nodes,
+                    &self.index_of,
+                )
+                .await;
+        }
+        self.view.epoch(epoch, self.plan.epochs);
+        if let Some((proxy, (at, secs))) = &self.outage {
+            if *at == epoch {
+                use crate::anvil::ProxyMode;
+                proxy.set_mode(ProxyMode::Down);
+                self.view.log(&format!(
+                    "epoch {epoch}: the chain's RPC endpoint is down for {secs} s"
+                ));
+                let (proxy, secs) = (proxy.clone(), *secs);
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(secs)).await;
+                    proxy.set_mode(ProxyMode::Forward);
+                });
+            }
+        }
+        if self.plan.kill > 0 && epoch == self.plan.kill_epoch && self.killed_at.is_none() {
+            for &i in &self.to_kill {
+                if let Some(c) = self.nodes[i].child.as_mut() {
+                    let _ = c.start_kill();
+                }
+                self.nodes[i].killed = true;
+                self.nodes[i].status = format!("killed (SIGKILL) at the start of epoch {epoch}");
+            }
+            self.killed_at = Some(now);
+            self.view
+                .log(&format!("epoch {epoch}: killed node(s) {:?}", self.to_kill));
+        }
+    }
+
+    /// What a node process reported (a failed epoch, its status).
+    fn on_node_event(&mut self, e: NodeEvent) {
+        if e.event["event"] == "epoch_failed" && !self.nodes[e.index].killed {
+            let why = format!(
+                "node {}: epoch {} failed: {}",
+                e.index,
+                e.event["epoch"],
+                e.event["reason"].as_str().unwrap_or("?")
+            );
+            if self.view.bars.is_none() {
+                self.view.log(&why);
+            }
+            self.node_failures.insert(e.index, why);
+        }
+        if let Some(status) = node_status(&e.event) {
+            if !self.nodes[e.index].killed {
+                self.nodes[e.index].status = status;
+                self.view.nodes(&self.nodes);
+            }
+        }
+    }
+}
+
+async fn drive(
+    plan: &DemoPlan,
+    d: &Daemon,
+    keys: &Path,
+    logs: &Path,
+    outage: Outage,
+) -> Result<DemoSummary, DemoError> {
+    let view = View::new(plan);
+    let (behaviours, to_kill) = plan.roles();
+    let (tx, mut events) = mpsc::channel::<NodeEvent>(1024);
+    let mut nodes = spawn_nodes(plan, d, keys, logs, &behaviours, &tx)?;
+    let index_of: HashMap<NodeId, usize> =
+        nodes.iter().enumerate().map(|(i, n)| (n.id, i)).collect();
+    let mut notices = d.core.subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(plan.timeout_s);
+    view.log(&format!(
+        "orchestrator on {}; {} nodes starting (logs and node events in {})",
+        d.grpc_addr,
+        plan.nodes,
+        logs.display()
+    ));
+    // SIGINT/SIGTERM end the run with its summary (and the nodes with it).
+    let interrupted = hanzod_daemon::serve::termination();
+    tokio::pin!(interrupted);
+    await_registered(
+        plan,
+        logs,
+        &mut nodes,
+        &mut events,
+        &mut interrupted,
+        deadline,
+    )
+    .await?;
+    view.nodes(&nodes);
+
+    let spec = demo_spec(plan);
     let started = Instant::now();
     let job = d
         .core
@@ -872,132 +1164,29 @@ async fn drive(
         plan.batch_size,
         initial_loss.map_or("?".into(), |l| format!("{l:.4}"))
     ));
-
-    let mut epochs = EpochLog::default();
-    let mut killed_at: Option<Instant> = None;
-    let mut ring_repair_ms = Vec::new();
-    let mut ring_version = 0;
-    let mut node_failures: BTreeMap<usize, String> = BTreeMap::new();
-    let (phase, failure) = loop {
-        tokio::select! {
-            _ = &mut interrupted => {
-                break ("Failed".to_string(), Some("interrupted".to_string()));
-            }
-            n = notices.recv() => {
-                let n = match n {
-                    Ok(n) => n,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        // Notices were dropped: the job may have ended meanwhile.
-                        match d.core.job(job).await.map(|v| v.phase) {
-                            Ok(JobPhase::Published { .. }) => {
-                                epochs.finish(d, job, plan.epochs - 1, &view, &mut nodes, &index_of).await;
-                                break ("Published".to_string(), None);
-                            }
-                            Ok(JobPhase::Failed { reason, .. }) => break ("Failed".to_string(), Some(reason.to_string())),
-                            _ => continue,
-                        }
-                    }
-                    Err(_) => break ("Failed".to_string(), Some("the orchestrator stopped".to_string())),
-                };
-                match n {
-                    Notice::JobPhase { job: j, phase } if j == job => {
-                        let now = Instant::now();
-                        match &phase {
-                            // A ring change mid-epoch re-announces the phase: not a new epoch.
-                            JobPhase::Running { epoch, .. } if !epochs.started.contains_key(epoch) => {
-                                let epoch = *epoch;
-                                epochs.started.insert(epoch, now);
-                                if epoch > 0 {
-                                    epochs.finish(d, job, epoch - 1, &view, &mut nodes, &index_of).await;
-                                }
-                                view.epoch(epoch, plan.epochs);
-                                if let Some((proxy, (at, secs))) = &outage {
-                                    if *at == epoch {
-                                        use crate::anvil::ProxyMode;
-                                        proxy.set_mode(ProxyMode::Down);
-                                        view.log(&format!("epoch {epoch}: the chain's RPC endpoint is down for {secs} s"));
-                                        let (proxy, secs) = (proxy.clone(), *secs);
-                                        tokio::spawn(async move {
-                                            tokio::time::sleep(Duration::from_secs(secs)).await;
-                                            proxy.set_mode(ProxyMode::Forward);
-                                        });
-                                    }
-                                }
-                                if plan.kill > 0 && epoch == plan.kill_epoch && killed_at.is_none() {
-                                    for &i in &to_kill {
-                                        if let Some(c) = nodes[i].child.as_mut() {
-                                            let _ = c.start_kill();
-                                        }
-                                        nodes[i].killed = true;
-                                        nodes[i].status = format!("killed (SIGKILL) at the start of epoch {epoch}");
-                                    }
-                                    killed_at = Some(now);
-                                    view.log(&format!("epoch {epoch}: killed node(s) {:?}", to_kill));
-                                }
-                            }
-                            JobPhase::Aggregating { .. } => epochs.aggregating_since = Some(now),
-                            JobPhase::Published { .. } => {
-                                epochs.finish(d, job, plan.epochs - 1, &view, &mut nodes, &index_of).await;
-                                break ("Published".to_string(), None);
-                            }
-                            JobPhase::Failed { reason, .. } => {
-                                break ("Failed".to_string(), Some(reason.to_string()));
-                            }
-                            _ => {}
-                        }
-                        view.nodes(&nodes);
-                    }
-                    Notice::RingChanged { ring, removed, .. } if ring.job == job => {
-                        ring_version = ring.version;
-                        if !removed.is_empty() {
-                            if let Some(t) = killed_at {
-                                if removed.iter().all(|r| index_of.get(r).is_some_and(|&i| nodes[i].killed)) {
-                                    ring_repair_ms.push(t.elapsed().as_millis() as u64);
-                                }
-                            }
-                            view.log(&format!(
-                                "ring v{}: {} members, removed {}",
-                                ring.version,
-                                ring.members.len(),
-                                removed.iter().map(|r| index_of.get(r).map_or(r.to_string(), |i| format!("node {i}"))).collect::<Vec<_>>().join(", ")
-                            ));
-                        }
-                    }
-                    Notice::NodeFailed { node, kind, .. } => {
-                        if let Some(&i) = index_of.get(&node) {
-                            nodes[i].status = format!("failed ({kind:?})");
-                            view.nodes(&nodes);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            e = events.recv() => {
-                let Some(e) = e else { continue };
-                if e.event["event"] == "epoch_failed" && !nodes[e.index].killed {
-                    let why = format!("node {}: epoch {} failed: {}", e.index, e.event["epoch"], e.event["reason"].as_str().unwrap_or("?"));
-                    if view.bars.is_none() {
-                        view.log(&why);
-                    }
-                    node_failures.insert(e.index, why);
-                }
-                if let Some(status) = node_status(&e.event) {
-                    if !nodes[e.index].killed {
-                        nodes[e.index].status = status;
-                        view.nodes(&nodes);
-                    }
-                }
-            }
-            _ = tokio::time::sleep_until(deadline) => {
-                break ("Failed".to_string(), Some(format!("timed out after {} s", plan.timeout_s)));
-            }
-        }
+    let mut run = Run {
+        plan,
+        d,
+        view: &view,
+        job,
+        nodes,
+        index_of,
+        to_kill,
+        outage,
+        epochs: EpochLog::default(),
+        killed_at: None,
+        ring_repair_ms: Vec::new(),
+        ring_version: 0,
+        node_failures: BTreeMap::new(),
     };
+    let (phase, failure) = run
+        .follow(&mut notices, &mut events, &mut interrupted, deadline)
+        .await;
     // A failed job says what its nodes reported (a recipe they could not train, …).
     let failure = match failure {
-        Some(f) if !node_failures.is_empty() => Some(format!(
+        Some(f) if !run.node_failures.is_empty() => Some(format!(
             "{f}; nodes reported: {}",
-            node_failures
+            run.node_failures
                 .values()
                 .cloned()
                 .collect::<Vec<_>>()
@@ -1006,14 +1195,43 @@ async fn drive(
         other => other,
     };
     // The epoch reports of the last epoch are fetched above; stop the node processes.
-    for n in nodes.iter_mut() {
+    for n in run.nodes.iter_mut() {
         if let Some(mut c) = n.child.take() {
             let _ = c.start_kill();
             let _ = c.wait().await;
         }
     }
     view.finish();
-    let ledger = d.ledger();
+    let lines = node_lines(&run.nodes, &run.epochs, &*d.ledger(), &run.index_of).await;
+    let (agg_ms, agg_deltas) = run.epochs.aggregation;
+    Ok(DemoSummary {
+        plan: plan.clone(),
+        job: job.0,
+        phase,
+        failure,
+        wall_ms: started.elapsed().as_millis() as u64,
+        initial_loss,
+        epochs: epoch_lines(&run.epochs),
+        nodes: lines,
+        ring_version: run.ring_version,
+        ring_repair_ms: run.ring_repair_ms,
+        aggregation_ms_per_delta: (agg_deltas > 0).then(|| agg_ms as f64 / agg_deltas as f64),
+        out: plan.out.clone(),
+        orchestrator: Identity::from_hex(&orchestrator_key(plan.seed), "the demo key")
+            .map(|k| hex::encode(k.node_id().0))
+            .unwrap_or_default(),
+        chain: None,
+    })
+}
+
+/// Each node's line of the summary: its deltas by verdict, its spot-checks, and what the
+/// ledger holds for it (rewards, stake, slashes).
+async fn node_lines(
+    nodes: &[NodeProc],
+    epochs: &EpochLog,
+    ledger: &dyn hanzod_actors::ports::Ledger,
+    index_of: &HashMap<NodeId, usize>,
+) -> Vec<NodeLine> {
     let mut lines = Vec::new();
     for (i, n) in nodes.iter().enumerate() {
         let hex_id = hex::encode(n.id.0);
@@ -1064,8 +1282,12 @@ async fn drive(
             }
         }
     }
-    let (agg_ms, agg_deltas) = epochs.aggregation;
-    let epoch_lines = epochs
+    lines
+}
+
+/// Each epoch's line of the summary, from its report.
+fn epoch_lines(epochs: &EpochLog) -> Vec<EpochLine> {
+    epochs
         .reports
         .values()
         .map(|r| EpochLine {
@@ -1090,25 +1312,7 @@ async fn drive(
             published: r.location.clone(),
             ms: epochs.ms.get(&r.epoch).copied().unwrap_or(0),
         })
-        .collect();
-    Ok(DemoSummary {
-        plan: plan.clone(),
-        job: job.0,
-        phase,
-        failure,
-        wall_ms: started.elapsed().as_millis() as u64,
-        initial_loss,
-        epochs: epoch_lines,
-        nodes: lines,
-        ring_version,
-        ring_repair_ms,
-        aggregation_ms_per_delta: (agg_deltas > 0).then(|| agg_ms as f64 / agg_deltas as f64),
-        out: plan.out.clone(),
-        orchestrator: Identity::from_hex(&orchestrator_key(plan.seed), "the demo key")
-            .map(|k| hex::encode(k.node_id().0))
-            .unwrap_or_default(),
-        chain: None,
-    })
+        .collect()
 }
 
 /// What the demo records per epoch while the job runs.

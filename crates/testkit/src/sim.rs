@@ -43,6 +43,50 @@ pub struct SimArgs {
     pub seed: u64,
 }
 
+/// Why [`SimArgs`] describe no run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimArgsError {
+    /// The job's ring cannot be formed from the nodes.
+    #[error("need 2 <= --job-nodes ({job_nodes}) <= --nodes ({nodes})")]
+    JobNodes {
+        /// `--job-nodes`.
+        job_nodes: u32,
+        /// `--nodes`.
+        nodes: usize,
+    },
+    /// More ring members would crash or hang than the ring has.
+    #[error("--crash {crash} + --hang {hang} exceed the ring's {ring} members")]
+    TooManyFaults {
+        /// `--crash`.
+        crash: usize,
+        /// `--hang`.
+        hang: usize,
+        /// The ring size, `--job-nodes`.
+        ring: u32,
+    },
+}
+
+impl SimArgs {
+    /// Checks that the arguments describe a run: a ring of 2 to `nodes` members, and no
+    /// more crashed and hung members than the ring has (they are refused, not clamped).
+    pub fn check(&self) -> Result<(), SimArgsError> {
+        if self.job_nodes < 2 || self.nodes < self.job_nodes as usize {
+            return Err(SimArgsError::JobNodes {
+                job_nodes: self.job_nodes,
+                nodes: self.nodes,
+            });
+        }
+        if self.crash.saturating_add(self.hang) > self.job_nodes as usize {
+            return Err(SimArgsError::TooManyFaults {
+                crash: self.crash,
+                hang: self.hang,
+                ring: self.job_nodes,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// One line of the run's timeline.
 #[derive(Debug, Clone, Serialize)]
 pub struct TimelineEntry {
@@ -340,4 +384,44 @@ pub fn print_human(report: &SimReport) {
         report.ring_size,
         report.reconfigurations
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(nodes: usize, job_nodes: u32, crash: usize, hang: usize) -> SimArgs {
+        SimArgs {
+            nodes,
+            job_nodes,
+            epochs: 1,
+            crash,
+            hang,
+            faults: 0,
+            seed: 1,
+        }
+    }
+
+    /// Regression: more crashes than ring members were clamped silently.
+    #[test]
+    fn sim_refuses_more_crashes_than_members() {
+        assert_eq!(args(64, 48, 3, 1).check(), Ok(()));
+        assert_eq!(args(8, 8, 6, 2).check(), Ok(()));
+        assert_eq!(
+            args(8, 4, 4, 1).check(),
+            Err(SimArgsError::TooManyFaults {
+                crash: 4,
+                hang: 1,
+                ring: 4
+            })
+        );
+        assert_eq!(
+            args(4, 8, 0, 0).check(),
+            Err(SimArgsError::JobNodes {
+                job_nodes: 8,
+                nodes: 4
+            })
+        );
+        assert!(args(4, 1, 0, 0).check().is_err());
+    }
 }

@@ -116,8 +116,14 @@ pub(crate) fn run_delta(cmd: DeltaCommand) -> ExitCode {
                     let spec = match p.to_str().and_then(hanzod_train::builtin_model) {
                         Some(spec) => spec,
                         None => {
-                            let text = std::fs::read_to_string(p)
-                                .map_err(|e| format!("{}: {e}", p.display()))?;
+                            let text = std::fs::read_to_string(p).map_err(|e| {
+                                format!(
+                                    "--model {}: not a built-in model ({}) nor a readable \
+                                     config.json: {e}",
+                                    p.display(),
+                                    hanzod_train::catalog::BUILTIN_MODELS.join(", ")
+                                )
+                            })?;
                             ModelSpec::from_hf_config(&text)
                                 .map_err(|e| format!("{}: {e}", p.display()))?
                         }

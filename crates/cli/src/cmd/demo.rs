@@ -24,10 +24,14 @@ pub(crate) fn run_demo(
         }
     };
     plan.progress = !no_progress;
-    if let Err(e) = hanzod_testkit::demo::prepare_out(&plan.out) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
+    // Held until the run ends: a second demo into this folder is refused meanwhile.
+    let lock = match hanzod_testkit::demo::prepare_out(&plan.out) {
+        Ok(lock) => lock,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     // The orchestrator's log goes to a file: the terminal shows the live view.
     let logs = plan.out.join("logs");
     let log = std::fs::create_dir_all(&logs)
@@ -48,7 +52,7 @@ pub(crate) fn run_demo(
         Ok(rt) => rt,
         Err(e) => return fail(e),
     };
-    match rt.block_on(hanzod_testkit::demo::run(plan)) {
+    match rt.block_on(hanzod_testkit::demo::run_in(plan, lock)) {
         Ok(summary) => {
             if json {
                 match serde_json::to_string_pretty(&summary) {

@@ -62,13 +62,15 @@ pub(crate) struct NodeArgs {
 }
 
 pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
-    let (identity, created) = match hanzod_protocol::identity::Identity::load_or_generate(&args.key)
+    // Every argument is checked before anything is written (a key file) or bound.
+    if !args
+        .region
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        || args.region.is_empty()
     {
-        Ok(k) => k,
-        Err(e) => return fail(e),
-    };
-    if created {
-        tracing::info!(key = %args.key.display(), "generated a new node key");
+        eprintln!("error: --region must be 1..=64 characters of [a-z0-9-], e.g. eu-west");
+        return ExitCode::from(2);
     }
     let cap = args
         .compute_cap
@@ -105,14 +107,13 @@ pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
         eprintln!("error: --vram-gib {} is too large", args.vram_gib);
         return ExitCode::from(2);
     };
-    if !args
-        .region
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        || args.region.is_empty()
+    let (identity, created) = match hanzod_protocol::identity::Identity::load_or_generate(&args.key)
     {
-        eprintln!("error: --region must be 1..=64 characters of [a-z0-9-], e.g. eu-west");
-        return ExitCode::from(2);
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
+    if created {
+        tracing::info!(key = %args.key.display(), "generated a new node key");
     }
     let settings = hanzod_node::AgentSettings {
         orchestrator: args.client.options(),

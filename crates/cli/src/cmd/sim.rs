@@ -7,12 +7,9 @@ use hanzod_daemon::config::Config;
 use crate::fail;
 
 pub(crate) fn run_sim(cfg: &Config, args: hanzod_testkit::sim::SimArgs, json: bool) -> ExitCode {
-    if args.job_nodes < 2 || args.nodes < args.job_nodes as usize {
-        eprintln!("error: need 2 <= --job-nodes <= --nodes");
+    if let Err(e) = args.check() {
+        eprintln!("error: {e}");
         return ExitCode::from(2);
-    }
-    if args.crash + args.hang > args.job_nodes as usize {
-        eprintln!("note: --crash + --hang exceed the ring size; every member is hit");
     }
     // Injected actor panics are faults of the simulation, not crashes of hanzod:
     // report them in one line instead of a panic message and backtrace.

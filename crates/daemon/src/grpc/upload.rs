@@ -422,7 +422,7 @@ impl DeltaUploads {
             .job(JobId(header.job_id))
             .await
             .map_err(|e| core_refusal(&e))?;
-        let model = self.admit(&header, node, &view)?;
+        let model = admit(&header, node, &view, &self.catalog)?;
         let total = usize::try_from(header.total_bytes).map_err(|_| {
             refusal(
                 "too_large",
@@ -540,95 +540,98 @@ impl DeltaUploads {
             reason: String::new(),
         })
     }
+}
 
-    /// The job-side checks of a header: Running in its epoch, at the epoch's step, a model
-    /// we know, the node in the ring and not delivered yet this epoch, the declared size
-    /// within the model's bound. Returns the model.
-    fn admit(
-        &self,
-        header: &pb::DeltaHeader,
-        node: NodeId,
-        view: &JobView,
-    ) -> Result<ModelSpec, Refusal> {
-        match view.phase {
-            JobPhase::Running { epoch, .. } if epoch == header.epoch => {}
-            JobPhase::Running { epoch, .. } => {
-                return Err(refusal(
-                    "wrong_epoch",
-                    Status::failed_precondition(format!(
-                        "delta for epoch {}, job {} is in epoch {epoch}",
-                        header.epoch, header.job_id
-                    )),
-                ))
-            }
-            ref other => {
-                return Err(refusal(
-                    "not_running",
-                    Status::failed_precondition(format!(
-                        "job {} is {}, not running",
-                        header.job_id,
-                        other.name()
-                    )),
-                ))
-            }
-        }
-        let local_steps = view.spec.training.local_steps;
-        let step = u64::from(header.epoch) * u64::from(local_steps);
-        if header.step != step {
+/// The job-side admission rules of an upload's header (the "job" and "size" rows of the
+/// module docs), decided before a single data byte is accepted: the job Running in the
+/// header's epoch, the header at that epoch's global step, the job's model in `catalog`,
+/// `node` in the job's ring and not delivered yet this epoch, the declared size within the
+/// model's bound. Pure: `view` is the job as the core reported it. Returns the model the
+/// delta's format is checked against, or the first refusal.
+fn admit(
+    header: &pb::DeltaHeader,
+    node: NodeId,
+    view: &JobView,
+    catalog: &ModelCatalog,
+) -> Result<ModelSpec, Refusal> {
+    match view.phase {
+        JobPhase::Running { epoch, .. } if epoch == header.epoch => {}
+        JobPhase::Running { epoch, .. } => {
             return Err(refusal(
-                "wrong_step",
-                Status::invalid_argument(format!(
-                    "invalid header.step: expected {step} (epoch {} × local_steps {local_steps}, the global step this epoch's local run starts at), got {}",
-                    header.epoch, header.step
-                )),
-            ));
-        }
-        let model = self.catalog.get(&view.spec.training.model).map_err(|e| {
-            refusal(
-                "unknown_model",
+                "wrong_epoch",
                 Status::failed_precondition(format!(
-                    "job {}'s spec.training.model: {e}",
-                    header.job_id
+                    "delta for epoch {}, job {} is in epoch {epoch}",
+                    header.epoch, header.job_id
                 )),
-            )
-        })?;
-        let member = view
-            .ring
-            .as_ref()
-            .is_some_and(|r| r.members.contains(&node));
-        if !member {
-            return Err(refusal(
-                "not_member",
-                Status::permission_denied(format!(
-                    "node {} is not a member of job {}'s ring",
-                    node.short(),
-                    header.job_id
-                )),
-            ));
+            ))
         }
-        if let Some(hash) = view.delivered.get(&node) {
+        ref other => {
             return Err(refusal(
-                "already_delivered",
-                Status::already_exists(format!(
-                    "node {} already delivered its delta for epoch {} (hash {})",
-                    node.short(),
-                    header.epoch,
-                    hex::encode(hash)
+                "not_running",
+                Status::failed_precondition(format!(
+                    "job {} is {}, not running",
+                    header.job_id,
+                    other.name()
                 )),
-            ));
+            ))
         }
-        let max = model.max_delta_bytes(DeltaDtype::F32);
-        if header.total_bytes > max {
-            return Err(refusal(
-                "too_large",
-                Status::resource_exhausted(format!(
-                    "total_bytes {} exceeds {max}, the largest delta of model {:?}",
-                    header.total_bytes, view.spec.training.model
-                )),
-            ));
-        }
-        Ok(model.clone())
     }
+    let local_steps = view.spec.training.local_steps;
+    let step = u64::from(header.epoch) * u64::from(local_steps);
+    if header.step != step {
+        return Err(refusal(
+            "wrong_step",
+            Status::invalid_argument(format!(
+                "invalid header.step: expected {step} (epoch {} × local_steps {local_steps}, the global step this epoch's local run starts at), got {}",
+                header.epoch, header.step
+            )),
+        ));
+    }
+    let model = catalog.get(&view.spec.training.model).map_err(|e| {
+        refusal(
+            "unknown_model",
+            Status::failed_precondition(format!(
+                "job {}'s spec.training.model: {e}",
+                header.job_id
+            )),
+        )
+    })?;
+    let member = view
+        .ring
+        .as_ref()
+        .is_some_and(|r| r.members.contains(&node));
+    if !member {
+        return Err(refusal(
+            "not_member",
+            Status::permission_denied(format!(
+                "node {} is not a member of job {}'s ring",
+                node.short(),
+                header.job_id
+            )),
+        ));
+    }
+    if let Some(hash) = view.delivered.get(&node) {
+        return Err(refusal(
+            "already_delivered",
+            Status::already_exists(format!(
+                "node {} already delivered its delta for epoch {} (hash {})",
+                node.short(),
+                header.epoch,
+                hex::encode(hash)
+            )),
+        ));
+    }
+    let max = model.max_delta_bytes(DeltaDtype::F32);
+    if header.total_bytes > max {
+        return Err(refusal(
+            "too_large",
+            Status::resource_exhausted(format!(
+                "total_bytes {} exceeds {max}, the largest delta of model {:?}",
+                header.total_bytes, view.spec.training.model
+            )),
+        ));
+    }
+    Ok(model.clone())
 }
 
 /// Stores `bytes` (SHA-256 `receipt.delta_hash`) and records `receipt`, holding the hash's
@@ -1002,6 +1005,145 @@ mod tests {
                 signature: vec![7; 64],
             })),
         })
+    }
+
+    // ---- the admission rules (pure) ----
+
+    fn running_view(epoch: u32, members: &[NodeId]) -> JobView {
+        let spec = hanzod_actors::job::JobSpec {
+            name: "t".into(),
+            epochs: 5,
+            min_nodes: 1,
+            max_nodes: 8,
+            min_vram_bytes: 0,
+            pending_deadline_ms: 60_000,
+            epoch_deadline_ms: 60_000,
+            utility: 1.0,
+            submitter_stake: hanzod_actors::types::GymWei::gym(10_000),
+            training: Default::default(),
+        };
+        JobView {
+            id: JobId(3),
+            name: "t".into(),
+            phase: JobPhase::Running {
+                epoch,
+                ring_version: 1,
+            },
+            epochs: 5,
+            ring: Some(hanzod_actors::ports::RingView {
+                job: JobId(3),
+                version: 1,
+                members: members.to_vec(),
+                bottleneck_mbps: 100.0,
+                estimated_links: 0,
+            }),
+            deltas_this_epoch: 0,
+            delivered: Default::default(),
+            checkpoints: vec!["cid-0".into(); epoch as usize],
+            spec,
+        }
+    }
+
+    fn header_for(view: &JobView, epoch: u32, total_bytes: u64) -> pb::DeltaHeader {
+        pb::DeltaHeader {
+            job_id: view.id.0,
+            epoch,
+            step: u64::from(epoch) * u64::from(view.spec.training.local_steps),
+            total_bytes,
+            claimed_loss: 0.5,
+            ..Default::default()
+        }
+    }
+
+    fn refused(r: Result<ModelSpec, Refusal>) -> (&'static str, tonic::Code) {
+        let e = r.expect_err("refused");
+        (e.reason, e.status.code())
+    }
+
+    #[test]
+    fn admission_accepts_a_member_at_the_epoch_step_and_returns_the_model() {
+        let catalog = ModelCatalog::builtin();
+        let node = NodeId([1; 32]);
+        let view = running_view(2, &[node, NodeId([2; 32])]);
+        let model = admit(&header_for(&view, 2, 1_000), node, &view, &catalog).unwrap();
+        assert_eq!(&model, catalog.get(&view.spec.training.model).unwrap());
+    }
+
+    #[test]
+    fn admission_refuses_each_rule_with_its_label_and_code() {
+        use tonic::Code;
+        let catalog = ModelCatalog::builtin();
+        let node = NodeId([1; 32]);
+        let view = running_view(2, &[node]);
+        let ok = header_for(&view, 2, 1_000);
+
+        let other_epoch = header_for(&view, 1, 1_000);
+        assert_eq!(
+            refused(admit(&other_epoch, node, &view, &catalog)),
+            ("wrong_epoch", Code::FailedPrecondition)
+        );
+        let mut aggregating = view.clone();
+        aggregating.phase = JobPhase::Aggregating {
+            epoch: 2,
+            ring_version: 1,
+        };
+        assert_eq!(
+            refused(admit(&ok, node, &aggregating, &catalog)),
+            ("not_running", Code::FailedPrecondition)
+        );
+        let wrong_step = pb::DeltaHeader {
+            step: ok.step + 1,
+            ..ok.clone()
+        };
+        assert_eq!(
+            refused(admit(&wrong_step, node, &view, &catalog)),
+            ("wrong_step", Code::InvalidArgument)
+        );
+        let mut unknown_model = view.clone();
+        unknown_model.spec.training.model = "nosuch".into();
+        assert_eq!(
+            refused(admit(&ok, node, &unknown_model, &catalog)),
+            ("unknown_model", Code::FailedPrecondition)
+        );
+        assert_eq!(
+            refused(admit(&ok, NodeId([9; 32]), &view, &catalog)),
+            ("not_member", Code::PermissionDenied)
+        );
+        let mut delivered = view.clone();
+        delivered.delivered.insert(node, [7; 32]);
+        let (reason, code) = refused(admit(&ok, node, &delivered, &catalog));
+        assert_eq!((reason, code), ("already_delivered", Code::AlreadyExists));
+        let max = catalog
+            .get(&view.spec.training.model)
+            .unwrap()
+            .max_delta_bytes(DeltaDtype::F32);
+        assert!(admit(&header_for(&view, 2, max), node, &view, &catalog).is_ok());
+        assert_eq!(
+            refused(admit(&header_for(&view, 2, max + 1), node, &view, &catalog)),
+            ("too_large", Code::ResourceExhausted)
+        );
+    }
+
+    #[test]
+    fn admission_checks_run_in_the_documented_order() {
+        // A header wrong in every way is refused for the first rule of the table.
+        let catalog = ModelCatalog::builtin();
+        let mut view = running_view(2, &[NodeId([2; 32])]);
+        view.spec.training.model = "nosuch".into();
+        let header = pb::DeltaHeader {
+            step: 1,
+            total_bytes: u64::MAX,
+            ..header_for(&view, 1, 0)
+        };
+        assert_eq!(
+            refused(admit(&header, NodeId([1; 32]), &view, &catalog)).0,
+            "wrong_epoch"
+        );
+        let header = pb::DeltaHeader { epoch: 2, ..header };
+        assert_eq!(
+            refused(admit(&header, NodeId([1; 32]), &view, &catalog)).0,
+            "wrong_step"
+        );
     }
 
     const IDLE: Duration = Duration::from_millis(30_000);
