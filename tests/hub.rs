@@ -592,7 +592,7 @@ async fn https_endpoints_use_the_ring_tls_configuration() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A measurement, not a check of speed (run by hand: `cargo test --test hub -- --ignored
+/// A measurement, not a check of speed (run by hand: `cargo test --test integration hub:: -- --ignored
 /// --nocapture publication_timings`): [`HubRegistry::publish`] of checkpoints of 1, 64 and
 /// 256 MiB of random weights to the fake Hub (in memory, on loopback), the weights through
 /// LFS. The time includes the adapter's checks ([`cid_of`] of the weights against the card,

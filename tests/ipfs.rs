@@ -517,7 +517,7 @@ fn timing(len: usize, d: Duration) -> String {
     )
 }
 
-/// A measurement, not a check of speed (run by hand: `cargo test --test ipfs -- --ignored
+/// A measurement, not a check of speed (run by hand: `cargo test --test integration ipfs:: -- --ignored
 /// --nocapture publication_timings`): against the js-ipfs node, for checkpoints of 1, 64
 /// and 256 MiB of seeded random bytes, the time of [`KuboObjectStore`]'s `put` (which
 /// includes the adapter's own [`cid_of`] to check the node's CID), `pin` (the `refs` walk,

@@ -28,7 +28,7 @@ struct Fixture {
 impl Fixture {
     async fn start(name: &str, opts: ServerOptions) -> Fixture {
         let _ = tracing_subscriber::fmt()
-            .with_env_filter("hanzod=debug")
+            .with_env_filter("hanzod_adapters=debug")
             .with_test_writer()
             .try_init();
         let bin = find_server().unwrap_or_else(|e| {

@@ -26,7 +26,9 @@ pub struct CoreConfig {
     pub call_timeout_ms: u64,
     /// How long an epoch's publication (validate, merge, publish, settle: the
     /// [`CheckpointSink`](crate::ports::CheckpointSink)) may take before the job fails with
-    /// `PublicationFailed`, in ms. It runs beside the job actor, which keeps answering.
+    /// `PublicationFailed`, in ms (counted from the epoch's aggregation, so a sink that
+    /// publishes jobs one after another counts the wait for its turn too). It runs beside
+    /// the job actor, which keeps answering.
     pub publish_deadline_ms: u64,
 }
 

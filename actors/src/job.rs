@@ -592,7 +592,7 @@ impl Job {
     /// | not Running | none |
     /// | every member of the current ring delivered | `EpochComplete` |
     /// | the epoch's deadline passed with at least one delta | `EpochComplete` (with those) |
-    /// | the epoch's deadline passed without a single delta | `Fail { DeadlinePassed }`: publishing an empty checkpoint would report progress that did not happen |
+    /// | the epoch's deadline passed, or every member delivered, without a single delta (an empty ring) | `Fail { DeadlinePassed }`: publishing an empty checkpoint would report progress that did not happen |
     /// | otherwise | none (wait) |
     ///
     /// `members` is the current ring (`None` before one formed), `delivered(m)` whether
@@ -609,15 +609,16 @@ impl Job {
             return None;
         };
         let all_delivered = members.is_some_and(|m| m.iter().all(&delivered));
-        if all_delivered || (deadline_passed && deltas > 0) {
-            return Some(JobEvent::EpochComplete { epoch });
+        if !(all_delivered || deadline_passed) {
+            return None;
         }
-        if deadline_passed {
-            return Some(JobEvent::Fail {
+        Some(if deltas > 0 {
+            JobEvent::EpochComplete { epoch }
+        } else {
+            JobEvent::Fail {
                 reason: FailReason::DeadlinePassed,
-            });
-        }
-        None
+            }
+        })
     }
 
     /// What a new ring of `size` live members calls for (DESIGN §5): `Fail { TooFewNodes }`
@@ -781,6 +782,23 @@ mod tests {
         assert!(failed.is_terminal());
     }
 
+    /// An empty ring (every member removed) with no delta fails the job rather than
+    /// publish an empty checkpoint, as before the rules moved into the core.
+    #[test]
+    fn an_empty_ring_without_a_delta_fails_rather_than_publish() {
+        let j = running0(3);
+        assert_eq!(
+            j.epoch_due(Some(&[]), |_| false, 0, false),
+            Some(JobEvent::Fail {
+                reason: FailReason::DeadlinePassed
+            })
+        );
+        assert_eq!(
+            j.epoch_due(Some(&[]), |_| false, 2, false),
+            Some(JobEvent::EpochComplete { epoch: 0 })
+        );
+    }
+
     #[test]
     fn epoch_rules_only_apply_while_running() {
         let ring = nodes(2);
@@ -812,8 +830,9 @@ mod tests {
 
     proptest! {
         /// Completion never comes early: `EpochComplete` only when every member delivered
-        /// or the deadline passed with a delta, and always for the running epoch; a job
-        /// whose deadline passed is never left waiting.
+        /// or the deadline passed, with at least one delta, and always for the running
+        /// epoch; an epoch without a delta fails the job instead; a job whose deadline
+        /// passed is never left waiting.
         #[test]
         fn epoch_due_matches_its_rules(
             members in 0u8..6,
@@ -833,11 +852,11 @@ mod tests {
             match j.epoch_due(Some(&ring), delivered, count, deadline_passed) {
                 Some(JobEvent::EpochComplete { epoch }) => {
                     prop_assert_eq!(epoch, epoch_published);
-                    prop_assert!(all || (deadline_passed && count > 0));
+                    prop_assert!((all || deadline_passed) && count > 0);
                 }
                 Some(JobEvent::Fail { reason }) => {
                     prop_assert_eq!(reason, FailReason::DeadlinePassed);
-                    prop_assert!(deadline_passed && count == 0 && !all);
+                    prop_assert!((all || deadline_passed) && count == 0);
                 }
                 Some(other) => prop_assert!(false, "unexpected {:?}", other),
                 None => prop_assert!(!deadline_passed && !all),

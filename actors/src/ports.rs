@@ -414,7 +414,9 @@ pub enum CheckpointError {
 ///
 /// Must be idempotent per (job, epoch): a job actor rebuilt while a publication was in
 /// flight calls it again for the same epoch with the same deltas, and must get the same
-/// reference back, not a second checkpoint.
+/// reference back, not a second checkpoint. The job actor runs each call as a task of its
+/// own, so the second call may come while the first still runs: an implementation either
+/// serializes calls (the daemon's `TrainingSink` does) or tolerates overlapping ones.
 #[async_trait]
 pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
     /// Validates and merges the deltas of `input.job`'s epoch `input.epoch` onto

@@ -289,9 +289,11 @@ impl JobState {
 
     /// Starts the publication of the aggregated `epoch` through the sink as its own task,
     /// with the `publish_deadline_ms` deadline; the outcome comes back as
-    /// [`JobMsg::Published`]. The actor keeps answering meanwhile, and other jobs'
-    /// publications run beside this one. The sink is idempotent per job and epoch, so a
-    /// rebuilt actor may start it again.
+    /// [`JobMsg::Published`]. The actor keeps answering meanwhile (status, ring, watch),
+    /// and other jobs' actors are never held up by it; messages that would change the
+    /// phase wait for the outcome ([`JobMsg::waits_for_publication`]). Whether two jobs'
+    /// publications overlap is the sink's choice. The sink is idempotent per job and
+    /// epoch, so a rebuilt actor may start it again.
     fn publish(&mut self, myself: &ActorRef<JobMsg>, epoch: u32) {
         if self.publishing == Some(epoch) {
             return;

@@ -324,6 +324,7 @@ impl Actor for JobSupervisor {
                     });
                 }
             }
+            #[cfg(feature = "fault-injection")]
             JobSupervisorMsg::Panic => panic!("injected fault: job supervisor panic"),
             #[cfg(feature = "fault-injection")]
             JobSupervisorMsg::InjectPanic { job, ring, reply } => match state.actor(job) {

@@ -57,7 +57,7 @@ pub enum OrchestratorMsg {
 
 // ---- The node registry and its node actors (`actor::registry`) ----
 
-/// Messages of the [`NodeRegistry`].
+/// Messages of the [`NodeRegistry`](super::registry::NodeRegistry).
 pub enum RegistryMsg {
     /// Admit a node (or re-admit one already known).
     Register {
@@ -135,6 +135,7 @@ pub enum RegistryMsg {
         /// The node.
         node: NodeId,
     },
+    #[cfg(feature = "fault-injection")]
     /// Fault injection: panic in the registry itself (its node actors go with it).
     Panic,
     #[cfg(feature = "fault-injection")]
@@ -228,7 +229,7 @@ pub struct LinkSnapshot {
 
 // ---- A node actor (`actor::node`) ----
 
-/// Messages of a [`NodeActor`].
+/// Messages of a [`NodeActor`](super::node::NodeActor).
 pub enum NodeMsg {
     /// A heartbeat from the node (already authenticated by the transport).
     Heartbeat {
@@ -257,7 +258,7 @@ pub enum NodeMsg {
 
 // ---- The scheduler (`actor::scheduler`) ----
 
-/// Messages of the [`Scheduler`].
+/// Messages of the [`Scheduler`](super::scheduler::Scheduler).
 pub enum SchedulerMsg {
     /// A job to place.
     Enqueue(PendingJob),
@@ -288,6 +289,7 @@ pub enum SchedulerMsg {
         /// The nodes given (possibly fewer, possibly none).
         reply: RpcReplyPort<Vec<NodeId>>,
     },
+    #[cfg(feature = "fault-injection")]
     /// Fault injection: panic in the scheduler.
     Panic,
     /// Current assignments and queue (observability).
@@ -299,7 +301,7 @@ pub enum SchedulerMsg {
 
 // ---- The job supervisor (`actor::jobs`) ----
 
-/// Messages of the [`JobSupervisor`].
+/// Messages of the [`JobSupervisor`](super::jobs::JobSupervisor).
 pub enum JobSupervisorMsg {
     /// Accept a job.
     Submit {
@@ -369,6 +371,7 @@ pub enum JobSupervisorMsg {
         /// The job.
         job: JobId,
     },
+    #[cfg(feature = "fault-injection")]
     /// Fault injection: panic in the job supervisor (its job actors go with it).
     Panic,
     #[cfg(feature = "fault-injection")]
@@ -397,7 +400,7 @@ pub enum SubmitError {
 
 // ---- A job actor (`actor::job`) ----
 
-/// Messages of a [`JobActor`].
+/// Messages of a [`JobActor`](super::job::JobActor).
 pub enum JobMsg {
     /// The scheduler placed the job on these nodes.
     Place {
@@ -583,7 +586,7 @@ impl JobView {
 
 // ---- A ring actor (`actor::ring`) ----
 
-/// Messages of a [`RingActor`].
+/// Messages of a [`RingActor`](super::ring::RingActor).
 pub enum RingMsg {
     /// A member failed.
     NodeFailed {

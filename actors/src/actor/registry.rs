@@ -588,6 +588,7 @@ impl Actor for NodeRegistry {
                     what: format!("node {}", node.short()),
                 });
             }
+            #[cfg(feature = "fault-injection")]
             RegistryMsg::Panic => panic!("injected fault: node registry panic"),
             #[cfg(feature = "fault-injection")]
             RegistryMsg::InjectPanic { node, reply } => {

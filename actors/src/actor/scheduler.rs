@@ -225,6 +225,7 @@ impl Actor for Scheduler {
                 }
                 answer(reply, given);
             }
+            #[cfg(feature = "fault-injection")]
             SchedulerMsg::Panic => panic!("injected fault: scheduler panic"),
             SchedulerMsg::Inspect { reply } => {
                 let assigned = state.assigned.iter().map(|(n, j)| (*n, *j)).collect();

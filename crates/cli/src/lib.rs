@@ -226,36 +226,28 @@ fn init_logging(cfg: &Config) {
     }
 }
 
-impl Command {
-    /// Whether the command prints its result and exits, so that a closed pipe
-    /// (`hanzod nodes | head -1`) should end it as it ends any Unix tool: by SIGPIPE (status
-    /// 141 in a shell), not by a panic on the failed write. The long-running commands keep
-    /// Rust's ignored SIGPIPE, under which a peer closing a socket is an error to handle.
-    fn prints_for_a_pipe(&self) -> bool {
-        matches!(
-            self,
-            Command::Config
-                | Command::Nodes { .. }
-                | Command::Ring { .. }
-                | Command::Job(_)
-                | Command::Delta(_)
-                | Command::Verify(_)
-                | Command::Chain(_)
-                | Command::Keygen { .. }
-                | Command::Health { .. }
-        )
-    }
-}
-
-/// Restores the default disposition of SIGPIPE (terminate), which Rust's runtime sets to
-/// ignore before `main`.
-fn restore_default_sigpipe() {
-    #[cfg(unix)]
-    // SAFETY: signal(2) with SIG_DFL installs no handler; nothing else runs yet (no thread
-    // has been started), so no other code observes the change mid-flight.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+/// Ends the process quietly, with status 141 (as a Unix tool killed by SIGPIPE), when
+/// its standard output is a closed pipe (`hanzod nodes | head -1`): Rust ignores SIGPIPE,
+/// so a write to it fails and `println!` panics; that one panic is the reader having gone
+/// away, not a bug. SIGPIPE itself stays ignored, so a peer that resets a socket is an
+/// error the command reports, not a silent death. Every other panic is reported as before.
+fn quiet_on_a_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        // std's message: "failed printing to stdout: Broken pipe (os error 32)".
+        if message.starts_with("failed printing to stdout")
+            && message.to_ascii_lowercase().contains("broken pipe")
+        {
+            std::process::exit(141);
+        }
+        report(info)
+    }));
 }
 
 pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -273,9 +265,7 @@ pub(crate) fn fail(e: impl std::fmt::Display) -> ExitCode {
 /// the subcommand. The exit code: 0 success, 1 failure, 2 bad configuration or usage.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if cli.command.prints_for_a_pipe() {
-        restore_default_sigpipe();
-    }
+    quiet_on_a_closed_stdout();
     let env_names: Vec<String> = std::env::vars_os()
         .filter_map(|(k, _)| k.into_string().ok())
         .collect();

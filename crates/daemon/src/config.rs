@@ -362,6 +362,21 @@ fn typed(layer: &str, value: toml::Value) -> Result<Config, ConfigError> {
         })
 }
 
+/// The semantic checks of a configuration (ranges and relations of the core's settings,
+/// the log filter, [`Config::check`]), reported against `layer`: the first layer whose
+/// values make them fail.
+fn semantic(layer: &str, cfg: &Config) -> Result<(), ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        layer: layer.to_string(),
+        message,
+    };
+    cfg.core.validate().map_err(|e| invalid(e.to_string()))?;
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&cfg.log.filter) {
+        return Err(invalid(format!("log.filter {:?}: {e}", cfg.log.filter)));
+    }
+    cfg.check().map_err(invalid)
+}
+
 fn parse(layer: &str, text: &str) -> Result<toml::Value, ConfigError> {
     toml::from_str(text).map_err(|e| ConfigError::Invalid {
         layer: layer.to_string(),
@@ -384,8 +399,9 @@ impl Config {
                 source,
             })?;
             merge(&mut value, parse(&layer, &text)?);
-            // Schema errors (unknown key, wrong type) are reported against the file.
-            typed(&layer, value.clone())?;
+            // Schema errors (unknown key, wrong type) are reported against the file, and so
+            // are values the semantic checks refuse once the file is layered on.
+            semantic(&layer, &typed(&layer, value.clone())?)?;
         }
         let mut env_layer = toml::Table::new();
         let mut set = |section: &str, key: &str, v: toml::Value| {
@@ -427,20 +443,8 @@ impl Config {
         }
         merge(&mut value, toml::Value::Table(env_layer));
         let cfg = typed("environment", value)?;
-        cfg.core.validate().map_err(|e| ConfigError::Invalid {
-            layer: "settings".into(),
-            message: e.to_string(),
-        })?;
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&cfg.log.filter) {
-            return Err(ConfigError::Invalid {
-                layer: "settings".into(),
-                message: format!("log.filter {:?}: {e}", cfg.log.filter),
-            });
-        }
-        cfg.check().map_err(|message| ConfigError::Invalid {
-            layer: "settings".into(),
-            message,
-        })?;
+        // A value that passed with the file but not with the environment came from there.
+        semantic("environment", &cfg)?;
         Ok(cfg)
     }
 
@@ -670,6 +674,25 @@ pub const KNOWN_HANZO_VARS: &[&str] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a value the semantic checks refuse was reported against "settings"; the
+    /// error now names the layer that brought it (the file, or the environment).
+    #[test]
+    fn a_refused_value_names_the_layer_it_came_from() {
+        let dir = std::env::temp_dir().join(format!("hanzod-layer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("bad.toml");
+        std::fs::write(&file, "[state]\ncampaign_ms = 4000\nlease_ttl_ms = 5000\n").unwrap();
+        let err = Config::load(Some(&file), |_| None).unwrap_err().to_string();
+        assert!(err.starts_with(&file.display().to_string()), "{err}");
+        assert!(err.contains("state.campaign_ms"), "{err}");
+
+        let env = |k: &str| (k == "IPFS_URL").then(|| "ftp://ipfs:5001".to_string());
+        let err = Config::load(None, env).unwrap_err().to_string();
+        assert!(err.starts_with("environment: "), "{err}");
+        assert!(err.contains("IPFS_URL"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn defaults_parse_and_match_core_defaults() {

@@ -765,6 +765,18 @@ mod tests {
         );
     }
 
+    /// The exporter finds a family by `name as usize`: `ALL` lists every variant in
+    /// declaration order.
+    #[test]
+    fn every_name_indexes_its_own_family() {
+        for (i, c) in CounterName::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i, "{c:?}");
+        }
+        for (i, h) in HistogramName::ALL.iter().enumerate() {
+            assert_eq!(*h as usize, i, "{h:?}");
+        }
+    }
+
     /// Every declared counter and histogram is exported once, with its label key and unit
     /// (including `registry_failures`, which was once counted without being declared), and
     /// non-finite samples are dropped and counted.

@@ -425,12 +425,11 @@ impl Daemon {
                     .into(),
             ));
         }
-        if cfg.nodes.attesters.is_empty() {
-            tracing::warn!("DEVELOPMENT MODE: no trusted GPU attesters configured (nodes.attesters); GPU attestations are NOT checked");
+        for warning in startup_warnings(cfg, parts.store.is_some()) {
+            tracing::warn!("{warning}");
         }
         let identity = orchestrator_identity(&cfg.orchestrator.key)?;
         let acceptor = if cfg.server.tls.cert.is_empty() {
-            tracing::warn!("TLS is off (server.tls.cert is empty): node traffic is plaintext");
             None
         } else {
             let ca = if cfg.server.tls.client_ca.is_empty() {
@@ -891,4 +890,98 @@ fn spawn_snapshots(
             }
         }
     })
+}
+
+/// What a daemon started on `cfg` should warn its operator about, one line each (the
+/// daemon logs them at start): development-mode attestation, plaintext TLS, a throwaway
+/// orchestrator key, the job and admin API open beyond loopback without a token, and an
+/// event log in memory (`own_store`: the caller brought its own state store).
+pub fn startup_warnings(cfg: &Config, own_store: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    if cfg.nodes.attesters.is_empty() {
+        out.push("DEVELOPMENT MODE: no trusted GPU attesters configured (nodes.attesters); GPU attestations are NOT checked".to_string());
+    }
+    if cfg.server.tls.cert.is_empty() {
+        out.push("TLS is off (server.tls.cert is empty): node traffic is plaintext".to_string());
+    }
+    if cfg.orchestrator.key.is_empty() {
+        out.push(
+            "ORCHESTRATOR_KEY is not set: signing with a throwaway key (records and \
+             spot-check secrets change at every restart; set it to keep one identity)"
+                .to_string(),
+        );
+    }
+    let loopback = match cfg.server.grpc_addr.parse::<SocketAddr>() {
+        Ok(a) => a.ip().is_loopback(),
+        Err(_) => cfg.server.grpc_addr.starts_with("localhost:"),
+    };
+    if !loopback && cfg.server.admin_token.is_empty() {
+        out.push(format!(
+            "the job and admin API listens on {} beyond loopback without an admin token \
+             (HANZOD_ADMIN_TOKEN): anyone who reaches it can submit and cancel jobs",
+            cfg.server.grpc_addr
+        ));
+    }
+    if cfg.state.valkey_url.is_empty() && !own_store {
+        out.push(
+            "the event log is in memory (VALKEY_URL is not set): jobs do not survive a \
+             restart of this daemon"
+                .to_string(),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod startup_tests {
+    use super::*;
+
+    fn cfg(edit: impl FnOnce(&mut Config)) -> Config {
+        let mut c = Config::load(None, |_| None).expect("the embedded defaults");
+        edit(&mut c);
+        c
+    }
+
+    /// Regression: a daemon open beyond loopback without an admin token, or signing with a
+    /// throwaway key, or keeping its jobs only in memory, said nothing about it.
+    #[test]
+    fn serve_warns_about_an_open_api_a_throwaway_key_and_a_memory_log() {
+        let has = |w: &[String], what: &str| w.iter().any(|l| l.contains(what));
+        let open = startup_warnings(
+            &cfg(|c| {
+                c.server.grpc_addr = "0.0.0.0:9550".into();
+                c.orchestrator.key.clear();
+            }),
+            false,
+        );
+        assert!(
+            has(&open, "beyond loopback without an admin token"),
+            "{open:?}"
+        );
+        assert!(has(&open, "throwaway key"), "{open:?}");
+        assert!(has(&open, "jobs do not survive a restart"), "{open:?}");
+        let closed = startup_warnings(
+            &cfg(|c| {
+                c.server.grpc_addr = "127.0.0.1:9550".into();
+                c.orchestrator.key = "11".repeat(32);
+                c.state.valkey_url = "redis://kv:6379".into();
+            }),
+            false,
+        );
+        assert!(!has(&closed, "admin token"), "{closed:?}");
+        assert!(!has(&closed, "throwaway"), "{closed:?}");
+        assert!(!has(&closed, "in memory"), "{closed:?}");
+        let token = startup_warnings(
+            &cfg(|c| {
+                c.server.grpc_addr = "0.0.0.0:9550".into();
+                c.server.admin_token = "s3cret".into();
+            }),
+            true,
+        );
+        assert!(!has(&token, "admin token"), "{token:?}");
+        assert!(
+            !has(&token, "in memory"),
+            "an embedder's own store: {token:?}"
+        );
+    }
 }

@@ -14,8 +14,8 @@
 //!
 //! [`write_delta`] writes one; [`DeltaView::parse`] reads one without copying tensor data,
 //! after bounding every declared size against the bytes actually present (nothing is
-//! allocated from a declared size). [`check_against`] is the format check against a
-//! [`ModelSpec`]. The node signs [`statement_digest`] (job, epoch, step, claimed loss and
+//! allocated from a declared size). [`check_against`](crate::model::check_against) is the format check against a
+//! [`ModelSpec`](crate::model::ModelSpec). The node signs [`statement_digest`] (job, epoch, step, claimed loss and
 //! the payload hash), so a delta cannot be replayed into another job, epoch or step.
 
 use ed25519_dalek::VerifyingKey;
@@ -32,7 +32,7 @@ pub const FORMAT_VERSION: u16 = 1;
 /// Length of the fixed header, in bytes.
 pub const HEADER_LEN: usize = 24;
 /// The largest safetensors JSON header accepted, in bytes (the safetensors crate's own
-/// limit); per-model bounds are tighter ([`ModelSpec::max_delta_bytes`]).
+/// limit); per-model bounds are tighter ([`ModelSpec::max_delta_bytes`](crate::model::ModelSpec::max_delta_bytes)).
 pub const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 
 /// Element type of every tensor of a delta (header byte 6).

@@ -1656,10 +1656,14 @@ pub fn render(s: &DemoSummary) -> String {
     }
     if let Some(last) = s.epochs.last().and_then(|e| e.published.as_ref()) {
         let _ = writeln!(o, "\nlast checkpoint published to {last}");
+        // The binary by its path: the command runs as printed, with or without `hanzod` on
+        // the PATH (a demo started with `cargo run` has none).
         let _ = writeln!(
             o,
-            "verify it: hanzod verify {last} --records {} --orchestrator {}",
-            s.out.join(PUBLICATIONS_FILE).display(),
+            "verify it: {} verify {} --records {} --orchestrator {}",
+            shell_word(&s.plan.exe.display().to_string()),
+            shell_word(last),
+            shell_word(&s.out.join(PUBLICATIONS_FILE).display().to_string()),
             s.orchestrator
         );
     }
@@ -1669,4 +1673,18 @@ pub fn render(s: &DemoSummary) -> String {
         s.out.display()
     );
     o
+}
+
+/// `word` as one shell word: as it is when it holds only characters no shell treats
+/// specially, else in single quotes (each `'` written as `'\''`).
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@%".contains(&b));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }
