@@ -62,19 +62,25 @@ impl RestartBudget {
     }
 }
 
+/// A budget of `max` restarts per second, backoff 10 ms doubling to 100 ms (for tests).
+#[cfg(test)]
+pub(crate) fn test_config(max: u32) -> SupervisionConfig {
+    SupervisionConfig {
+        max_restarts: max,
+        window_ms: 1_000,
+        backoff_base_ms: 10,
+        backoff_max_ms: 100,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
 
     fn cfg(max: u32) -> SupervisionConfig {
-        SupervisionConfig {
-            max_restarts: max,
-            window_ms: 1_000,
-            backoff_base_ms: 10,
-            backoff_max_ms: 100,
-        }
+        test_config(max)
     }
+    use proptest::prelude::*;
 
     #[test]
     fn gives_up_after_budget_then_recovers_after_window() {

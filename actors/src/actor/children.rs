@@ -79,6 +79,13 @@ impl<K: Clone + Eq + Hash> Children<K> {
         Some(Exit { key, failed, why })
     }
 
+    /// The child a supervision event reports failed (panicked or returned an error), with
+    /// why; a child that stopped is forgotten and gives `None`, as do other events.
+    pub fn failed(&mut self, event: &SupervisionEvent) -> Option<(K, String)> {
+        self.exited(event)
+            .and_then(|e| e.failed.then_some((e.key, e.why)))
+    }
+
     /// Spends one restart of `key`'s budget at `now`: rebuild after the backoff, or give
     /// up ([`RestartBudget::on_failure`]).
     pub fn on_failure(&mut self, key: &K, now: Timestamp) -> RestartDecision {
@@ -109,18 +116,9 @@ pub fn schedule_respawn<M: ractor::Message>(
 mod tests {
     use super::*;
 
-    fn cfg(max: u32) -> SupervisionConfig {
-        SupervisionConfig {
-            max_restarts: max,
-            window_ms: 1_000,
-            backoff_base_ms: 10,
-            backoff_max_ms: 100,
-        }
-    }
-
     #[test]
     fn budget_is_per_key_and_survives_rebuilds_until_forgotten() {
-        let mut c: Children<u32> = Children::new(cfg(2));
+        let mut c: Children<u32> = Children::new(crate::supervision::test_config(2));
         let t = Timestamp(0);
         assert_eq!(c.on_failure(&1, t), RestartDecision::RestartAfter(10));
         assert_eq!(c.on_failure(&1, t), RestartDecision::RestartAfter(20));

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use super::children::{schedule_respawn, Children, Exit};
+use super::children::{schedule_respawn, Children};
 use super::msg::JobSupervisorMsg;
 use super::msg::OrchestratorMsg;
 use super::msg::RingMsg;
@@ -581,17 +581,9 @@ impl Actor for JobActor {
         event: SupervisionEvent,
         state: &mut JobState,
     ) -> Result<(), ActorProcessingErr> {
-        let Some(Exit {
-            key: job,
-            failed,
-            why,
-        }) = state.children.exited(&event)
-        else {
+        let Some((job, why)) = state.children.failed(&event) else {
             return Ok(());
         };
-        if !failed {
-            return Ok(());
-        }
         state.ring_actor = None;
         tracing::warn!(%job, error = %why, "ring actor failed; rebuilding from the event log");
         let decision = state.children.on_failure(&job, state.deps.now());

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
-use super::children::{schedule_respawn, Children, Exit};
+use super::children::{schedule_respawn, Children};
 use super::job::{JobActor, JobActorArgs};
 use super::msg::OrchestratorMsg;
 use super::msg::SchedulerMsg;
@@ -347,17 +347,9 @@ impl Actor for JobSupervisor {
         event: SupervisionEvent,
         state: &mut JobSupervisorState,
     ) -> Result<(), ActorProcessingErr> {
-        let Some(Exit {
-            key: job,
-            failed,
-            why,
-        }) = state.children.exited(&event)
-        else {
+        let Some((job, why)) = state.children.failed(&event) else {
             return Ok(());
         };
-        if !failed {
-            return Ok(());
-        }
         tracing::warn!(%job, error = %why, "job actor failed; rebuilding from the event log");
         match state.live.get_mut(&job) {
             Some(l) => l.actor = None,

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use super::children::{schedule_respawn, Children, Exit};
+use super::children::{schedule_respawn, Children};
 use super::msg::JobSupervisorMsg;
 use super::msg::NodeMsg;
 use super::msg::OrchestratorMsg;
@@ -609,17 +609,9 @@ impl Actor for NodeRegistry {
         event: SupervisionEvent,
         state: &mut RegistryState,
     ) -> Result<(), ActorProcessingErr> {
-        let Some(Exit {
-            key: node,
-            failed,
-            why,
-        }) = state.children.exited(&event)
-        else {
+        let Some((node, why)) = state.children.failed(&event) else {
             return Ok(());
         };
-        if !failed {
-            return Ok(());
-        }
         tracing::warn!(node = %node.short(), error = %why, "node actor failed; treating as node failure");
         match state.nodes.get_mut(&node) {
             Some(e) => e.actor = None,

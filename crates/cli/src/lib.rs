@@ -21,7 +21,7 @@ use hanzod_protocol::client::ClientOptions;
 
 /// hanzod — the orchestrator for decentralized training.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None, after_help = "\
+#[command(version, about = "hanzod — the orchestrator for decentralized training.", long_about = None, after_help = "\
 Examples:
   hanzod serve                                   the daemon: gRPC on :9550, metrics on :9551
   hanzod keygen --out node.key                   a node identity (Ed25519)
@@ -30,7 +30,6 @@ Examples:
   hanzod job watch 1                             follow it until it ends
   hanzod nodes                                   registered nodes
   hanzod ring 1                                  job 1's ring, in order
-  hanzod sim                                     64 simulated nodes with seeded faults
   hanzod config                                  the effective configuration
 ")]
 struct Cli {

@@ -30,7 +30,7 @@ pub enum KeyError {
     #[error("{0} exists; pass --force to overwrite it")]
     Exists(String),
     /// The key's folder does not exist (it is not created: a mistyped path should fail).
-    #[error("{0} is not a folder; create it first")]
+    #[error("{0} does not exist (or is not a folder); create the folder first")]
     NoFolder(String),
 }
 
