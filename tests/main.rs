@@ -2,6 +2,12 @@
 
 mod support {
     pub mod test_tls;
+
+    /// A loopback port for a server a test starts later (the test kit's, drawn below the
+    /// ephemeral range so no other test's outgoing connection takes it meanwhile).
+    pub fn free_port() -> u16 {
+        hanzod::testkit::process::free_port().expect("a free loopback port")
+    }
 }
 
 mod agent;

@@ -70,9 +70,7 @@ fn hanzod() -> Command {
     c
 }
 
-fn free_port() -> u16 {
-    hanzod::testkit::process::free_port().expect("a free loopback port")
-}
+use crate::support::free_port;
 
 fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("<unreadable: {e}>"));

@@ -51,11 +51,6 @@ impl<K: Clone + Eq + Hash> Children<K> {
         self.by_actor.insert(id, key);
     }
 
-    /// Forgets actor `id` (stopped on purpose) without counting a failure.
-    pub fn release(&mut self, id: &ActorId) {
-        self.by_actor.remove(id);
-    }
-
     /// Forgets `key` for good, budget included (the job ended, the node was removed).
     pub fn forget(&mut self, key: &K) {
         self.by_actor.retain(|_, k| k != key);
