@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 async fn daemon() -> Daemon {
     let mut cfg = Config::load(None, |_| None).expect("defaults");
+    cfg.data_dir.clear(); // memory-only: nothing written into the working directory
     cfg.server.grpc_addr = "127.0.0.1:0".into();
     cfg.server.metrics_addr = String::new();
     cfg.core.probe.peers_per_node = 0;

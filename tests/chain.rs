@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use hanzod::chain::anvil::{AnvilNode, DeployOptions, Deployment, ProxyMode, RpcProxy};
 use hanzod::chain::contracts::GYMToken;
-use hanzod::chain::{account, EvmChain, EvmError, EvmOptions, ORCHESTRATOR_MIN_STAKE};
+use hanzod::chain::{
+    account, ContractMismatch, EvmChain, EvmError, EvmOptions, ORCHESTRATOR_MIN_STAKE,
+};
 use hanzod::core::ports::ledger_conformance::{self as suite, staked, STAKE};
 use hanzod::core::ports::{ChainError, ChainReader, Ledger, LedgerError};
 use hanzod::core::types::{GymWei, JobId, Timestamp};
@@ -167,7 +169,10 @@ async fn start_checks_chain_id_and_contracts() {
     )
     .await;
     assert!(
-        matches!(&no_code, Err(EvmError::Contract(m)) if m.contains("no contract")),
+        matches!(
+            &no_code,
+            Err(EvmError::Contract(ContractMismatch::NoCode { .. }))
+        ),
         "{no_code:?}"
     );
     // The token given as the pool: a contract, but not a MiningPool.
@@ -193,7 +198,10 @@ async fn start_checks_chain_id_and_contracts() {
         },
     )
     .await;
-    assert!(matches!(dead, Err(EvmError::Unavailable(_))), "{dead:?}");
+    assert!(
+        matches!(dead, Err(EvmError::Unavailable { .. })),
+        "{dead:?}"
+    );
     // A reader (hanzod verify) says the endpoint is unreachable, not that the address is
     // not a pool; an address that is not a pool is a contract error.
     let unreachable = EvmChain::reader(
@@ -204,7 +212,7 @@ async fn start_checks_chain_id_and_contracts() {
     )
     .await;
     assert!(
-        matches!(unreachable, Err(EvmError::Unavailable(_))),
+        matches!(unreachable, Err(EvmError::Unavailable { .. })),
         "{unreachable:?}"
     );
     let not_a_pool = EvmChain::reader(

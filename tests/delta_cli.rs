@@ -163,3 +163,40 @@ fn a_bad_region_is_refused_before_a_key_is_written() {
     assert!(!key.exists(), "no key was written");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Regression (issue 16): `node --region` errors exited 2 but other bad arguments exited 1,
+/// and only once the daemon refused them; a node without `--vram-gib` declared 80 GiB. Each
+/// is now a usage error (exit 2) before a key is written.
+#[test]
+fn node_usage_errors_exit_2_before_a_key_is_written() {
+    let dir = std::env::temp_dir().join(format!("hanzod-node-usage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("node.key");
+    let key = key.to_str().unwrap();
+    let long = "a".repeat(65);
+    for (args, says) in [
+        (vec!["--region", "eu-west"], "--vram-gib is required"),
+        (
+            vec!["--vram-gib", "8", "--advertise", "peer"],
+            "--advertise",
+        ),
+        (vec!["--vram-gib", "8", "--listen", "nowhere"], "--listen"),
+        (vec!["--vram-gib", "8", "--up-mbps=-5"], "--up-mbps"),
+        (
+            vec!["--vram-gib", "8", "--region", long.as_str()],
+            "--region",
+        ),
+    ] {
+        let mut argv = vec!["node", "--key", key];
+        argv.extend(args.iter().copied());
+        let out = hanzod(&argv);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(
+            !std::path::Path::new(key).exists(),
+            "{args:?}: no key was written"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

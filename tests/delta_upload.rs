@@ -61,6 +61,7 @@ fn step_of(epoch: u32) -> u64 {
 
 fn config() -> Config {
     let mut cfg = Config::load(None, |_| None).expect("default configuration");
+    cfg.data_dir.clear(); // memory-only: nothing written into the working directory
     cfg.server.grpc_addr = "127.0.0.1:0".into();
     cfg.server.metrics_addr = "127.0.0.1:0".into();
     // No probe listeners here; jobs are placed at once; nobody fails for silence.
@@ -1530,5 +1531,90 @@ async fn nodes_fetch_published_checkpoints_by_cid_and_bad_requests_get_precise_c
         .await
         .unwrap_err();
     assert!(err.to_string().contains("NOT_FOUND"), "{err}");
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// What `job status` and `job watch` show of each epoch and each ring repair
+// ---------------------------------------------------------------------------------------
+
+/// Regression (`job watch` printed "Published epoch N" while the epoch kept the old
+/// weights, and ring repairs without who left or how long it took): each published epoch
+/// carries its summary (advanced or kept and why, the losses, the verdicts), and a ring
+/// repair names the removed node and its repair time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_status_and_watch_show_each_epochs_outcome_and_who_a_repair_removed() {
+    // No spot-checks: the deltas below claim a made-up loss, which a spot-check would catch.
+    let mut cfg = config();
+    cfg.validation.spot_check_rate = 0.0;
+    let d = start_with(&cfg, DaemonParts::default()).await;
+    let mut nodes = vec![
+        Node::join(&d, 41).await,
+        Node::join(&d, 42).await,
+        Node::join(&d, 43).await,
+    ];
+    let spec = pb::JobSpec {
+        min_nodes: 2,
+        max_nodes: 3,
+        ..job_spec("watched", 3, 3, None)
+    };
+    let job = submit(&d, spec).await.expect("job accepted");
+    await_phase(&d, job, "Running(0)", |p| {
+        matches!(p, JobPhase::Running { epoch: 0, .. })
+    })
+    .await;
+    let mut jobs = JobServiceClient::new(channel(&d).await);
+    let mut watch = within(
+        "WatchJob",
+        jobs.watch_job(pb::WatchJobRequest { job_id: job }),
+    )
+    .await
+    .expect("watching")
+    .into_inner();
+
+    // Epoch 0: every member delivers a small honest-looking delta.
+    for (i, n) in nodes.iter_mut().enumerate() {
+        n.upload(job, 0, &delta(&wine(), 0, i as f32))
+            .await
+            .expect("accepted");
+    }
+    await_phase(&d, job, "Running(1)", |p| {
+        matches!(p, JobPhase::Running { epoch: 1, .. })
+    })
+    .await;
+    let status = within("GetJob", jobs.get_job(pb::GetJobRequest { job_id: job }))
+        .await
+        .expect("job")
+        .into_inner();
+    assert_eq!(status.epoch_summaries.len(), 1, "{status:?}");
+    let s = &status.epoch_summaries[0];
+    assert_eq!((s.epoch, s.accepted, s.rejected), (0, 3, 0), "{s:?}");
+    assert_eq!(s.checkpoint, status.checkpoints[0]);
+    assert!(s.loss_before > 0.0, "{s:?}");
+    // Either the checkpoint advanced by a named aggregator, or it was kept and says why.
+    assert_eq!(s.advanced, s.kept_reason.is_empty(), "{s:?}");
+    assert_eq!(s.advanced, !s.aggregator.is_empty(), "{s:?}");
+
+    // A member leaves: the repair names it and says how long it took.
+    let gone = nodes.pop().expect("a member").id.node_id();
+    let change = loop {
+        let ev = within("a watch event", watch.message())
+            .await
+            .expect("the watch stream")
+            .expect("the job has not ended");
+        if let Some(c) = ev.ring_change {
+            if c.repair_ms.is_some() {
+                break c;
+            }
+        }
+    };
+    assert_eq!(change.removed, vec![gone.0.to_vec()], "{change:?}");
+    assert_eq!(
+        change.members, 2,
+        "the repaired ring, not the old one: {change:?}"
+    );
+    assert!(change.version >= 2, "{change:?}");
+    assert!(change.added.is_empty(), "no standby to add: {change:?}");
+    assert!(change.repair_ms.expect("a repair") < 20_000, "{change:?}");
     d.stop().await;
 }

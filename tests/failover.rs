@@ -201,7 +201,12 @@ impl Cluster {
             std::fs::write(
                 &config,
                 format!(
-                    r#"[server]
+                    r#"data_dir = "{dir}/data"
+
+[core]
+first_job_id = 1   # the run's one job is JOB (job 1)
+
+[server]
 grpc_addr = "127.0.0.1:{grpc}"
 metrics_addr = "127.0.0.1:{metrics}"
 shutdown_grace_ms = 1000
@@ -391,6 +396,8 @@ key = "{key}"
                 .args([
                     "--listen",
                     "127.0.0.1:0",
+                    "--vram-gib",
+                    "8",
                     "--json",
                     "--endpoint",
                     &endpoints,

@@ -46,6 +46,7 @@ async fn within<F: Future>(what: &str, f: F) -> F::Output {
 
 fn config() -> Config {
     let mut cfg = Config::load(None, |_| None).expect("default configuration");
+    cfg.data_dir.clear(); // memory-only: nothing written into the working directory
     cfg.server.grpc_addr = "127.0.0.1:0".into();
     cfg.server.metrics_addr = "127.0.0.1:0".into();
     cfg

@@ -187,7 +187,9 @@ async fn other_content_in_the_repo_is_a_conflict() {
     let other = upload(&random_bytes(20_000, "second weights"), 2);
     assert_eq!(
         reg.publish(&other).await,
-        Err(RegistryError::Conflict(up.repo.clone()))
+        Err(RegistryError::Conflict {
+            repo: up.repo.clone()
+        })
     );
     assert_eq!(hub.commits(&up.repo), 1);
     assert_eq!(
@@ -200,7 +202,9 @@ async fn other_content_in_the_repo_is_a_conflict() {
     hub.seed(&third.repo, &[("notes.txt", b"not ours")]);
     assert_eq!(
         reg.publish(&third).await,
-        Err(RegistryError::Conflict(third.repo.clone()))
+        Err(RegistryError::Conflict {
+            repo: third.repo.clone()
+        })
     );
     assert_eq!(hub.commits(&third.repo), 0);
 }
@@ -263,7 +267,7 @@ async fn too_many_failures_fail_clearly_and_commit_nothing() {
     );
     let reg = registry(&hub);
     let err = reg.publish(&up).await.unwrap_err();
-    let RegistryError::Io(message) = &err else {
+    let RegistryError::Io { message } = &err else {
         panic!("want Io, got {err:?}");
     };
     for part in [
@@ -302,7 +306,7 @@ async fn too_many_failures_fail_clearly_and_commit_nothing() {
         },
     );
     assert!(
-        matches!(reg.publish(&up2).await, Err(RegistryError::Io(m)) if m.contains("preuploading to hanzo/gpt2-small-epoch-8"))
+        matches!(reg.publish(&up2).await, Err(RegistryError::Io { message: m }) if m.contains("preuploading to hanzo/gpt2-small-epoch-8"))
     );
     assert!(hub.exists(&up2.repo));
     hub.clear_faults();
@@ -318,7 +322,7 @@ async fn too_many_failures_fail_clearly_and_commit_nothing() {
     let nowhere =
         HubRegistry::new(options(&format!("http://127.0.0.1:{port}"), Some("t"))).unwrap();
     match nowhere.publish(&up).await {
-        Err(RegistryError::Io(m)) => {
+        Err(RegistryError::Io { message: m }) => {
             assert!(m.contains("creating repo hanzo/gpt2-small-epoch-6"), "{m}");
             assert!(m.contains("after 4 attempts"), "{m}");
         }
@@ -333,7 +337,7 @@ async fn a_bad_or_missing_token_is_an_auth_error() {
     for token in [Some("hf_not_the_token"), None] {
         let reg = HubRegistry::new(options(&hub.url(), token)).unwrap();
         match reg.publish(&up).await {
-            Err(RegistryError::Unauthorized(m)) => {
+            Err(RegistryError::Unauthorized { message: m }) => {
                 assert!(m.contains("HF_TOKEN"), "{m}");
                 assert!(m.contains(&up.repo), "{m}");
                 assert!(m.contains("creating repo"), "{m}");
@@ -423,7 +427,7 @@ async fn downloads_stream_the_published_files() {
         up.config_json
     );
     match client.fetch_small(&up.repo, "nope.json").await {
-        Err(RegistryError::NotFound(m)) => {
+        Err(RegistryError::NotFound { what: m }) => {
             assert!(m.contains(&format!("{}/nope.json", up.repo)), "{m}")
         }
         other => panic!("want NotFound, got {other:?}"),
@@ -433,7 +437,9 @@ async fn downloads_stream_the_published_files() {
         .download("hanzo/nothing-epoch-0", WEIGHTS_FILE, &missing, None)
         .await
     {
-        Err(RegistryError::NotFound(m)) => assert!(m.contains("hanzo/nothing-epoch-0"), "{m}"),
+        Err(RegistryError::NotFound { what: m }) => {
+            assert!(m.contains("hanzo/nothing-epoch-0"), "{m}")
+        }
         other => panic!("want NotFound, got {other:?}"),
     }
     assert!(!missing.exists());
@@ -516,7 +522,7 @@ async fn olah_serves_what_the_client_downloads() {
         .fetch_small("hanzo/nothing-epoch-0", CONFIG_FILE)
         .await
     {
-        Err(RegistryError::NotFound(m)) => assert!(m.contains("RepoNotFound"), "{m}"),
+        Err(RegistryError::NotFound { what: m }) => assert!(m.contains("RepoNotFound"), "{m}"),
         other => panic!("want NotFound, got {other:?}"),
     }
     drop(olah);
@@ -584,7 +590,9 @@ async fn https_endpoints_use_the_ring_tls_configuration() {
             .fetch_small("hanzo/gpt2-small-epoch-0", CONFIG_FILE)
             .await
         {
-            Err(RegistryError::Io(m)) => assert!(m.to_lowercase().contains("certificate"), "{m}"),
+            Err(RegistryError::Io { message: m }) => {
+                assert!(m.to_lowercase().contains("certificate"), "{m}")
+            }
             other => panic!("a test CA's certificate was accepted: {other:?}"),
         }
     }

@@ -331,7 +331,9 @@ async fn errors_are_precise_and_bounded() {
     let dead = format!("http://127.0.0.1:{port}");
     let started = Instant::now();
     match KuboObjectStore::connect(&dead, options()).await {
-        Err(ObjectError::Io(m)) => assert!(m.contains(&dead) && m.contains("connect"), "{m}"),
+        Err(ObjectError::Io { message: m }) => {
+            assert!(m.contains(&dead) && m.contains("connect"), "{m}")
+        }
         other => panic!("unreachable node gave {other:?}"),
     }
     assert!(
@@ -341,7 +343,7 @@ async fn errors_are_precise_and_bounded() {
     );
     for bad in ["127.0.0.1:5001", "ftp://127.0.0.1:5001", "http://"] {
         match KuboObjectStore::connect(bad, options()).await {
-            Err(ObjectError::Io(m)) => assert!(m.contains("IPFS_URL"), "{m}"),
+            Err(ObjectError::Io { message: m }) => assert!(m.contains("IPFS_URL"), "{m}"),
             other => panic!("{bad:?} gave {other:?}"),
         }
     }
@@ -364,13 +366,17 @@ async fn errors_are_precise_and_bounded() {
         let t = Instant::now();
         assert_eq!(
             store.get(absent).await,
-            Err(ObjectError::NotFound(absent.clone()))
+            Err(ObjectError::NotFound {
+                cid: absent.clone()
+            })
         );
         assert!(t.elapsed() < bound, "get took {:?}", t.elapsed());
         let t = Instant::now();
         assert_eq!(
             store.pin(absent).await,
-            Err(ObjectError::NotFound(absent.clone()))
+            Err(ObjectError::NotFound {
+                cid: absent.clone()
+            })
         );
         assert!(t.elapsed() < bound, "pin took {:?}", t.elapsed());
         assert!(!store.is_pinned(absent).await.expect("is_pinned"));
@@ -410,7 +416,7 @@ async fn errors_are_precise_and_bounded() {
     let cid = d.root.to_string();
     assert!(!store.contains(&cid).await.expect("contains"));
     match store.get(&cid).await {
-        Err(ObjectError::NotFound(missing)) => {
+        Err(ObjectError::NotFound { cid: missing }) => {
             assert!(
                 d.blocks[..d.blocks.len() - 1]
                     .iter()
@@ -426,21 +432,21 @@ async fn errors_are_precise_and_bounded() {
     node.kill();
     let t = Instant::now();
     match store.contains(&raw).await {
-        Err(ObjectError::Io(m)) => assert!(m.contains(&node.url()), "{m}"),
+        Err(ObjectError::Io { message: m }) => assert!(m.contains(&node.url()), "{m}"),
         other => panic!("a dead node gave {other:?}"),
     }
     match store.put(Bytes::from_static(b"x")).await {
-        Err(ObjectError::Io(m)) => assert!(m.contains("/api/v0/add"), "{m}"),
+        Err(ObjectError::Io { message: m }) => assert!(m.contains("/api/v0/add"), "{m}"),
         other => panic!("a dead node gave {other:?}"),
     }
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     assert!(matches!(
         store.get("bafy-not-a-cid").await,
-        Err(ObjectError::BadCid(_))
+        Err(ObjectError::BadCid { reason: _ })
     ));
     assert!(matches!(
         store.pin("QmNotACid").await,
-        Err(ObjectError::BadCid(_))
+        Err(ObjectError::BadCid { reason: _ })
     ));
 }
 
@@ -493,7 +499,9 @@ async fn https_uses_the_ring_tls_configuration() {
         && std::env::var_os("SSL_CERT_FILE").is_none()
     {
         match KuboObjectStore::connect(&url, options()).await {
-            Err(ObjectError::Io(m)) => assert!(m.to_lowercase().contains("certificate"), "{m}"),
+            Err(ObjectError::Io { message: m }) => {
+                assert!(m.to_lowercase().contains("certificate"), "{m}")
+            }
             other => panic!("a test CA's certificate was accepted: {other:?}"),
         }
     }
@@ -502,7 +510,7 @@ async fn https_uses_the_ring_tls_configuration() {
         ..options()
     };
     match KuboObjectStore::connect(&url, missing_ca).await {
-        Err(ObjectError::Io(m)) => assert!(m.contains("/nonexistent/ca.pem"), "{m}"),
+        Err(ObjectError::Io { message: m }) => assert!(m.contains("/nonexistent/ca.pem"), "{m}"),
         other => panic!("a missing CA file gave {other:?}"),
     }
     terminator.abort();

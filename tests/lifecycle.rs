@@ -148,7 +148,44 @@ async fn job_without_enough_nodes_fails_at_its_pending_deadline() {
         JobPhase::Pending { .. }
     ));
     let phase = h.await_end(job, MIN).await.unwrap();
-    assert_deadline_passed(&phase);
+    // The reason names the shortage: 4 needed, 2 alive (both eligible).
+    let JobPhase::Failed {
+        reason: FailReason::NotPlaced(s),
+        ..
+    } = &phase
+    else {
+        panic!("{phase:?}")
+    };
+    assert_eq!((s.needed, s.registered, s.alive, s.eligible), (4, 2, 2, 2));
+    assert_eq!(
+        phase_reason(&phase),
+        "deadline passed while pending: needs 4 nodes with at least 16.0 GiB of VRAM; 2 registered, \
+         2 alive, 2 eligible and free"
+    );
+}
+
+fn phase_reason(phase: &JobPhase) -> String {
+    match phase {
+        JobPhase::Failed { reason, .. } => reason.to_string(),
+        other => panic!("not failed: {other:?}"),
+    }
+}
+
+/// Regression (a job no node could serve failed as a bare "deadline passed"): the reason
+/// says the nodes' VRAM is below the job's minimum.
+#[tokio::test(start_paused = true)]
+async fn a_job_that_fails_pending_names_the_vram_minimum_no_node_meets() {
+    let h = Harness::start(HarnessConfig::new(3).seed_from_env_or(29)).await;
+    let mut spec = h.job_spec("too-hungry", 2, 1);
+    spec.min_vram_bytes = 1 << 50;
+    spec.pending_deadline_ms = 30_000;
+    let job = h.orch.submit_job(spec).await.unwrap();
+    let phase = h.await_end(job, MIN).await.unwrap();
+    let reason = phase_reason(&phase);
+    assert!(
+        reason.contains("0 eligible and free (3: VRAM below the job's minimum)"),
+        "{reason}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -429,7 +466,7 @@ impl hanzod::core::ports::CheckpointSink for SlowSink {
     async fn publish(
         &self,
         input: hanzod::core::ports::EpochInput<'_>,
-    ) -> Result<String, hanzod::core::ports::CheckpointError> {
+    ) -> Result<hanzod::core::ports::PublishedEpoch, hanzod::core::ports::CheckpointError> {
         if input.job == self.slow {
             tokio::time::sleep(self.delay).await;
         }
@@ -502,4 +539,42 @@ async fn a_slow_publication_blocks_neither_its_job_status_nor_other_jobs() {
         "{end:?}"
     );
     assert_eq!(sink.checkpoints(a).len(), 1);
+}
+
+/// A sink that panics on every call.
+#[derive(Debug)]
+struct PanickingSink;
+
+#[async_trait::async_trait]
+impl hanzod::core::ports::CheckpointSink for PanickingSink {
+    async fn publish(
+        &self,
+        _input: hanzod::core::ports::EpochInput<'_>,
+    ) -> Result<hanzod::core::ports::PublishedEpoch, hanzod::core::ports::CheckpointError> {
+        panic!("injected fault: the sink panics")
+    }
+}
+
+/// Regression (a sink that panicked left its job in Aggregating for good): the job fails,
+/// and says the sink panicked.
+#[tokio::test(start_paused = true)]
+async fn a_sink_that_panics_fails_the_publication_and_says_so() {
+    let h = Harness::start(
+        HarnessConfig::new(4)
+            .seed_from_env_or(73)
+            .checkpoint_sink(std::sync::Arc::new(PanickingSink)),
+    )
+    .await;
+    let job = h.orch.submit_job(h.job_spec("doomed", 4, 2)).await.unwrap();
+    let phase = h.await_end(job, 10 * MIN).await.unwrap();
+    let JobPhase::Failed {
+        reason: FailReason::PublicationFailed(why),
+        phase: from,
+        ..
+    } = &phase
+    else {
+        panic!("{phase:?}")
+    };
+    assert_eq!(from, "Aggregating");
+    assert!(why.contains("panicked"), "{why}");
 }

@@ -104,7 +104,10 @@ impl Cluster {
         let config = dir.join("serve.toml");
         std::fs::write(
             &config,
-            format!("[server]\ngrpc_addr = \"127.0.0.1:{port}\"\nmetrics_addr = \"\"\n"),
+            format!(
+                "data_dir = \"{}\"\n[server]\ngrpc_addr = \"127.0.0.1:{port}\"\nmetrics_addr = \"\"\n",
+                dir.join("data").display()
+            ),
         )
         .unwrap();
         let (tx, rx) = mpsc::channel();
@@ -166,7 +169,14 @@ impl Cluster {
             .arg("node")
             .arg("--key")
             .arg(self.dir.join(format!("n{i}.key")))
-            .args(["--listen", "127.0.0.1:0", "--json", "--endpoint"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--vram-gib",
+                "8",
+                "--json",
+                "--endpoint",
+            ])
             .arg(&self.endpoint)
             .args(["--backoff-min-ms", "100", "--backoff-max-ms", "1000"])
             // Membership and recovery only: a job that trained would reach Published (and

@@ -174,12 +174,14 @@ async fn fs_store_detects_a_flipped_byte_in_any_block() {
     std::fs::remove_file(store.block_path(&leaf)).expect("remove");
     assert_eq!(
         store.get(&cid).await,
-        Err(ObjectError::NotFound(leaf.to_string()))
+        Err(ObjectError::NotFound {
+            cid: leaf.to_string()
+        })
     );
     assert!(!store.contains(&cid).await.expect("contains"));
     assert!(matches!(
         store.pin(&cid).await,
-        Err(ObjectError::NotFound(_))
+        Err(ObjectError::NotFound { cid: _ })
     ));
 }
 
@@ -275,7 +277,7 @@ fn card_parse_refuses_what_is_not_a_card() {
         "---\nlicense: mit\ndatasets: [d]\nhanzod: {cid: x, epoch: -1, job: 1, quality: 1.0, model: m}\n---\n",
     ] {
         assert!(
-            matches!(ModelCard::parse(bad), Err(RegistryError::Parse(_))),
+            matches!(ModelCard::parse(bad), Err(RegistryError::Parse { reason: _ })),
             "{bad:?} parsed"
         );
     }
@@ -347,13 +349,15 @@ async fn folder_registry_publishes_the_hub_layout_idempotently() {
     other.config_json = br#"{"n_layer": 3}"#.to_vec();
     assert_eq!(
         registry.publish(&other).await,
-        Err(RegistryError::Conflict("hanzo/gpt2-small-epoch-3".into()))
+        Err(RegistryError::Conflict {
+            repo: "hanzo/gpt2-small-epoch-3".into()
+        })
     );
     let mut other_card = up.clone();
     other_card.card.quality = 1.0;
     assert!(matches!(
         registry.publish(&other_card).await,
-        Err(RegistryError::Conflict(_))
+        Err(RegistryError::Conflict { repo: _ })
     ));
     assert_eq!(
         std::fs::read(repo_dir.join(CONFIG_FILE)).expect("config"),
@@ -381,7 +385,10 @@ async fn folder_registry_refuses_bad_uploads() {
         let mut up = upload(&weights, 3);
         up.repo = repo.into();
         assert!(
-            matches!(registry.publish(&up).await, Err(RegistryError::BadRepo(_))),
+            matches!(
+                registry.publish(&up).await,
+                Err(RegistryError::BadRepo { reason: _ })
+            ),
             "{repo:?} accepted"
         );
     }
@@ -390,21 +397,21 @@ async fn folder_registry_refuses_bad_uploads() {
     up.repo = "hanzo/gpt2-small-epoch-4".into();
     assert!(matches!(
         registry.publish(&up).await,
-        Err(RegistryError::BadRepo(_))
+        Err(RegistryError::BadRepo { reason: _ })
     ));
     // The card's CID must be the weights'.
     let mut up = upload(&weights, 3);
     up.card.cid = cid_of(b"other weights").to_string();
     assert!(matches!(
         registry.publish(&up).await,
-        Err(RegistryError::BadCard(_))
+        Err(RegistryError::BadCard { reason: _ })
     ));
     // A NaN quality is refused.
     let mut up = upload(&weights, 3);
     up.card.quality = f64::NAN;
     assert!(matches!(
         registry.publish(&up).await,
-        Err(RegistryError::BadCard(_))
+        Err(RegistryError::BadCard { reason: _ })
     ));
     // Nothing was written.
     assert!(std::fs::read_dir(&dir.0).expect("root").next().is_none());

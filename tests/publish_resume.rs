@@ -19,7 +19,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use hanzod::core::job::JobPhase;
 use hanzod::core::ports::memory::{MemoryChain, MemoryStateStore};
-use hanzod::core::ports::{CheckpointError, CheckpointSink, EpochInput, Ledger, SystemClock};
+use hanzod::core::ports::{
+    CheckpointError, CheckpointSink, EpochInput, Ledger, PublishedEpoch, SystemClock,
+};
 use hanzod::identity::Identity;
 use hanzod::publish::publisher::{Checkpoint, Publisher};
 use hanzod::publish::record::check_signature;
@@ -77,8 +79,10 @@ impl PublishingSink {
 
 #[async_trait]
 impl CheckpointSink for PublishingSink {
-    async fn publish(&self, input: EpochInput<'_>) -> Result<String, CheckpointError> {
-        let failed = |e: &dyn std::fmt::Display| CheckpointError::Failed(e.to_string());
+    async fn publish(&self, input: EpochInput<'_>) -> Result<PublishedEpoch, CheckpointError> {
+        let failed = |e: &dyn std::fmt::Display| CheckpointError::Failed {
+            message: e.to_string(),
+        };
         let (job, epoch) = (input.job, input.epoch);
         let staged = match self
             .publisher
@@ -139,7 +143,7 @@ impl CheckpointSink for PublishingSink {
             .map_err(|e| failed(&e))?;
         self.crash_here(CrashPoint::Recorded, epoch, staged.cid())
             .await;
-        Ok(staged.cid().to_string())
+        Ok(PublishedEpoch::checkpoint(staged.cid()))
     }
 }
 

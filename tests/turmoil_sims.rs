@@ -166,6 +166,11 @@ impl Clock for SimClock {
 
 fn daemon_config(keys: &Keys, replay_window_ms: u64) -> Config {
     let mut cfg = Config::load(None, |_| None).expect("embedded defaults");
+    cfg.data_dir.clear(); // memory-only: nothing written into the working directory
+                          // Each orchestrator here starts on a fresh log numbering jobs from 1, so a restarted
+                          // one hands out the ids its predecessor did (a pinned first_job_id can): the agents
+                          // must tell the two apart by the log id.
+    cfg.core.first_job_id = 1;
     cfg.orchestrator.key = hex::encode(keys.orchestrator);
     cfg.core.heartbeat.interval_ms = HEARTBEAT_MS;
     cfg.core.heartbeat.timeout_ms = HEARTBEAT_TIMEOUT_MS;

@@ -144,6 +144,16 @@ impl Fixture {
     }
 
     async fn publish(&self, epoch: u32, base: Option<&str>, deltas: &[DeltaReceipt]) -> String {
+        self.published(epoch, base, deltas).await.checkpoint
+    }
+
+    /// The checkpoint with the summary the job records.
+    async fn published(
+        &self,
+        epoch: u32,
+        base: Option<&str>,
+        deltas: &[DeltaReceipt],
+    ) -> hanzod::core::ports::PublishedEpoch {
         let spec = spec();
         let input = EpochInput {
             job: JOB,
@@ -299,10 +309,22 @@ async fn bad_deltas_are_rejected_with_their_reason_and_an_empty_epoch_keeps_the_
         claimed_loss: 1.0,
         signature: sign_statement(&id, &statement, &hash).to_vec(),
     };
-    let cp = f
-        .publish(0, None, &[good.clone(), stolen, missing, wrong_step])
+    let published = f
+        .published(0, None, &[good.clone(), stolen, missing, wrong_step])
         .await;
+    let cp = published.checkpoint;
     let r = f.sink.report(JOB, 0).await.unwrap();
+    // The summary the job records says the same as the report, in numbers.
+    let summary = published
+        .summary
+        .expect("the training sink reports a summary");
+    assert_eq!((summary.accepted, summary.rejected), (1, 3));
+    assert_eq!(summary.suspect as usize, r.suspect);
+    assert_eq!(summary.outcome_line(), "advanced (median)");
+    assert_eq!(
+        (summary.loss_before, summary.loss_after),
+        (r.loss_before, r.loss_after)
+    );
     let labels: Vec<_> = r
         .deltas
         .iter()
@@ -321,9 +343,13 @@ async fn bad_deltas_are_rejected_with_their_reason_and_an_empty_epoch_keeps_the_
     // Epoch 1 with no delta at all keeps the base checkpoint and says so.
     let f2 = fixture(0.0).await;
     let base = f2.publish(0, None, &[good]).await;
-    let kept = f2.publish(1, Some(&base), &[]).await;
+    let kept = f2.published(1, Some(&base), &[]).await;
     let r = f2.sink.report(JOB, 1).await.unwrap();
-    assert_eq!(kept, base);
+    assert_eq!(kept.checkpoint, base);
+    assert_eq!(
+        kept.summary.expect("summary").outcome_line(),
+        "kept the previous checkpoint: no deltas to merge"
+    );
     assert_eq!(r.kept.as_deref(), Some("no deltas to merge"));
     assert_eq!(r.aggregator, None);
     assert_eq!(r.loss_after, r.loss_before);
@@ -712,9 +738,9 @@ impl hanzod::publish::ModelRegistry for FlakyRegistry {
     ) -> Result<hanzod::publish::Published, hanzod::publish::RegistryError> {
         self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(hanzod::publish::RegistryError::Io(
-                "503 from the Hub".into(),
-            ));
+            return Err(hanzod::publish::RegistryError::Io {
+                message: "503 from the Hub".into(),
+            });
         }
         self.inner.publish(upload).await
     }
@@ -763,4 +789,245 @@ async fn a_repo_push_that_failed_transiently_is_pushed_again_later() {
     // One failed call, then one call per epoch: nothing pushed twice.
     assert_eq!(registry.calls.load(Ordering::SeqCst), 3);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A blob store whose `get` of one blob waits until the test opens the gate: a job whose
+/// deltas are slow to fetch (or, as it looks from outside, slow to aggregate).
+#[derive(Debug)]
+struct GatedBlobs {
+    inner: MemoryBlobStore,
+    gated: [u8; 32],
+    /// Set once the gated blob is asked for.
+    asked: tokio::sync::Notify,
+    open: tokio::sync::watch::Sender<bool>,
+    gets: std::sync::atomic::AtomicUsize,
+    /// Panic at the next fetch of the gated blob (once), as a failing keeper would.
+    panic_once: std::sync::atomic::AtomicBool,
+}
+
+impl GatedBlobs {
+    fn new(gated: [u8; 32]) -> GatedBlobs {
+        GatedBlobs {
+            inner: MemoryBlobStore::new(),
+            gated,
+            asked: tokio::sync::Notify::new(),
+            open: tokio::sync::watch::channel(false).0,
+            gets: 0.into(),
+            panic_once: false.into(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl BlobStore for GatedBlobs {
+    async fn put(
+        &self,
+        hash: [u8; 32],
+        bytes: Arc<[u8]>,
+    ) -> Result<(), hanzod::delta::store::BlobError> {
+        self.inner.put(hash, bytes).await
+    }
+    async fn get(&self, hash: &[u8; 32]) -> Result<Arc<[u8]>, hanzod::delta::store::BlobError> {
+        if *hash == self.gated {
+            self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.asked.notify_one();
+            let _ = self.open.subscribe().wait_for(|open| *open).await;
+            if self
+                .panic_once
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                panic!("injected fault: the keeper fails mid-publication");
+            }
+        }
+        self.inner.get(hash).await
+    }
+    async fn contains(&self, hash: &[u8; 32]) -> Result<bool, hanzod::delta::store::BlobError> {
+        self.inner.contains(hash).await
+    }
+    async fn remove(&self, hash: &[u8; 32]) -> Result<(), hanzod::delta::store::BlobError> {
+        self.inner.remove(hash).await
+    }
+}
+
+/// A sink over [`GatedBlobs`], and job 8's epoch 0 with one delta behind the gate (never
+/// stored: once the gate opens, it is rejected as unavailable and the epoch keeps its base).
+async fn gated_sink() -> (TrainingSink, Arc<GatedBlobs>, DeltaReceipt) {
+    let slow = DeltaReceipt {
+        job: JobId(8),
+        node: Identity::from_seed([9; 32]).node_id(),
+        epoch: 0,
+        step: 0,
+        delta_hash: [0xee; 32],
+        claimed_loss: 1.0,
+        signature: vec![0; 64],
+    };
+    let blobs = Arc::new(GatedBlobs::new(slow.delta_hash));
+    let config = SinkConfig {
+        workers: 2,
+        ..SinkConfig::default()
+    };
+    let sink = TrainingSink::start(
+        blobs.clone(),
+        Arc::new(ModelCatalog::builtin()),
+        [42u8; 32],
+        config,
+        Arc::new(MemoryMetrics::new()),
+        None,
+        hanzod::delta::sink::Publication::memory(),
+    )
+    .await
+    .unwrap();
+    (sink, blobs, slow)
+}
+
+/// Publishes `job`'s epoch `epoch` on `sink` (the job actor's call).
+async fn publish_on(
+    sink: &TrainingSink,
+    job: JobId,
+    epoch: u32,
+    deltas: &[DeltaReceipt],
+) -> hanzod::core::ports::PublishedEpoch {
+    let spec = spec();
+    let input = EpochInput {
+        job,
+        epoch,
+        spec: &spec,
+        base: None,
+        deltas,
+    };
+    sink.publish(input).await.unwrap()
+}
+
+/// Regression (the model keeper served every job's publication from one mailbox, so one
+/// job's slow aggregation held up all the others, and counted against their
+/// `publish_deadline_ms`): while job 8's epoch waits on its delta, job 7's epoch is
+/// published; job 8's lands once its delta comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_aggregation_of_one_job_does_not_delay_another_jobs_publication() {
+    use std::time::Duration;
+    let (sink, blobs, delta) = gated_sink().await;
+    let slow = tokio::spawn({
+        let (sink, delta) = (sink.clone(), delta.clone());
+        async move { publish_on(&sink, delta.job, 0, &[delta]).await }
+    });
+    tokio::time::timeout(Duration::from_secs(60), blobs.asked.notified())
+        .await
+        .expect("job 8's aggregation asks for its delta");
+
+    let fast = tokio::time::timeout(Duration::from_secs(60), publish_on(&sink, JOB, 0, &[]))
+        .await
+        .expect("job 7's publication waited for job 8's aggregation");
+    assert!(fast.checkpoint.starts_with("bafk"), "{fast:?}");
+    assert!(sink.report(JOB, 0).await.is_some());
+    assert!(
+        !slow.is_finished(),
+        "job 8's delta is still behind the gate"
+    );
+    assert!(sink.report(delta.job, 0).await.is_none());
+
+    // The gate opens: job 8's epoch is published (its delta is not there, so it keeps
+    // the base).
+    blobs.open.send_replace(true);
+    let published = tokio::time::timeout(Duration::from_secs(60), slow)
+        .await
+        .expect("job 8's publication ends")
+        .unwrap();
+    let r = sink.report(delta.job, 0).await.unwrap();
+    assert_eq!(r.checkpoint, published.checkpoint);
+    assert!(
+        matches!(r.deltas[0].rejected, Some(Rejection::Unavailable(_))),
+        "{r:?}"
+    );
+    assert_eq!(blobs.gets.load(std::sync::atomic::Ordering::SeqCst), 1);
+    sink.stop();
+}
+
+/// A second call for an epoch whose publication is still running (a rebuilt job actor
+/// asking again) waits for the first, gets the same checkpoint, and merges nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_call_for_an_epoch_in_flight_gets_the_first_ones_checkpoint() {
+    use std::time::Duration;
+    let (sink, blobs, delta) = gated_sink().await;
+    let call = |sink: &TrainingSink| {
+        let (sink, delta) = (sink.clone(), delta.clone());
+        tokio::spawn(async move { publish_on(&sink, delta.job, 0, &[delta]).await })
+    };
+    let first = call(&sink);
+    tokio::time::timeout(Duration::from_secs(60), blobs.asked.notified())
+        .await
+        .expect("the first call asks for the delta");
+    let second = call(&sink);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!first.is_finished() && !second.is_finished());
+
+    blobs.open.send_replace(true);
+    let (first, second) = tokio::time::timeout(Duration::from_secs(60), async {
+        (first.await.unwrap(), second.await.unwrap())
+    })
+    .await
+    .expect("both calls end");
+    assert_eq!(first.checkpoint, second.checkpoint);
+    assert_eq!(first.summary, second.summary);
+    // The delta was fetched once: the epoch was aggregated once.
+    assert_eq!(blobs.gets.load(std::sync::atomic::Ordering::SeqCst), 1);
+    sink.stop();
+}
+
+/// Regression (a job keeper that died mid-publication dropped the caller's reply, and the
+/// job failed with "the model keeper did not answer"): the call is made again to the
+/// rebuilt keeper, and the job gets its checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keeper_that_dies_mid_publication_is_called_again_and_the_epoch_is_published() {
+    use std::time::Duration;
+    let (sink, blobs, delta) = gated_sink().await;
+    blobs
+        .panic_once
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    blobs.open.send_replace(true);
+    let published = tokio::time::timeout(
+        Duration::from_secs(60),
+        publish_on(&sink, delta.job, 0, std::slice::from_ref(&delta)),
+    )
+    .await
+    .expect("the publication ends");
+    assert_eq!(
+        sink.report(delta.job, 0).await.unwrap().checkpoint,
+        published.checkpoint
+    );
+    // The first keeper died at its fetch; the rebuilt one fetched again.
+    assert_eq!(blobs.gets.load(std::sync::atomic::Ordering::SeqCst), 2);
+    sink.stop();
+}
+
+/// A job keeper that fails is rebuilt on the job's next call: its reports survive (a
+/// second call for a published epoch gets the same checkpoint, merged once), and the next
+/// epoch continues from the last checkpoint, reloaded by CID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_job_keeper_is_rebuilt_with_its_reports_and_the_job_continues() {
+    let f = fixture(0.0).await;
+    let init = train::init(&recipe_of(&spec().training, JOB).unwrap());
+    let mut deltas = Vec::new();
+    for i in 1..=2 {
+        deltas.push(f.submit(i, 0, &init, Behaviour::Honest).await);
+    }
+    let cp0 = f.publish(0, None, &deltas).await;
+    f.sink.crash_job_keeper(JOB);
+    for _ in 0..200 {
+        if f.metrics.counter(Counter::ActorRestarts, "keeper") == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(f.metrics.counter(Counter::ActorRestarts, "keeper"), 1);
+    assert_eq!(f.sink.report(JOB, 0).await.unwrap().checkpoint, cp0);
+    // Asked again (a rebuilt job actor): the same checkpoint, not a second merge.
+    assert_eq!(f.publish(0, None, &deltas).await, cp0);
+    assert_eq!(f.metrics.counter(Counter::Merges, "weighted_mean"), 1);
+    let w0 = f.weights(&cp0).await;
+    let deltas = vec![f.submit(1, 1, &w0, Behaviour::Honest).await];
+    let cp1 = f.publish(1, Some(&cp0), &deltas).await;
+    let r1 = f.sink.report(JOB, 1).await.unwrap();
+    assert_eq!(r1.base.as_deref(), Some(cp0.as_str()));
+    assert_eq!(r1.checkpoint, cp1);
+    assert!(r1.loss_after < r1.loss_before, "{r1:#?}");
 }

@@ -408,7 +408,7 @@ async fn outage(name: &str, pause: bool) {
     let err = store.append_with_id(id, Timestamp(2), &event(2)).await;
     let took = started.elapsed();
     assert!(
-        matches!(err, Err(StoreError::Unavailable(_))),
+        matches!(err, Err(StoreError::Unavailable { .. })),
         "got {err:?}"
     );
     assert!(
@@ -421,7 +421,7 @@ async fn outage(name: &str, pause: bool) {
     assert!(h.last_error.is_some());
     assert!(matches!(
         store.last_seq().await,
-        Err(StoreError::Unavailable(_))
+        Err(StoreError::Unavailable { .. })
     ));
 
     if pause {

@@ -56,6 +56,7 @@ fn flip_a_byte(path: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
     let mut cfg = Config::load(None, |_| None).unwrap();
+    cfg.data_dir.clear(); // memory-only: nothing written into the working directory
     cfg.server.grpc_addr = "127.0.0.1:0".into();
     cfg.server.metrics_addr = String::new();
     // The daemon signs with this key: the records below are its own.

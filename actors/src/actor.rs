@@ -84,6 +84,9 @@ pub enum Notice {
         removed: Vec<NodeId>,
         /// Standbys inserted.
         added: Vec<NodeId>,
+        /// For a repair: ms from the first failure the ring actor heard of to this ring
+        /// being recorded (the coalescing window included); `None` for a first ring.
+        repair_ms: Option<u64>,
     },
     /// A supervisor rebuilt a failed child.
     ActorRestarted {
@@ -152,7 +155,7 @@ impl Deps {
         loop {
             match self.store.append_once(id, self.now(), event.clone()).await {
                 Ok(seq) => return Ok(seq),
-                Err(StoreError::Unavailable(reason)) if attempt < 3 => {
+                Err(StoreError::Unavailable { message: reason }) if attempt < 3 => {
                     tracing::warn!(%reason, attempt, "state store unavailable; retrying append");
                     tokio::time::sleep(delay).await;
                     delay *= 4;
@@ -169,15 +172,28 @@ impl Deps {
     }
 }
 
-/// Why an actor-to-actor call failed.
+/// Why an actor-to-actor call failed (or, [`CallError::Start`], the actor tree could not
+/// be started to take calls).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallError {
     /// The callee did not answer within the deadline.
     #[error("no answer within {0} ms")]
     Timeout(u64),
-    /// The callee is not running (stopped, or being rebuilt).
-    #[error("actor unavailable: {0}")]
-    Unavailable(String),
+    /// The callee took the call and dropped its reply (it failed while handling it).
+    #[error("actor unavailable: reply dropped")]
+    ReplyDropped,
+    /// The callee is not running (stopped, or being rebuilt): its mailbox refused the call.
+    #[error("actor unavailable: {message}")]
+    Unavailable {
+        /// What ractor said (its error is not `Clone`).
+        message: String,
+    },
+    /// The actor tree could not be spawned.
+    #[error("start: {message}")]
+    Start {
+        /// What ractor said (its error is not `Clone`).
+        message: String,
+    },
 }
 
 /// Calls through the root router with the configured deadline.
@@ -201,8 +217,10 @@ pub(crate) async fn ask_with<M: ractor::Message, T: Send + 'static>(
     {
         Ok(CallResult::Success(v)) => Ok(v),
         Ok(CallResult::Timeout) => Err(CallError::Timeout(timeout_ms)),
-        Ok(CallResult::SenderError) => Err(CallError::Unavailable("reply dropped".into())),
-        Err(e) => Err(CallError::Unavailable(e.to_string())),
+        Ok(CallResult::SenderError) => Err(CallError::ReplyDropped),
+        Err(e) => Err(CallError::Unavailable {
+            message: e.to_string(),
+        }),
     }
 }
 

@@ -30,6 +30,14 @@ pub struct CoreConfig {
     /// publishes jobs one after another counts the wait for its turn too). It runs beside
     /// the job actor, which keeps answering.
     pub publish_deadline_ms: u64,
+    /// The id of the first job of a fresh (empty) event log; 0 draws it from the clock at
+    /// start ([`crate::replay::first_job_id_from_clock`]: the seconds since 2025-01-01 UTC),
+    /// so an orchestrator restarted on a fresh log (the in-memory one) never hands out an id
+    /// an earlier run used. A log that holds jobs continues after its highest id either
+    /// way. [`Orchestrator::start`](crate::Orchestrator) resolves 0, so a running
+    /// orchestrator's [`config`](crate::OrchestratorHandle::config) holds the id drawn.
+    /// At most [`CoreConfig::MAX_FIRST_JOB_ID`].
+    pub first_job_id: u64,
 }
 
 impl Default for CoreConfig {
@@ -43,6 +51,7 @@ impl Default for CoreConfig {
             probe: ProbeConfig::default(),
             call_timeout_ms: 5_000,
             publish_deadline_ms: 3_600_000,
+            first_job_id: 0,
         }
     }
 }
@@ -58,6 +67,10 @@ pub struct ConfigError {
 }
 
 impl CoreConfig {
+    /// The largest accepted `first_job_id`, 2^53 − 1: ids stay exact as JSON numbers (and
+    /// far from overflowing).
+    pub const MAX_FIRST_JOB_ID: u64 = (1 << 53) - 1;
+
     /// Checks every setting's range and the relations between them (a timeout shorter
     /// than the interval would fail every node). Called by the builder before starting.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -114,6 +127,12 @@ impl CoreConfig {
         }
         if self.call_timeout_ms == 0 {
             return err("call_timeout_ms", "must be > 0");
+        }
+        if self.first_job_id > Self::MAX_FIRST_JOB_ID {
+            return err(
+                "first_job_id",
+                "must be at most 2^53 - 1 (job ids stay exact in JSON); 0 draws it from the clock",
+            );
         }
         Ok(())
     }
@@ -316,6 +335,7 @@ mod tests {
                 "probe.peers_per_node",
                 Box::new(|c| c.probe.peers_per_node = 1_025),
             ),
+            ("first_job_id", Box::new(|c| c.first_job_id = 1 << 53)),
         ];
         for (key, set) in cases {
             let mut c = CoreConfig::default();

@@ -19,11 +19,16 @@
 //! becomes an event: the actor calls it with the current time and, when it returns an event,
 //! applies it and appends it to the log like any other.
 
+mod summary;
+
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
+
+pub use summary::{EpochOutcome, EpochSummary};
 
 /// What a submitter asks for (paper §3, "Job Scheduler"). Unknown fields are refused when it
 /// is deserialised; call [`JobSpec::validate`] before accepting it.
@@ -227,6 +232,9 @@ pub enum FailReason {
         /// The spec's `min_nodes`.
         min: u32,
     },
+    /// The job was still Pending at its deadline, and this is why no placement was made:
+    /// what the registered nodes lacked when the deadline passed.
+    NotPlaced(NodeShortage),
     /// A checkpoint could not be published (object store, model registry or chain).
     PublicationFailed(String),
     /// The submitter or an operator cancelled the job.
@@ -242,10 +250,73 @@ impl fmt::Display for FailReason {
             FailReason::TooFewNodes { alive, min } => {
                 write!(f, "too few nodes: {alive} alive, {min} needed")
             }
+            FailReason::NotPlaced(s) => write!(f, "deadline passed while pending: {s}"),
             FailReason::PublicationFailed(why) => write!(f, "publication failed: {why}"),
             FailReason::Cancelled => f.write_str("cancelled"),
             FailReason::Other(why) => f.write_str(why),
         }
+    }
+}
+
+impl FailReason {
+    /// `DeadlinePassed` of a pending job made precise with what the nodes lacked
+    /// ([`FailReason::NotPlaced`]); any other reason, or no `shortage`, is kept as it is.
+    pub fn explained(self, shortage: Option<NodeShortage>) -> FailReason {
+        match (self, shortage) {
+            (FailReason::DeadlinePassed, Some(s)) => FailReason::NotPlaced(s),
+            (reason, _) => reason,
+        }
+    }
+}
+
+/// Why a pending job could not be placed (paper §3.3): the nodes registered when its
+/// deadline passed, how many were alive and eligible for it, and what the others lacked.
+/// Made by `crate::sched::shortage`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeShortage {
+    /// Nodes the job needs at least (its `min_nodes`, at least 1).
+    pub needed: u32,
+    /// Its VRAM minimum, bytes.
+    pub min_vram_bytes: u64,
+    /// Nodes registered with the orchestrator.
+    pub registered: u32,
+    /// Of those, alive.
+    pub alive: u32,
+    /// Of those, eligible for this job and free (paper §3.3 and not working for another job).
+    pub eligible: u32,
+    /// What the alive, ineligible nodes lacked: (reason, how many), most common first.
+    /// Reasons: `assigned to another job`, `slashing penalty`, `stake below the minimum`,
+    /// `VRAM below the job's minimum`, `uptime below the minimum`.
+    pub lacking: Vec<(String, u32)>,
+}
+
+impl fmt::Display for NodeShortage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let gib = self.min_vram_bytes as f64 / f64::from(1u32 << 30);
+        write!(f, "needs {} node", self.needed)?;
+        if self.needed != 1 {
+            f.write_str("s")?;
+        }
+        if self.min_vram_bytes > 0 {
+            write!(f, " with at least {gib:.1} GiB of VRAM")?;
+        }
+        write!(
+            f,
+            "; {} registered, {} alive, {} eligible and free",
+            self.registered, self.alive, self.eligible
+        )?;
+        if self.eligible >= self.needed {
+            f.write_str(" (enough: the placement waited on other jobs' priority or reservation)")?;
+        }
+        if !self.lacking.is_empty() {
+            let parts: Vec<String> = self
+                .lacking
+                .iter()
+                .map(|(why, n)| format!("{n}: {why}"))
+                .collect();
+            write!(f, " ({})", parts.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -330,7 +401,7 @@ impl JobPhase {
 }
 
 /// Something that happened to a job; exactly what the event log records (DESIGN §9).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum JobEvent {
     /// Enough nodes were placed and ring `ring_version` built: Pending → Provisioning.
     NodesReady {
@@ -357,6 +428,10 @@ pub enum JobEvent {
         epoch: u32,
         /// The checkpoint's identifier (its CID, DESIGN §7).
         checkpoint: String,
+        /// What the epoch's aggregation did, when the sink reported it (absent in logs
+        /// written before it existed).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        summary: Option<Box<EpochSummary>>,
     },
     /// Any non-terminal phase → Failed with this reason.
     Fail {
@@ -428,6 +503,10 @@ pub struct Job {
     pub phase: JobPhase,
     /// One checkpoint identifier (CID) per published epoch, in epoch order.
     pub checkpoints: Vec<String>,
+    /// What each published epoch's aggregation did, by epoch (only the epochs whose sink
+    /// reported one: a job resumed from the chain has none for the epochs before).
+    #[serde(default)]
+    pub summaries: BTreeMap<u32, EpochSummary>,
 }
 
 impl Job {
@@ -443,6 +522,7 @@ impl Job {
                 deadline,
             },
             checkpoints: Vec::new(),
+            summaries: BTreeMap::new(),
         }
     }
 
@@ -543,6 +623,7 @@ impl Job {
                 JobEvent::CheckpointPublished {
                     epoch: got,
                     checkpoint,
+                    summary,
                 },
             ) => {
                 if got != epoch {
@@ -564,6 +645,9 @@ impl Job {
                     }
                 };
                 self.checkpoints.push(checkpoint.clone());
+                if let Some(summary) = summary {
+                    self.summaries.insert(*epoch, (**summary).clone());
+                }
                 next
             }
             _ => return Err(invalid()),
@@ -678,6 +762,7 @@ mod tests {
             &JobEvent::CheckpointPublished {
                 epoch: 2,
                 checkpoint: "cid-2".into(),
+                summary: None,
             },
             Timestamp(4),
         )
@@ -730,6 +815,7 @@ mod tests {
         JobEvent::CheckpointPublished {
             epoch,
             checkpoint: format!("cid-{epoch}"),
+            summary: None,
         }
     }
 
@@ -1266,7 +1352,11 @@ mod tests {
             3 => (0u64..12).prop_map(|ring_version| JobEvent::RingChanged { ring_version }),
             6 => (0u32..5).prop_map(|epoch| JobEvent::EpochComplete { epoch }),
             6 => (0u32..5, "[a-f0-9]{2}")
-                .prop_map(|(epoch, checkpoint)| JobEvent::CheckpointPublished { epoch, checkpoint }),
+                .prop_map(|(epoch, checkpoint)| JobEvent::CheckpointPublished {
+                    epoch,
+                    checkpoint,
+                    summary: None,
+                }),
             1 => arb_reason().prop_map(|reason| JobEvent::Fail { reason }),
             1 => Just(JobEvent::Cancel),
         ]

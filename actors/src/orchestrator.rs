@@ -114,9 +114,11 @@ impl OrchestratorBuilder {
 
     /// Starts the actor tree (rebuilding from the state store's log, if it has one).
     pub async fn start(self) -> Result<OrchestratorHandle, OrchestratorError> {
-        let cfg = self.cfg;
-        cfg.validate()
-            .map_err(|e| OrchestratorError::Config(e.to_string()))?;
+        let mut cfg = self.cfg;
+        cfg.validate().map_err(OrchestratorError::Config)?;
+        let clock = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        // Drawn once per start: a supervisor rebuilt later numbers a still-empty log alike.
+        cfg.first_job_id = crate::replay::resolve_first_job_id(cfg.first_job_id, clock.now()).0;
         let ring_builder = self.ring_builder.unwrap_or_else(|| match cfg.ring.builder {
             RingBuilderKind::Threshold => Arc::new(ThresholdRingBuilder::default()),
             RingBuilderKind::Algorithm1 => Arc::new(Algorithm1::default()),
@@ -131,7 +133,7 @@ impl OrchestratorBuilder {
             store: self
                 .store
                 .unwrap_or_else(|| Arc::new(MemoryStateStore::new())),
-            clock: self.clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
+            clock,
             chain: self.chain.unwrap_or_else(|| Arc::new(MemoryChain::new())),
             link: self
                 .link
@@ -149,7 +151,9 @@ impl OrchestratorBuilder {
         };
         let (root, _) = Actor::spawn(None, OrchestratorActor, deps.clone())
             .await
-            .map_err(|e| OrchestratorError::Unavailable(format!("start: {e}")))?;
+            .map_err(|e| CallError::Start {
+                message: e.to_string(),
+            })?;
         Ok(OrchestratorHandle { root, deps })
     }
 }
@@ -160,10 +164,10 @@ pub enum OrchestratorError {
     /// The orchestrator (or the subsystem that serves the request) is not running, or did
     /// not answer within the call deadline. Retry later.
     #[error("orchestrator unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[from] CallError),
     /// The settings are out of range (names the key).
     #[error("configuration: {0}")]
-    Config(String),
+    Config(#[from] crate::config::ConfigError),
     /// Registration refused.
     #[error(transparent)]
     Register(#[from] RegisterError),
@@ -176,12 +180,6 @@ pub enum OrchestratorError {
     /// Job request refused.
     #[error(transparent)]
     Job(#[from] JobRequestError),
-}
-
-impl From<CallError> for OrchestratorError {
-    fn from(e: CallError) -> Self {
-        OrchestratorError::Unavailable(e.to_string())
-    }
 }
 
 /// A fault to inject into a running orchestrator (the fault-injection harness uses these;
@@ -368,7 +366,7 @@ impl OrchestratorHandle {
         self.deps.notices.subscribe()
     }
 
-    /// The settings in force.
+    /// The settings in force (`first_job_id` resolved: the id a fresh log starts at).
     pub fn config(&self) -> &CoreConfig {
         &self.deps.cfg
     }

@@ -26,7 +26,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::events::{Event, Record};
-use crate::job::JobSpec;
+use crate::job::{EpochSummary, JobSpec};
 use crate::publication::{PublicationReceipt, SignedPublication};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
@@ -58,8 +58,11 @@ impl Clock for SystemClock {
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum StoreError {
     /// The store could not be reached or timed out; the write may be retried.
-    #[error("state store unavailable: {0}")]
-    Unavailable(String),
+    #[error("state store unavailable: {message}")]
+    Unavailable {
+        /// Why, in the store client's words (a foreign error the core does not know).
+        message: String,
+    },
     /// This writer's fencing token is no longer the leader's: it must stop writing.
     #[error("fenced: token {token} is stale (leader holds {current})")]
     Fenced {
@@ -219,7 +222,35 @@ pub enum LedgerError {
     /// The request is malformed (a slashing percentage outside 1..=100, an amount that
     /// would overflow); nothing was written. Retrying the same request fails the same way.
     #[error("invalid ledger request: {0}")]
-    Invalid(String),
+    Invalid(InvalidRequest),
+}
+
+/// What is wrong with a request a [`Ledger`] refused ([`LedgerError::Invalid`]).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum InvalidRequest {
+    /// A slashing percentage outside 1..=100.
+    #[error("slashing percentage {pct} is outside 1..=100")]
+    SlashPercentage {
+        /// The percentage asked for.
+        pct: u8,
+    },
+    /// Slashing without evidence.
+    #[error("slashing evidence is empty")]
+    EmptyEvidence,
+    /// A reward batch whose running total no longer fits (u128 GYM wei).
+    #[error("reward batch overflows at {node}")]
+    RewardOverflow {
+        /// The node whose amount overflowed it.
+        node: NodeId,
+    },
+    /// The chain reverted the request as malformed.
+    #[error("{message} ({revert})")]
+    Reverted {
+        /// What the call was and how it failed.
+        message: String,
+        /// The contract's revert, decoded (as the chain adapter prints it).
+        revert: String,
+    },
 }
 
 /// The checks every [`Ledger::slash`] makes before touching the chain: `pct` within
@@ -228,12 +259,12 @@ pub enum LedgerError {
 /// Errors: [`LedgerError::Invalid`] naming what is wrong.
 pub fn check_slash(pct: u8, evidence: &[u8]) -> Result<(), LedgerError> {
     if !(1..=100).contains(&pct) {
-        return Err(LedgerError::Invalid(format!(
-            "slashing percentage {pct} is outside 1..=100"
-        )));
+        return Err(LedgerError::Invalid(InvalidRequest::SlashPercentage {
+            pct,
+        }));
     }
     if evidence.is_empty() {
-        return Err(LedgerError::Invalid("slashing evidence is empty".into()));
+        return Err(LedgerError::Invalid(InvalidRequest::EmptyEvidence));
     }
     Ok(())
 }
@@ -403,8 +434,12 @@ pub trait NodeLink: Send + Sync + std::fmt::Debug + 'static {
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum CheckpointError {
     /// Publication failed; the job fails with this reason when it cannot be retried.
-    #[error("publication failed: {0}")]
-    Failed(String),
+    #[error("publication failed: {message}")]
+    Failed {
+        /// Why, in the sink's words (a sink wraps the errors of its own ports, which the
+        /// core does not know).
+        message: String,
+    },
 }
 
 /// Turns an epoch's accepted deltas into a published checkpoint (validate, merge, publish).
@@ -420,8 +455,29 @@ pub enum CheckpointError {
 #[async_trait]
 pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
     /// Validates and merges the deltas of `input.job`'s epoch `input.epoch` onto
-    /// `input.base`, publishes the result; returns the new checkpoint reference.
-    async fn publish(&self, input: EpochInput<'_>) -> Result<String, CheckpointError>;
+    /// `input.base`, publishes the result; returns the new checkpoint reference and, when
+    /// the sink keeps one, what the aggregation did.
+    async fn publish(&self, input: EpochInput<'_>) -> Result<PublishedEpoch, CheckpointError>;
+}
+
+/// What a [`CheckpointSink`] returns for one published epoch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublishedEpoch {
+    /// The checkpoint reference (its CID, DESIGN §7).
+    pub checkpoint: String,
+    /// What the epoch's aggregation did (advanced or kept, losses, counts, rewards); `None`
+    /// from a sink that does not report it. The job records it in the event log.
+    pub summary: Option<EpochSummary>,
+}
+
+impl PublishedEpoch {
+    /// A checkpoint reference without a summary.
+    pub fn checkpoint(checkpoint: impl Into<String>) -> PublishedEpoch {
+        PublishedEpoch {
+            checkpoint: checkpoint.into(),
+            summary: None,
+        }
+    }
 }
 
 /// What the core hands a [`CheckpointSink`] for one epoch.
@@ -658,7 +714,7 @@ impl Histogram {
 /// | `probe_requests` | `sent` or `undeliverable` | [`NodeCommand::ProbeRequest`]s queued after admissions (DESIGN §4); `undeliverable`: no session (after one retry a heartbeat interval later), delivery failed or timed out |
 ///
 /// The daemon's deltas pipeline adds `deltas`, `delta_bytes_received`, `deltas_validated`,
-/// `spot_checks`, `merges` and `actor_restarts{validator}` (see `hanzod::metrics`).
+/// `spot_checks`, `merges` and `actor_restarts{validator|keeper}` (see `hanzod::metrics`).
 ///
 /// Observations (histograms): `ring_repair_seconds` (first failure reported to the ring
 /// actor → new ring recorded, including the coalescing window).

@@ -68,9 +68,41 @@ pub struct LogFold {
 }
 
 impl LogFold {
-    /// The next job id to assign (1 + the highest seen).
+    /// The next job id to assign (1 + the highest seen), or 1 on an empty log.
     pub fn next_job_id(&self) -> JobId {
-        JobId(self.jobs.keys().next_back().map_or(1, |j| j.0 + 1))
+        self.next_job_id_or(JobId(1))
+    }
+
+    /// The next job id to assign: 1 + the highest the log holds, or `first` on an empty log
+    /// (`core.first_job_id`, resolved). A pure function of the log once it holds a job, so a
+    /// replica that replays it (or a rebuilt supervisor) goes on where the last left off.
+    pub fn next_job_id_or(&self, first: JobId) -> JobId {
+        self.jobs
+            .keys()
+            .next_back()
+            .map_or(first, |j| JobId(j.0 + 1))
+    }
+}
+
+/// 2025-01-01T00:00:00Z in ms since the Unix epoch: where clock-drawn job ids count from.
+pub const JOB_ID_EPOCH_MS: u64 = 1_735_689_600_000;
+
+/// The first job id of a fresh log when `core.first_job_id` is 0 (the default): the whole
+/// seconds from 2025-01-01 UTC to `now` (the orchestrator's start), at least 1. An
+/// orchestrator restarted on a fresh log (the in-memory one) so numbers its jobs after
+/// every id an earlier run handed out, as long as that run handed out fewer ids than the
+/// seconds it ran (it started at least that many seconds earlier); ids stay 8 digits
+/// until 2028. A clock before 2025 gives 1.
+pub fn first_job_id_from_clock(now: Timestamp) -> JobId {
+    JobId((now.0.saturating_sub(JOB_ID_EPOCH_MS) / 1_000).max(1))
+}
+
+/// The first job id of a fresh log for the setting `core.first_job_id` at `now`: the
+/// setting itself, or, for 0, [`first_job_id_from_clock`].
+pub fn resolve_first_job_id(setting: u64, now: Timestamp) -> JobId {
+    match setting {
+        0 => first_job_id_from_clock(now),
+        n => JobId(n),
     }
 }
 
@@ -297,6 +329,61 @@ mod tests {
     use super::*;
     use crate::job::{JobEvent, JobSpec};
 
+    /// Regression (issue 16): a daemon restarted on a fresh in-memory log numbered its
+    /// jobs from 1 again, so yesterday's job 1 and today's had one id. The first id of a
+    /// fresh log now comes from the clock, later than any id a run that started earlier
+    /// handed out (below one id a second), while a log that holds jobs goes on after its
+    /// highest, whatever the clock says (a replica replaying it continues the same series).
+    #[test]
+    fn a_fresh_log_never_reuses_an_earlier_runs_job_ids() {
+        let t = |secs: u64| Timestamp(JOB_ID_EPOCH_MS + secs * 1_000);
+        // 2026-12-02T00:00:00Z.
+        let dec_2026 = Timestamp(1_796_169_600_000);
+        assert_eq!(first_job_id_from_clock(dec_2026), JobId(60_480_000));
+        assert_eq!(
+            first_job_id_from_clock(Timestamp(0)),
+            JobId(1),
+            "a clock before 2025"
+        );
+        assert_eq!(first_job_id_from_clock(t(0)), JobId(1));
+        // Yesterday's run started at t(100) and handed out 50 ids; today's starts later.
+        let yesterday = resolve_first_job_id(0, t(100));
+        let today = resolve_first_job_id(0, t(100 + 86_400));
+        assert!(
+            today.0 > yesterday.0 + 50,
+            "{today:?} after {yesterday:?} + 50"
+        );
+        // A run restarted 60 s later is past the ids of one that handed out 60 or fewer.
+        assert!(resolve_first_job_id(0, t(160)).0 >= yesterday.0 + 60);
+        // A fixed setting is taken as it is.
+        assert_eq!(resolve_first_job_id(1, dec_2026), JobId(1));
+        assert_eq!(resolve_first_job_id(7, t(5)), JobId(7));
+        // An empty log starts at the first id; one with jobs continues after its highest.
+        let empty = LogFold::default();
+        assert_eq!(empty.next_job_id_or(yesterday), yesterday);
+        assert_eq!(empty.next_job_id(), JobId(1));
+        let log = fold(&[
+            rec(
+                1,
+                Event::JobSubmitted {
+                    job: JobId(41),
+                    spec: spec(),
+                    resumed: Vec::new(),
+                },
+            ),
+            rec(
+                2,
+                Event::JobSubmitted {
+                    job: JobId(42),
+                    spec: spec(),
+                    resumed: Vec::new(),
+                },
+            ),
+        ]);
+        assert_eq!(log.next_job_id_or(today), JobId(43));
+        assert_eq!(log.next_job_id_or(JobId(1)), JobId(43));
+    }
+
     /// A two-epoch job on one or two nodes, with deadlines no test reaches.
     fn spec() -> JobSpec {
         JobSpec {
@@ -370,6 +457,7 @@ mod tests {
             ev(JobEvent::CheckpointPublished {
                 epoch: 0,
                 checkpoint: "c0".into(),
+                summary: None,
             }),
         ));
         let fold = super::fold(&more);
@@ -431,6 +519,7 @@ mod tests {
             (0u32..3).prop_map(|e| JobEvent::CheckpointPublished {
                 epoch: e,
                 checkpoint: format!("c{e}"),
+                summary: None,
             }),
             (1u64..4).prop_map(|v| JobEvent::RingChanged { ring_version: v }),
         ];

@@ -36,7 +36,7 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::{Job, JobPhase};
+use crate::job::{Job, JobPhase, NodeShortage};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
 /// Thresholds of paper §3.3 that do not depend on the job (VRAM does, and comes with it).
@@ -90,7 +90,7 @@ pub enum Ineligible {
     #[error("node is assigned to {0}")]
     Assigned(JobId),
     /// A slashing penalty is active until the given time (paper §3.3 rule 4).
-    #[error("slashing penalty active until {} ms", until.as_millis())]
+    #[error("slashing penalty active until {until}")]
     Slashed {
         /// When the penalty ends (ms since the Unix epoch).
         until: Timestamp,
@@ -443,6 +443,58 @@ pub fn pending_of(job: &Job) -> Option<PendingJob> {
     })
 }
 
+impl Ineligible {
+    /// The reason in words without the node's numbers, for counting nodes by what they
+    /// lack ([`shortage`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Ineligible::NotAlive => "not alive",
+            Ineligible::Assigned(_) => "assigned to another job",
+            Ineligible::Slashed { .. } => "slashing penalty",
+            Ineligible::Stake { .. } => "stake below the minimum",
+            Ineligible::Vram { .. } => "VRAM below the job's minimum",
+            Ineligible::Uptime { .. } => "uptime below the minimum",
+        }
+    }
+}
+
+/// Why `job` found too few nodes at `now` (paper §3.3): every registered node in `nodes`
+/// counted once (a repeated id is ignored), by [`check_eligibility`] against the job's VRAM
+/// minimum; the alive nodes that fail are grouped by [`Ineligible::kind`], most common
+/// first (ties by name). Pure: what a job that fails Pending reports
+/// ([`crate::job::FailReason::NotPlaced`]).
+pub fn shortage(
+    rules: &EligibilityRules,
+    job: &PendingJob,
+    nodes: &[NodeView],
+    now: Timestamp,
+) -> NodeShortage {
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let mut seen = HashSet::new();
+    let nodes: Vec<&NodeView> = nodes.iter().filter(|n| seen.insert(n.id)).collect();
+    let mut lacking: std::collections::BTreeMap<&'static str, u32> = Default::default();
+    let mut eligible = 0;
+    for n in nodes.iter().filter(|n| n.alive) {
+        match check_eligibility(rules, n, job.min_vram_bytes, now) {
+            Ok(()) => eligible += 1,
+            Err(why) => *lacking.entry(why.kind()).or_default() += 1,
+        }
+    }
+    let mut lacking: Vec<(String, u32)> = lacking
+        .into_iter()
+        .map(|(why, n)| (why.to_string(), n))
+        .collect();
+    lacking.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    NodeShortage {
+        needed: job.min_nodes.max(1),
+        min_vram_bytes: job.min_vram_bytes,
+        registered: count(nodes.len()),
+        alive: count(nodes.iter().filter(|n| n.alive).count()),
+        eligible,
+        lacking,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,6 +536,71 @@ mod tests {
 
     fn rules() -> EligibilityRules {
         EligibilityRules::default()
+    }
+
+    // ---- why a job was not placed ----
+
+    #[test]
+    fn a_job_no_node_can_serve_names_what_the_nodes_lack() {
+        let mut nodes: Vec<NodeView> = (1..=5).map(node).collect();
+        for n in &mut nodes[..3] {
+            n.vram_bytes = 8 * GIB;
+        }
+        nodes[3].assigned = Some(JobId(9));
+        nodes[4].alive = false;
+        let job = PendingJob {
+            min_vram_bytes: 24 * GIB,
+            ..pjob(1, 0, 2, 4)
+        };
+        let s = shortage(&rules(), &job, &nodes, NOW);
+        assert_eq!((s.registered, s.alive, s.eligible, s.needed), (5, 4, 0, 2));
+        assert_eq!(
+            s.lacking,
+            [
+                ("VRAM below the job's minimum".to_string(), 3),
+                ("assigned to another job".to_string(), 1)
+            ]
+        );
+        assert_eq!(
+            s.to_string(),
+            "needs 2 nodes with at least 24.0 GiB of VRAM; 5 registered, 4 alive, 0 eligible \
+             and free (3: VRAM below the job's minimum, 1: assigned to another job)"
+        );
+    }
+
+    #[test]
+    fn a_job_asking_for_more_nodes_than_are_alive_says_how_many_there_are() {
+        let nodes: Vec<NodeView> = (1..=3).map(node).collect();
+        let job = PendingJob {
+            min_vram_bytes: 0,
+            ..pjob(1, 0, 5, 8)
+        };
+        let s = shortage(&rules(), &job, &nodes, NOW);
+        assert_eq!(
+            s.to_string(),
+            "needs 5 nodes; 3 registered, 3 alive, 3 eligible and free"
+        );
+    }
+
+    proptest! {
+        /// Every alive node is counted once, as eligible or under one reason.
+        #[test]
+        fn shortage_counts_every_alive_node_once(
+            specs in proptest::collection::vec((0u8..6, any::<bool>(), 0u64..100, 0u32..30_000), 0..12)
+        ) {
+            let nodes: Vec<NodeView> = specs.iter().map(|&(i, alive, vram_gib, stake)| NodeView {
+                alive,
+                vram_bytes: vram_gib * GIB,
+                stake: GymWei::gym(u64::from(stake)),
+                ..node(i)
+            }).collect();
+            let s = shortage(&rules(), &pjob(1, 0, 2, 4), &nodes, NOW);
+            let distinct: HashSet<NodeId> = nodes.iter().map(|n| n.id).collect();
+            prop_assert_eq!(s.registered as usize, distinct.len());
+            let lacking: u32 = s.lacking.iter().map(|(_, n)| n).sum();
+            prop_assert_eq!(s.eligible + lacking, s.alive);
+            prop_assert!(s.alive <= s.registered);
+        }
     }
 
     // ---- eligibility ----

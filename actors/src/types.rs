@@ -135,6 +135,20 @@ impl Timestamp {
     }
 }
 
+/// For people: UTC to the second, `2026-12-02 01:06:52 UTC` (a time beyond chrono's range
+/// reads `<ms> ms since the Unix epoch`).
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match i64::try_from(self.0)
+            .ok()
+            .and_then(chrono::DateTime::from_timestamp_millis)
+        {
+            Some(t) => write!(f, "{}", t.format("%Y-%m-%d %H:%M:%S UTC")),
+            None => write!(f, "{} ms since the Unix epoch", self.0),
+        }
+    }
+}
+
 /// One GPU as a node describes it at registration (paper §4.1, `GpuInfo`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct GpuInfo {
@@ -213,4 +227,22 @@ pub struct DeltaReceipt {
     /// (job, epoch, step, claimed loss, delta hash), kept so anyone can audit the epoch.
     #[serde(default)]
     pub signature: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_read_as_utc_to_the_second() {
+        assert_eq!(
+            Timestamp(1_764_637_612_345).to_string(),
+            "2025-12-02 01:06:52 UTC"
+        );
+        assert_eq!(Timestamp(0).to_string(), "1970-01-01 00:00:00 UTC");
+        assert_eq!(
+            Timestamp(u64::MAX).to_string(),
+            "18446744073709551615 ms since the Unix epoch"
+        );
+    }
 }

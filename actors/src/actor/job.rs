@@ -20,10 +20,10 @@ use super::ring::{RingActor, RingActorArgs};
 use super::{answer, Deps, Notice};
 use crate::events::Event;
 use crate::job::{EpochAssignment, FailReason, Job, JobEvent, JobPhase};
-use crate::ports::{DeltaReceipt, EpochInput, NodeCommand, RingView};
+use crate::ports::{DeltaReceipt, EpochInput, NodeCommand, PublishedEpoch, RingView};
 use crate::types::{JobId, NodeId, Timestamp};
 
-pub use super::msg::{JobMsg, JobRequestError, JobView};
+pub use super::msg::{JobMsg, JobRequestError, JobView, PublishFailure};
 
 /// Spawn arguments of a [`JobActor`].
 pub struct JobActorArgs {
@@ -166,15 +166,39 @@ impl JobState {
         }
     }
 
+    /// Fails a job still Pending at its deadline ([`Job::tick`]), saying what the nodes
+    /// lacked ([`FailReason::explained`], from the scheduler's [`crate::sched::shortage`]).
+    async fn pending_deadline(&mut self, myself: &ActorRef<JobMsg>) {
+        let Some(event) = self.job.tick(self.deps.now()) else {
+            return;
+        };
+        let event = match event {
+            JobEvent::Fail { reason } => {
+                let shortage = match crate::sched::pending_of(&self.job) {
+                    Some(job) => super::ask(&self.root, &self.deps, |reply| {
+                        OrchestratorMsg::Scheduler(SchedulerMsg::Explain { job, reply })
+                    })
+                    .await
+                    .map_err(|e| tracing::debug!(job = %self.job.id, error = %e, "no shortage from the scheduler"))
+                    .ok(),
+                    None => None,
+                };
+                JobEvent::Fail {
+                    reason: reason.explained(shortage),
+                }
+            }
+            other => other,
+        };
+        if let Err(e) = self.transition(myself, event).await {
+            tracing::warn!(job = %self.job.id, error = %e, "could not fail the pending job");
+        }
+    }
+
     /// See [`JobMsg::Reconcile`].
     async fn reconcile(&mut self, myself: &ActorRef<JobMsg>) {
         let now = self.deps.now();
         match self.job.phase.clone() {
-            JobPhase::Pending { .. } => {
-                if let Some(event) = self.job.tick(now) {
-                    let _ = self.transition(myself, event).await;
-                }
-            }
+            JobPhase::Pending { .. } => self.pending_deadline(myself).await,
             JobPhase::Provisioning { .. } => {
                 if self.ring.is_some() {
                     let _ = self.transition(myself, JobEvent::ModelDistributed).await;
@@ -215,9 +239,9 @@ impl JobState {
             .cast(OrchestratorMsg::Scheduler(SchedulerMsg::Release {
                 job: self.job.id,
             }));
-        let _ = self
-            .supervisor
-            .cast(JobSupervisorMsg::Finished { view: self.view() });
+        let _ = self.supervisor.cast(JobSupervisorMsg::Finished {
+            view: Box::new(self.view()),
+        });
         myself.stop(Some("job ended".into()));
     }
 
@@ -310,19 +334,31 @@ impl JobState {
         let deadline = Duration::from_millis(self.deps.cfg.publish_deadline_ms);
         let me = myself.clone();
         tokio::spawn(async move {
-            let input = EpochInput {
-                job,
-                epoch,
-                spec: &spec,
-                base: base.as_deref(),
-                deltas: &deltas,
-            };
-            let result = match tokio::time::timeout(deadline, sink.publish(input)).await {
-                Ok(r) => r.map_err(|e| e.to_string()),
-                Err(_) => Err(format!(
-                    "no result within publish_deadline_ms ({} ms)",
-                    deadline.as_millis()
-                )),
+            // The sink runs as a task of its own, so a sink that panics fails the
+            // publication instead of leaving the job in Aggregating.
+            let mut publishing = tokio::spawn(async move {
+                let input = EpochInput {
+                    job,
+                    epoch,
+                    spec: &spec,
+                    base: base.as_deref(),
+                    deltas: &deltas,
+                };
+                sink.publish(input).await
+            });
+            let result = match tokio::time::timeout(deadline, &mut publishing).await {
+                Ok(Ok(r)) => r.map_err(PublishFailure::Sink),
+                Ok(Err(e)) if e.is_panic() => Err(PublishFailure::Panicked),
+                // Cancelled: the runtime is shutting down; nobody will read the outcome.
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    // A publication past its deadline must not go on to pay for a job that
+                    // failed: stop it where it stands (a staged checkpoint stays staged).
+                    publishing.abort();
+                    Err(PublishFailure::Deadline {
+                        ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
+                    })
+                }
             };
             // The actor may have stopped meanwhile (cancelled, or rebuilt: the rebuilt
             // one publishes again, idempotently).
@@ -335,7 +371,7 @@ impl JobState {
         &mut self,
         myself: &ActorRef<JobMsg>,
         epoch: u32,
-        result: Result<String, String>,
+        result: Result<PublishedEpoch, PublishFailure>,
     ) {
         if self.publishing == Some(epoch) {
             self.publishing = None;
@@ -344,9 +380,16 @@ impl JobState {
             return;
         }
         let event = match result {
-            Ok(checkpoint) => JobEvent::CheckpointPublished { epoch, checkpoint },
+            Ok(PublishedEpoch {
+                checkpoint,
+                summary,
+            }) => JobEvent::CheckpointPublished {
+                epoch,
+                checkpoint,
+                summary: summary.map(Box::new),
+            },
             Err(why) => JobEvent::Fail {
-                reason: FailReason::PublicationFailed(why),
+                reason: FailReason::PublicationFailed(why.reason()),
             },
         };
         if let Err(e) = self.transition(myself, event).await {
@@ -536,11 +579,7 @@ impl Actor for JobActor {
                     state.check_epoch(&myself, true).await;
                 }
             }
-            JobMsg::PendingDeadline => {
-                if let Some(event) = state.job.tick(state.deps.now()) {
-                    let _ = state.transition(&myself, event).await;
-                }
-            }
+            JobMsg::PendingDeadline => state.pending_deadline(&myself).await,
             JobMsg::Cancel { reply } => {
                 let r = state.transition(&myself, JobEvent::Cancel).await;
                 answer(reply, r);

@@ -142,7 +142,7 @@ impl Actor for JobSupervisor {
             live: BTreeMap::new(),
             children: Children::new(args.deps.cfg.supervision.clone()),
             finished: BTreeMap::new(),
-            next_id: JobId(1),
+            next_id: JobId(args.deps.cfg.first_job_id),
             root: args.root,
             deps: args.deps,
         })
@@ -155,7 +155,7 @@ impl Actor for JobSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         // Rebuild: every job that has not ended gets its actor back; ended jobs keep their view.
         let fold = crate::replay::load(&*state.deps.store).await?;
-        state.next_id = fold.next_job_id();
+        state.next_id = fold.next_job_id_or(JobId(state.deps.cfg.first_job_id));
         for (id, j) in fold.jobs {
             if j.job.phase.is_terminal() {
                 let view = JobView::of(&j.job, j.ring.map(|(_, r)| r), 0);
@@ -313,7 +313,7 @@ impl Actor for JobSupervisor {
                 let job = view.id;
                 state.live.remove(&job);
                 state.children.forget(&job);
-                state.finished.insert(job, view);
+                state.finished.insert(job, *view);
             }
             JobSupervisorMsg::Respawn { job } => {
                 if state.live.get(&job).is_some_and(|l| l.actor.is_none()) {

@@ -16,9 +16,9 @@ use ractor::{ActorId, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
 use crate::events::FailureKind;
-use crate::job::{Job, JobError, JobPhase, JobSpec, JobSpecError};
+use crate::job::{EpochSummary, Job, JobError, JobPhase, JobSpec, JobSpecError, NodeShortage};
 use crate::node::{Heartbeat, HeartbeatError};
-use crate::ports::{DeltaReceipt, RingView, StoreError};
+use crate::ports::{DeltaReceipt, PublishedEpoch, RingView, StoreError};
 use crate::sched::{NodeView, PendingJob};
 use crate::types::{GymWei, JobId, LinkProfile, NodeId, NodeInfo, Timestamp};
 
@@ -289,6 +289,13 @@ pub enum SchedulerMsg {
         /// The nodes given (possibly fewer, possibly none).
         reply: RpcReplyPort<Vec<NodeId>>,
     },
+    /// Why `job` finds too few nodes now ([`crate::sched::shortage`]).
+    Explain {
+        /// The pending job.
+        job: PendingJob,
+        /// What the registered nodes lack.
+        reply: RpcReplyPort<NodeShortage>,
+    },
     #[cfg(feature = "fault-injection")]
     /// Fault injection: panic in the scheduler.
     Panic,
@@ -364,7 +371,7 @@ pub enum JobSupervisorMsg {
     /// A job actor reached a terminal phase and is stopping.
     Finished {
         /// Its final view.
-        view: JobView,
+        view: Box<JobView>,
     },
     /// Rebuild a failed job actor (after the backoff).
     Respawn {
@@ -465,8 +472,8 @@ pub enum JobMsg {
     Published {
         /// The epoch published.
         epoch: u32,
-        /// The checkpoint reference, or the failure.
-        result: Result<String, String>,
+        /// The checkpoint reference with the epoch's summary, or the failure.
+        result: Result<PublishedEpoch, PublishFailure>,
     },
     /// Resend the running epoch's assignment to the ring members that have not delivered
     /// (every `ring.resync_ms`: a node that reconnected, or missed the first one, learns
@@ -481,6 +488,37 @@ pub enum JobMsg {
         /// Whether the ring actor exists.
         reply: RpcReplyPort<bool>,
     },
+}
+
+/// Why an epoch's publication task ended without a checkpoint (the job then fails with
+/// [`crate::job::FailReason::PublicationFailed`], which keeps its text).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PublishFailure {
+    /// The sink refused or failed.
+    #[error(transparent)]
+    Sink(#[from] crate::ports::CheckpointError),
+    /// The sink gave no result within `publish_deadline_ms`.
+    #[error("no result within publish_deadline_ms ({ms} ms)")]
+    Deadline {
+        /// The deadline, ms.
+        ms: u64,
+    },
+    /// The sink panicked.
+    #[error("the checkpoint sink panicked")]
+    Panicked,
+}
+
+impl PublishFailure {
+    /// The reason a failed job records ([`crate::job::FailReason::PublicationFailed`],
+    /// whose display already says "publication failed").
+    pub fn reason(&self) -> String {
+        match self {
+            PublishFailure::Sink(crate::ports::CheckpointError::Failed { message }) => {
+                message.clone()
+            }
+            other => other.to_string(),
+        }
+    }
 }
 
 /// Why a request about a job was refused.
@@ -546,6 +584,10 @@ pub struct JobView {
     pub delivered: BTreeMap<NodeId, [u8; 32]>,
     /// Published checkpoint references, one per finished epoch.
     pub checkpoints: Vec<String>,
+    /// What each published epoch's aggregation did, by epoch (epochs whose sink reported
+    /// one).
+    #[serde(default)]
+    pub summaries: BTreeMap<u32, EpochSummary>,
     /// The spec as submitted (its training recipe names the model every delta is checked
     /// against).
     pub spec: JobSpec,
@@ -564,6 +606,7 @@ impl JobView {
             deltas_this_epoch: deltas,
             delivered: BTreeMap::new(),
             checkpoints: job.checkpoints.clone(),
+            summaries: job.summaries.clone(),
             spec: job.spec.clone(),
         }
     }

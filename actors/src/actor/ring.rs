@@ -108,22 +108,26 @@ impl RingState {
             "reconfigured"
         };
         self.deps.metrics.incr(Counter::RingChanges, change, 1);
-        if let Some(t) = self.first_failure.take() {
+        let repair = self.first_failure.take().map(|t| t.elapsed());
+        if let Some(t) = repair {
             self.deps
                 .metrics
-                .observe(Histogram::RingRepairSeconds, t.elapsed().as_secs_f64());
+                .observe(Histogram::RingRepairSeconds, t.as_secs_f64());
         }
         self.ring = Some(ring.clone());
         self.broadcast().await;
-        self.deps.notify(Notice::RingChanged {
-            ring: ring.clone(),
-            removed: removed.clone(),
-            added,
-        });
         // Released right after the record, by the actor that made it: a job actor that dies
         // before hearing of the change cannot leak them.
-        self.release(removed).await;
-        let _ = self.parent.cast(JobMsg::RingChanged { ring });
+        self.release(removed.clone()).await;
+        // The job hears of it before watchers do, so a watcher reading the job after the
+        // notice sees this ring (usually: the job actor may still be busy).
+        let _ = self.parent.cast(JobMsg::RingChanged { ring: ring.clone() });
+        self.deps.notify(Notice::RingChanged {
+            ring,
+            removed,
+            added,
+            repair_ms: repair.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        });
         Ok(())
     }
 

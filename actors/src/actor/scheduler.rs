@@ -12,7 +12,7 @@ use super::msg::OrchestratorMsg;
 use super::msg::RegistryMsg;
 use super::{answer, ask, Deps};
 use crate::events::Event;
-use crate::sched::{check_eligibility, NodeView, PendingJob};
+use crate::sched::{check_eligibility, shortage, NodeView, PendingJob};
 use crate::types::{JobId, NodeId};
 
 pub use super::msg::SchedulerMsg;
@@ -227,6 +227,11 @@ impl Actor for Scheduler {
             }
             #[cfg(feature = "fault-injection")]
             SchedulerMsg::Panic => panic!("injected fault: scheduler panic"),
+            SchedulerMsg::Explain { job, reply } => {
+                let nodes = state.nodes().await;
+                let rules = state.deps.cfg.eligibility.rules();
+                answer(reply, shortage(&rules, &job, &nodes, state.deps.now()));
+            }
             SchedulerMsg::Inspect { reply } => {
                 let assigned = state.assigned.iter().map(|(n, j)| (*n, *j)).collect();
                 answer(reply, (state.pending.keys().copied().collect(), assigned));

@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 use super::{
     check_slash, ChainError, ChainReader, CheckpointError, CheckpointSink, Clock, Counter,
     DeltaReceipt, EpochInput, Histogram, LeaderLease, Lease, Ledger, LedgerError, LinkError,
-    Metrics, NodeCommand, NodeLink, RewardReceipt, SlashReceipt, Snapshot, StateStore, StoreError,
+    Metrics, NodeCommand, NodeLink, PublishedEpoch, RewardReceipt, SlashReceipt, Snapshot,
+    StateStore, StoreError,
 };
 use crate::events::{Event, Record};
 use crate::publication::{PublicationReceipt, SignedPublication};
@@ -120,7 +121,9 @@ impl MemoryStateStore {
 
     fn check(&self) -> Result<(), StoreError> {
         if self.inner.unavailable.load(Ordering::SeqCst) {
-            Err(StoreError::Unavailable("simulated outage".into()))
+            Err(StoreError::Unavailable {
+                message: "simulated outage".into(),
+            })
         } else {
             Ok(())
         }
@@ -464,7 +467,8 @@ impl Ledger for MemoryChain {
         let mut total: u128 = 0;
         let mut after: HashMap<NodeId, u128> = HashMap::new();
         for (node, amount) in rewards {
-            let overflow = || LedgerError::Invalid(format!("reward batch overflows at {node}"));
+            let overflow =
+                || LedgerError::Invalid(super::InvalidRequest::RewardOverflow { node: *node });
             total = total.checked_add(amount.0).ok_or_else(overflow)?;
             let held = match after.get(node) {
                 Some(&b) => b,
@@ -691,14 +695,14 @@ impl MemoryCheckpointSink {
 
 #[async_trait]
 impl CheckpointSink for MemoryCheckpointSink {
-    async fn publish(&self, input: EpochInput<'_>) -> Result<String, CheckpointError> {
+    async fn publish(&self, input: EpochInput<'_>) -> Result<PublishedEpoch, CheckpointError> {
         let EpochInput {
             job, epoch, deltas, ..
         } = input;
         if self.fail.load(Ordering::SeqCst) {
-            return Err(CheckpointError::Failed(
-                "simulated publication failure".into(),
-            ));
+            return Err(CheckpointError::Failed {
+                message: "simulated publication failure".into(),
+            });
         }
         if let Some((cid, _)) = self
             .published
@@ -706,7 +710,7 @@ impl CheckpointSink for MemoryCheckpointSink {
             .unwrap_or_else(|p| p.into_inner())
             .get(&(job, epoch))
         {
-            return Ok(cid.clone());
+            return Ok(PublishedEpoch::checkpoint(cid.clone()));
         }
         let mut hashes: Vec<[u8; 32]> = deltas.iter().map(|d| d.delta_hash).collect();
         hashes.sort_unstable();
@@ -721,7 +725,7 @@ impl CheckpointSink for MemoryCheckpointSink {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert((job, epoch), (cid.clone(), deltas.to_vec()));
-        Ok(cid)
+        Ok(PublishedEpoch::checkpoint(cid))
     }
 }
 

@@ -17,7 +17,7 @@ pub mod contracts;
 pub mod deploy;
 mod evm;
 
-pub use evm::{EvmChain, EvmError, EvmOptions};
+pub use evm::{ContractMismatch, EvmChain, EvmError, EvmOptions, RpcUrlError};
 
 /// The stake an orchestrator must hold to lead, sign rewards and slash: 50,000 GYM in GYM
 /// wei (paper §1.1 "Design Principles"; `GYMToken.ORCHESTRATOR_MIN_STAKE`).

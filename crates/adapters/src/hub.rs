@@ -573,26 +573,38 @@ impl<'a> Step<'a> {
                 };
                 let code_text = code.as_deref().map(|c| format!(" {c}")).unwrap_or_default();
                 if code.as_deref() == Some("RepoNotFound") {
-                    RegistryError::NotFound(format!(
-                        "{ctx}: HTTP {s}{code_text}{message} (the repo does not exist, or \
+                    RegistryError::NotFound {
+                        what: format!(
+                            "{ctx}: HTTP {s}{code_text}{message} (the repo does not exist, or \
                          {TOKEN_ENV} cannot see it)"
-                    ))
+                        ),
+                    }
                 } else if matches!(s, 401 | 403) {
-                    RegistryError::Unauthorized(format!(
-                        "{ctx}: HTTP {s}{message}; check {TOKEN_ENV} (publishing needs a \
+                    RegistryError::Unauthorized {
+                        message: format!(
+                            "{ctx}: HTTP {s}{message}; check {TOKEN_ENV} (publishing needs a \
                          token with write access to the organisation)"
-                    ))
+                        ),
+                    }
                 } else if s == 404 {
-                    RegistryError::NotFound(format!("{ctx}: HTTP 404{code_text}{message}"))
+                    RegistryError::NotFound {
+                        what: format!("{ctx}: HTTP 404{code_text}{message}"),
+                    }
                 } else {
-                    RegistryError::Io(format!("{ctx}: HTTP {status}{message}{tries}"))
+                    RegistryError::Io {
+                        message: format!("{ctx}: HTTP {status}{message}{tries}"),
+                    }
                 }
             }
-            FailureKind::Transport(e) => RegistryError::Io(format!("{ctx}: {e}{tries}")),
-            FailureKind::Malformed(e) => {
-                RegistryError::Io(format!("{ctx}: unexpected answer: {e}"))
-            }
-            FailureKind::Local(e) => RegistryError::Io(format!("{ctx}: {e}")),
+            FailureKind::Transport(e) => RegistryError::Io {
+                message: format!("{ctx}: {e}{tries}"),
+            },
+            FailureKind::Malformed(e) => RegistryError::Io {
+                message: format!("{ctx}: unexpected answer: {e}"),
+            },
+            FailureKind::Local(e) => RegistryError::Io {
+                message: format!("{ctx}: {e}"),
+            },
         }
     }
 }
@@ -663,10 +675,8 @@ struct CommitAnswer {
 
 /// Parses and checks an endpoint: `http` or `https`, a host, no query or fragment.
 fn parse_endpoint(endpoint: &str) -> Result<Url, RegistryError> {
-    let bad = |why: String| {
-        RegistryError::Config(format!(
-            "{ENDPOINT_ENV}={endpoint:?} is not a usable Hub endpoint: {why}"
-        ))
+    let bad = |why: String| RegistryError::Config {
+        reason: format!("{ENDPOINT_ENV}={endpoint:?} is not a usable Hub endpoint: {why}"),
     };
     let url = Url::parse(endpoint.trim()).map_err(|e| bad(e.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
@@ -705,9 +715,9 @@ fn validate_file(file: &str) -> Result<(), RegistryError> {
             .split('/')
             .any(|p| p.is_empty() || p == "." || p == "..")
     {
-        return Err(RegistryError::BadRepo(format!(
-            "file path {file:?} is not a relative path inside a repo"
-        )));
+        return Err(RegistryError::BadRepo {
+            reason: format!("file path {file:?} is not a relative path inside a repo"),
+        });
     }
     Ok(())
 }
@@ -764,9 +774,11 @@ impl HubClient {
             None | Some("") => None,
             Some(t) => {
                 let mut v = HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
-                    RegistryError::Config(format!(
-                        "{TOKEN_ENV} holds characters not allowed in an HTTP header"
-                    ))
+                    RegistryError::Config {
+                        reason: format!(
+                            "{TOKEN_ENV} holds characters not allowed in an HTTP header"
+                        ),
+                    }
                 })?;
                 v.set_sensitive(true);
                 Some(v)
@@ -777,7 +789,9 @@ impl HubClient {
             options.ca_file.as_deref(),
             Alpn::H2OrHttp1,
         )
-        .map_err(|e| RegistryError::Config(format!("TLS for {ENDPOINT_ENV} {endpoint}: {e}")))?
+        .map_err(|e| RegistryError::Config {
+            reason: format!("TLS for {ENDPOINT_ENV} {endpoint}: {e}"),
+        })?
         .connect_timeout(options.timeout)
         .redirect(reqwest::redirect::Policy::limited(10))
         .user_agent(concat!("hanzod/", env!("CARGO_PKG_VERSION")));
@@ -790,9 +804,9 @@ impl HubClient {
         if loopback {
             builder = builder.no_proxy();
         }
-        let http = builder
-            .build()
-            .map_err(|e| RegistryError::Config(format!("building the HTTP client: {e}")))?;
+        let http = builder.build().map_err(|e| RegistryError::Config {
+            reason: format!("building the HTTP client: {e}"),
+        })?;
         let base = endpoint.as_str().trim_end_matches('/').to_string();
         Ok(HubClient {
             http,
@@ -912,12 +926,14 @@ impl HubClient {
     /// [`RegistryError::Unauthorized`], [`RegistryError::Io`].
     pub async fn tree(&self, repo: &str) -> Result<Vec<TreeEntry>, RegistryError> {
         validate_repo(repo)?;
-        self.tree_of(repo).await?.ok_or_else(|| {
-            RegistryError::NotFound(format!(
-                "reading the tree of {repo} ({}): no revision {REVISION}",
-                self.api_url(repo, "tree")
-            ))
-        })
+        self.tree_of(repo)
+            .await?
+            .ok_or_else(|| RegistryError::NotFound {
+                what: format!(
+                    "reading the tree of {repo} ({}): no revision {REVISION}",
+                    self.api_url(repo, "tree")
+                ),
+            })
     }
 
     /// The tree at `main`, `None` when the repo has no `main` yet.
@@ -973,10 +989,12 @@ impl HubClient {
                 }
             }
         }
-        Err(RegistryError::Io(format!(
-            "reading the tree of {repo} ({}): more than {MAX_TREE_PAGES} pages",
-            self.api_url(repo, "tree")
-        )))
+        Err(RegistryError::Io {
+            message: format!(
+                "reading the tree of {repo} ({}): more than {MAX_TREE_PAGES} pages",
+                self.api_url(repo, "tree")
+            ),
+        })
     }
 
     /// Downloads `file` of `repo` at `main` to `dest`, streaming (nothing is held in
@@ -1561,9 +1579,9 @@ impl HubRegistry {
                 Ok(())
             }
             Ok(None) => Ok(()),
-            Err(_) if conflict.load(Ordering::Relaxed) => {
-                Err(RegistryError::Conflict(repo.to_string()))
-            }
+            Err(_) if conflict.load(Ordering::Relaxed) => Err(RegistryError::Conflict {
+                repo: repo.to_string(),
+            }),
             Err(e) => Err(e),
         }
     }
@@ -1596,7 +1614,9 @@ impl ModelRegistry for HubRegistry {
             ]
         })
         .await
-        .map_err(|e| RegistryError::Io(format!("hashing task failed: {e}")))?;
+        .map_err(|e| RegistryError::Io {
+            message: format!("hashing task failed: {e}"),
+        })?;
 
         let refused = match self.create_repo(repo).await {
             Ok(created) => {
@@ -1625,7 +1645,9 @@ impl ModelRegistry for HubRegistry {
                     why,
                     "repo holds other content"
                 );
-                return Err(RegistryError::Conflict(upload.repo.clone()));
+                return Err(RegistryError::Conflict {
+                    repo: upload.repo.clone(),
+                });
             }
             TreeState::Empty => {}
         }
@@ -1797,7 +1819,7 @@ mod tests {
             })
             .unwrap_err();
             assert!(
-                matches!(&err, RegistryError::Config(m) if m.contains(ENDPOINT_ENV)),
+                matches!(&err, RegistryError::Config { reason: m } if m.contains(ENDPOINT_ENV)),
                 "{bad:?}: {err:?}"
             );
         }
@@ -1808,7 +1830,7 @@ mod tests {
         })
         .unwrap_err();
         assert!(
-            matches!(&err, RegistryError::Config(m) if m.contains(TOKEN_ENV) && !m.contains("a\nb"))
+            matches!(&err, RegistryError::Config { reason: m } if m.contains(TOKEN_ENV) && !m.contains("a\nb"))
         );
     }
 
@@ -1825,7 +1847,7 @@ mod tests {
             ca_file: Some("/nonexistent/ca.pem".into()),
             ..HubOptions::default()
         });
-        assert!(matches!(missing, Err(RegistryError::Config(_))));
+        assert!(matches!(missing, Err(RegistryError::Config { reason: _ })));
     }
 
     #[test]
@@ -1928,16 +1950,16 @@ mod tests {
         };
         let e = step.error(status(401, None), 1);
         assert!(
-            matches!(&e, RegistryError::Unauthorized(m) if m.contains("HF_TOKEN") && m.contains("o/m-epoch-1") && m.contains("POST http://h/api/repos/create")),
+            matches!(&e, RegistryError::Unauthorized { message: m } if m.contains("HF_TOKEN") && m.contains("o/m-epoch-1") && m.contains("POST http://h/api/repos/create")),
             "{e}"
         );
         let e = step.error(status(401, Some("RepoNotFound")), 1);
-        assert!(matches!(e, RegistryError::NotFound(_)));
+        assert!(matches!(e, RegistryError::NotFound { what: _ }));
         let e = step.error(status(404, Some("EntryNotFound")), 1);
-        assert!(matches!(&e, RegistryError::NotFound(m) if m.contains("EntryNotFound")));
+        assert!(matches!(&e, RegistryError::NotFound { what: m } if m.contains("EntryNotFound")));
         let e = step.error(status(503, None), 4);
         assert!(
-            matches!(&e, RegistryError::Io(m) if m.contains("after 4 attempts") && m.contains("creating repo o/m-epoch-1")),
+            matches!(&e, RegistryError::Io { message: m } if m.contains("after 4 attempts") && m.contains("creating repo o/m-epoch-1")),
             "{e}"
         );
         assert!(status(429, None).retryable());

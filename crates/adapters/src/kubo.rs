@@ -193,11 +193,15 @@ impl NodeError {
     /// The error for a call about `cid`, or about no CID (`put`, `pins`).
     fn into_object_error(self, cid: Option<&Cid>) -> ObjectError {
         match cid {
-            Some(cid) if self.is_absent() => ObjectError::NotFound(cid.to_string()),
-            Some(cid) if self.is_client_error() => {
-                ObjectError::BadCid(format!("{cid}: the node refused it: {}", self.message))
-            }
-            _ => ObjectError::Io(self.to_string()),
+            Some(cid) if self.is_absent() => ObjectError::NotFound {
+                cid: cid.to_string(),
+            },
+            Some(cid) if self.is_client_error() => ObjectError::BadCid {
+                reason: format!("{cid}: the node refused it: {}", self.message),
+            },
+            _ => ObjectError::Io {
+                message: self.to_string(),
+            },
         }
     }
 }
@@ -215,7 +219,7 @@ impl std::fmt::Display for NodeError {
 impl CallError {
     fn into_object_error(self, cid: Option<&Cid>) -> ObjectError {
         match self {
-            CallError::Transport(m) => ObjectError::Io(m),
+            CallError::Transport(m) => ObjectError::Io { message: m },
             CallError::Node(e) => e.into_object_error(cid),
         }
     }
@@ -512,7 +516,9 @@ async fn read_limited(mut resp: Response, limit: u64, expect: u64) -> Result<Vec
 /// `url` as the RPC API's base `…/api/v0/`: a URL ending in `/api/v0` (or a proxy's path
 /// prefix) is accepted as given.
 fn api_base(url: &str) -> Result<Url, ObjectError> {
-    let bad = |why: String| ObjectError::Io(format!("IPFS_URL {url:?} is not usable: {why}"));
+    let bad = |why: String| ObjectError::Io {
+        message: format!("IPFS_URL {url:?} is not usable: {why}"),
+    };
     let mut parsed = Url::parse(url.trim()).map_err(|e| bad(e.to_string()))?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(bad(format!(
@@ -549,8 +555,9 @@ impl KuboObjectStore {
     pub async fn connect(url: &str, options: KuboOptions) -> Result<KuboObjectStore, ObjectError> {
         let api = api_base(url)?;
         let shown: Arc<str> = redacted(&api).trim_end_matches("/api/v0/").into();
-        let http_error =
-            |e: &dyn std::fmt::Display| ObjectError::Io(format!("HTTP client for {shown}: {e}"));
+        let http_error = |e: &dyn std::fmt::Display| ObjectError::Io {
+            message: format!("HTTP client for {shown}: {e}"),
+        };
         let client = tls::client_builder(
             api.scheme() == "https",
             options.ca_file.as_deref(),
@@ -582,7 +589,9 @@ impl KuboObjectStore {
         let endpoint = store.endpoint_shown("version");
         let body = store.read_reply(resp, &endpoint).await?;
         store.version = parse_version(&body)
-            .map_err(|e| ObjectError::Io(format!("{endpoint}: {e}")))?
+            .map_err(|e| ObjectError::Io {
+                message: format!("{endpoint}: {e}"),
+            })?
             .into();
         Ok(store)
     }
@@ -652,10 +661,12 @@ impl KuboObjectStore {
         read_limited(resp, MAX_REPLY as u64, 0)
             .await
             .map_err(|e| match e {
-                BodyError::TooLong => {
-                    ObjectError::Io(format!("{endpoint}: a reply over {MAX_REPLY} bytes"))
-                }
-                BodyError::Transport(e) => ObjectError::Io(transport_error(endpoint, limit, e)),
+                BodyError::TooLong => ObjectError::Io {
+                    message: format!("{endpoint}: a reply over {MAX_REPLY} bytes"),
+                },
+                BodyError::Transport(e) => ObjectError::Io {
+                    message: transport_error(endpoint, limit, e),
+                },
             })
     }
 
@@ -689,9 +700,9 @@ impl KuboObjectStore {
                     expected: arg.clone(),
                     found: format!("a block over {MAX_BLOCK} bytes"),
                 },
-                BodyError::Transport(e) => {
-                    ObjectError::Io(transport_error(&endpoint, self.lookup_limit(), e))
-                }
+                BodyError::Transport(e) => ObjectError::Io {
+                    message: transport_error(&endpoint, self.lookup_limit(), e),
+                },
             })?;
         let found = block_cid(cid.codec(), &bytes);
         if found != *cid {
@@ -727,10 +738,9 @@ impl KuboObjectStore {
         let endpoint = self.endpoint_shown("refs");
         let mut pending: Vec<u8> = Vec::new();
         loop {
-            let chunk = resp
-                .chunk()
-                .await
-                .map_err(|e| ObjectError::Io(transport_error(&endpoint, limit, e)))?;
+            let chunk = resp.chunk().await.map_err(|e| ObjectError::Io {
+                message: transport_error(&endpoint, limit, e),
+            })?;
             let done = chunk.is_none();
             if let Some(chunk) = chunk {
                 pending.extend_from_slice(&chunk);
@@ -743,9 +753,9 @@ impl KuboObjectStore {
                 if line.is_empty() {
                     continue;
                 }
-                match parse_refs_line(line)
-                    .map_err(|e| ObjectError::Io(format!("{endpoint}: {e}")))?
-                {
+                match parse_refs_line(line).map_err(|e| ObjectError::Io {
+                    message: format!("{endpoint}: {e}"),
+                })? {
                     Ok(_) => {}
                     Err(message) => {
                         let e = NodeError {
@@ -757,14 +767,16 @@ impl KuboObjectStore {
                         if e.is_absent() {
                             return Ok(Some(cid_in_message(&e.message).unwrap_or(*root)));
                         }
-                        return Err(ObjectError::Io(e.to_string()));
+                        return Err(ObjectError::Io {
+                            message: e.to_string(),
+                        });
                     }
                 }
             }
             if pending.len() > MAX_LINE {
-                return Err(ObjectError::Io(format!(
-                    "{endpoint}: a reply line over {MAX_LINE} bytes"
-                )));
+                return Err(ObjectError::Io {
+                    message: format!("{endpoint}: a reply line over {MAX_LINE} bytes"),
+                });
             }
             if done {
                 return Ok(None);
@@ -795,7 +807,9 @@ impl KuboObjectStore {
             .map_err(|e| e.into_object_error(None))?;
         let endpoint = self.endpoint_shown("add");
         let reply = self.read_reply(resp, &endpoint).await?;
-        parse_add_reply(&reply).map_err(|e| ObjectError::Io(format!("{endpoint}: {e}")))
+        parse_add_reply(&reply).map_err(|e| ObjectError::Io {
+            message: format!("{endpoint}: {e}"),
+        })
     }
 
     /// `pin/ls?type=recursive`, of `arg` only when given.
@@ -821,7 +835,9 @@ impl KuboObjectStore {
         };
         let endpoint = self.endpoint_shown("pin/ls");
         let body = self.read_reply(resp, &endpoint).await?;
-        parse_pin_ls(&body).map_err(|e| ObjectError::Io(format!("{endpoint}: {e}")))
+        parse_pin_ls(&body).map_err(|e| ObjectError::Io {
+            message: format!("{endpoint}: {e}"),
+        })
     }
 }
 
@@ -837,7 +853,9 @@ impl ObjectStore for KuboObjectStore {
             tokio::task::spawn_blocking(move || cid_of(&bytes))
         };
         let (local, remote) = tokio::join!(local, self.add(bytes));
-        let local = local.map_err(|e| ObjectError::Io(format!("hashing task failed: {e}")))?;
+        let local = local.map_err(|e| ObjectError::Io {
+            message: format!("hashing task failed: {e}"),
+        })?;
         let remote = remote?;
         if remote.cid != local {
             return Err(ObjectError::Corrupt {
@@ -868,7 +886,9 @@ impl ObjectStore for KuboObjectStore {
         debug_assert_eq!(root.codec(), DAG_PB);
         let size = root_file_size(&root, block)?;
         if let Some(missing) = self.missing_block(&root).await? {
-            return Err(ObjectError::NotFound(missing.to_string()));
+            return Err(ObjectError::NotFound {
+                cid: missing.to_string(),
+            });
         }
         let arg = root.to_string();
         let timeout = timeout_arg(self.options.timeout);
@@ -895,11 +915,9 @@ impl ObjectStore for KuboObjectStore {
                 })
             }
             Err(BodyError::Transport(e)) => {
-                return Err(ObjectError::Io(transport_error(
-                    &endpoint,
-                    self.options.timeout,
-                    e,
-                )))
+                return Err(ObjectError::Io {
+                    message: transport_error(&endpoint, self.options.timeout, e),
+                })
             }
         };
         tokio::task::spawn_blocking(move || {
@@ -914,7 +932,9 @@ impl ObjectStore for KuboObjectStore {
             }
         })
         .await
-        .map_err(|e| ObjectError::Io(format!("hashing task failed: {e}")))?
+        .map_err(|e| ObjectError::Io {
+            message: format!("hashing task failed: {e}"),
+        })?
     }
 
     /// `refs?recursive=true&unique=true&offline=true&timeout=…` of `cid`: true when the node
@@ -928,7 +948,9 @@ impl ObjectStore for KuboObjectStore {
     async fn pin(&self, cid: &str) -> Result<(), ObjectError> {
         let root = parse_cid(cid)?;
         if self.missing_block(&root).await?.is_some() {
-            return Err(ObjectError::NotFound(root.to_string()));
+            return Err(ObjectError::NotFound {
+                cid: root.to_string(),
+            });
         }
         let arg = root.to_string();
         let timeout = timeout_arg(self.options.timeout);
@@ -1049,7 +1071,7 @@ mod tests {
         assert!(js_timeout.is_absent());
         assert_eq!(
             js_timeout.into_object_error(Some(&cid)),
-            ObjectError::NotFound(V1.into())
+            ObjectError::NotFound { cid: V1.into() }
         );
         let kubo_offline = e(
             500,
@@ -1070,17 +1092,17 @@ mod tests {
         );
         assert!(matches!(
             client.clone().into_object_error(Some(&cid)),
-            ObjectError::BadCid(m) if m.contains("invalid path")
+            ObjectError::BadCid { reason: m } if m.contains("invalid path")
         ));
         assert!(matches!(
             client.into_object_error(None),
-            ObjectError::Io(m) if m.contains("HTTP 400, code 1: invalid path")
+            ObjectError::Io { message: m } if m.contains("HTTP 400, code 1: invalid path")
         ));
         let other = e(500, r#"{"Message":"disk full","Code":0}"#);
         assert!(!other.is_absent());
         assert!(matches!(
             other.into_object_error(Some(&cid)),
-            ObjectError::Io(m) if m == "http://n/api/v0/x: HTTP 500, code 0: disk full"
+            ObjectError::Io { message: m } if m == "http://n/api/v0/x: HTTP 500, code 0: disk full"
         ));
         // Not JSON: the text (or the status's reason) is the message.
         assert_eq!(e(502, "bad gateway\n").message, "bad gateway");
@@ -1139,7 +1161,7 @@ mod tests {
             "not a url",
         ] {
             assert!(
-                matches!(api_base(bad), Err(ObjectError::Io(m)) if m.contains("IPFS_URL")),
+                matches!(api_base(bad), Err(ObjectError::Io { message: m }) if m.contains("IPFS_URL")),
                 "{bad}"
             );
         }

@@ -81,8 +81,11 @@ pub enum ValkeyError {
         reason: String,
     },
     /// `state.namespace` is not 1 to 64 characters of `[A-Za-z0-9._-]`.
-    #[error("state.namespace {0:?}: 1 to 64 characters of [A-Za-z0-9._-]")]
-    InvalidNamespace(String),
+    #[error("state.namespace {namespace:?}: 1 to 64 characters of [A-Za-z0-9._-]")]
+    InvalidNamespace {
+        /// The namespace given.
+        namespace: String,
+    },
     /// Valkey did not answer within `state.connect_timeout_ms` / `command_timeout_ms`, or
     /// refused the connection.
     #[error("Valkey at {url} is unreachable: {reason}")]
@@ -420,7 +423,9 @@ fn redis_error(e: RedisError, fence: Option<u64>) -> OpError {
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
             corrupt(0, format!("unexpected reply from Valkey: {e}"))
         }
-        _ => OpError::Store(StoreError::Unavailable(format!("Valkey refused: {e}"))),
+        _ => OpError::Store(StoreError::Unavailable {
+            message: format!("Valkey refused: {e}"),
+        }),
     }
 }
 
@@ -430,7 +435,9 @@ fn pool_error(e: PoolError) -> OpError {
         PoolError::Timeout(t) => {
             OpError::Transient(format!("Valkey connection pool timed out ({t:?})"))
         }
-        PoolError::Closed => OpError::Store(StoreError::Unavailable("pool closed".into())),
+        PoolError::Closed => OpError::Store(StoreError::Unavailable {
+            message: "pool closed".into(),
+        }),
         other => OpError::Transient(format!("Valkey connection pool: {other}")),
     }
 }
@@ -548,7 +555,9 @@ impl ValkeyStateStore {
     pub async fn connect(cfg: &StateConfig) -> Result<ValkeyStateStore, ValkeyError> {
         let url = redact(&cfg.valkey_url);
         if !valid_namespace(&cfg.namespace) {
-            return Err(ValkeyError::InvalidNamespace(cfg.namespace.clone()));
+            return Err(ValkeyError::InvalidNamespace {
+                namespace: cfg.namespace.clone(),
+            });
         }
         let connect_timeout = Duration::from_millis(cfg.connect_timeout_ms.max(1));
         let command_timeout = Duration::from_millis(cfg.command_timeout_ms.max(1));
@@ -777,7 +786,7 @@ impl ValkeyStateStore {
     ) -> Result<T, StoreError> {
         match self.guard(attempt).await {
             Ok(v) => Ok(v),
-            Err(OpError::Transient(m)) => Err(StoreError::Unavailable(m)),
+            Err(OpError::Transient(m)) => Err(StoreError::Unavailable { message: m }),
             Err(OpError::Store(e)) => Err(e),
         }
     }
@@ -882,10 +891,12 @@ impl ValkeyStateStore {
                 Err(OpError::Transient(msg)) => {
                     let now = tokio::time::Instant::now();
                     if now >= deadline {
-                        return Err(StoreError::Unavailable(format!(
-                            "{msg} (gave up after retrying for {} ms)",
-                            budget.as_millis()
-                        )));
+                        return Err(StoreError::Unavailable {
+                            message: format!(
+                                "{msg} (gave up after retrying for {} ms)",
+                                budget.as_millis()
+                            ),
+                        });
                     }
                     let delay = backoff
                         .next()

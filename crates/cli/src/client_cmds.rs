@@ -107,10 +107,13 @@ pub struct JobOut {
     pub name: String,
     /// Phase name.
     pub phase: String,
-    /// Current epoch (Running/Aggregating) or epochs trained (Published).
-    pub epoch: u32,
+    /// The epoch training or being aggregated, 0-based (Running, Aggregating); `None` in
+    /// the other phases.
+    pub epoch: Option<u32>,
     /// Epochs asked for.
     pub epochs: u32,
+    /// Epochs published so far.
+    pub published: usize,
     /// Failure reason, if failed.
     pub reason: Option<String>,
     /// The ring.
@@ -119,6 +122,9 @@ pub struct JobOut {
     pub deltas_this_epoch: u32,
     /// Checkpoint references.
     pub checkpoints: Vec<String>,
+    /// What each published epoch's aggregation did (the epochs the daemon recorded one
+    /// for), in epoch order.
+    pub epoch_summaries: Vec<crate::epochs::EpochOut>,
 }
 
 /// A ring, as printed.
@@ -143,6 +149,44 @@ pub struct MemberOut {
     pub node: String,
     /// Endpoint, empty when not connected.
     pub endpoint: String,
+}
+
+/// A publication record, as printed by `hanzod publications`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PublicationOut {
+    /// The signed record (hex keys and signature in JSON).
+    #[serde(flatten)]
+    pub record: hanzod_protocol::record::SignedPublication,
+    /// Whether the signature verifies over the record's canonical bytes.
+    pub signature_valid: bool,
+    /// Whether the signer is the daemon's own key (`None`: the daemon did not say).
+    pub signed_by_this_orchestrator: Option<bool>,
+}
+
+impl PublicationOut {
+    /// Checks `record`'s signature and compares its signer with `ours`.
+    pub fn of(
+        record: hanzod_protocol::record::SignedPublication,
+        ours: Option<[u8; 32]>,
+    ) -> PublicationOut {
+        PublicationOut {
+            signature_valid: hanzod_protocol::record::check_signature(&record).is_ok(),
+            signed_by_this_orchestrator: ours.map(|k| k == record.signer),
+            record,
+        }
+    }
+
+    /// The signer column: its short key, then `BAD SIGNATURE` or `not this daemon` when so.
+    pub fn signer_line(&self) -> String {
+        let mut line = short(&hex::encode(self.record.signer)).to_string();
+        if !self.signature_valid {
+            line.push_str(" BAD SIGNATURE");
+        }
+        if self.signed_by_this_orchestrator == Some(false) {
+            line.push_str(" (not this daemon's key)");
+        }
+        line
+    }
 }
 
 /// A node, as printed.
@@ -200,16 +244,23 @@ pub fn ring_out(r: &pb::Ring) -> RingOut {
 /// Converts a wire job.
 pub fn job_out(j: &pb::Job) -> JobOut {
     let phase = j.phase.clone().unwrap_or_default();
+    let name = phase_name(phase.kind);
     JobOut {
         id: j.job_id,
         name: j.name.clone(),
-        phase: phase_name(phase.kind).to_string(),
-        epoch: phase.epoch,
+        phase: name.to_string(),
+        epoch: matches!(name, "Running" | "Aggregating").then_some(phase.epoch),
         epochs: j.epochs,
+        published: j.checkpoints.len(),
         reason: (!phase.reason.is_empty()).then_some(phase.reason),
         ring: j.ring.as_ref().map(ring_out),
         deltas_this_epoch: j.deltas_this_epoch,
         checkpoints: j.checkpoints.clone(),
+        epoch_summaries: j
+            .epoch_summaries
+            .iter()
+            .map(crate::epochs::epoch_out)
+            .collect(),
     }
 }
 
@@ -227,21 +278,17 @@ pub fn node_out(n: &pb::Node) -> NodeOut {
     }
 }
 
-/// Epochs as people count them: `3/5` while epoch index 2 runs, `5/5` once published,
-/// `-` before the first epoch.
+/// Where the job is in its epochs ([`crate::epochs::progress`]).
 fn progress(j: &JobOut) -> String {
-    match j.phase.as_str() {
-        "Running" | "Aggregating" => format!("{}/{}", j.epoch + 1, j.epochs),
-        "Published" => format!("{}/{}", j.epoch, j.epochs),
-        _ => "-".into(),
-    }
+    crate::epochs::progress(&j.phase, j.epoch, j.epochs, j.published)
 }
 
-/// A one-line summary of a job.
+/// A one-line summary of a job: `job 3 "wine": Running epoch 2, 2/5 published, ring v2 of
+/// 4 nodes`.
 pub fn job_line(j: &JobOut) -> String {
-    let progress = match j.phase.as_str() {
-        "Running" | "Aggregating" | "Published" => format!(" epoch {}", progress(j)),
-        _ => String::new(),
+    let progress = match progress(j) {
+        p if p.is_empty() => String::new(),
+        p => format!(" {p}"),
     };
     let ring = j
         .ring
@@ -327,7 +374,12 @@ impl Clients {
             print_ring(r);
         }
         for (e, c) in out.checkpoints.iter().enumerate() {
-            println!("  checkpoint epoch {e}: {c}");
+            match out.epoch_summaries.iter().find(|s| s.epoch as usize == e) {
+                Some(s) => crate::epochs::epoch_lines(s)
+                    .iter()
+                    .for_each(|l| println!("{l}")),
+                None => println!("epoch {e}: checkpoint {c}"),
+            }
         }
         Ok(())
     }
@@ -349,16 +401,17 @@ impl Clients {
             return Ok(());
         }
         println!(
-            "{:>5}  {:<24} {:<13} {:>7} {:>6} {:>5}",
-            "ID", "NAME", "PHASE", "EPOCH", "RING", "NODES"
+            "{:>5}  {:<24} {:<13} {:>5} {:>9} {:>6} {:>5}",
+            "ID", "NAME", "PHASE", "EPOCH", "PUBLISHED", "RING", "NODES"
         );
         for j in &jobs {
             println!(
-                "{:>5}  {:<24} {:<13} {:>7} {:>6} {:>5}",
+                "{:>5}  {:<24} {:<13} {:>5} {:>9} {:>6} {:>5}",
                 j.id,
                 j.name,
                 j.phase,
-                progress(j),
+                j.epoch.map_or_else(|| "-".into(), |e| e.to_string()),
+                format!("{}/{}", j.published, j.epochs),
                 j.ring
                     .as_ref()
                     .map(|r| format!("v{}", r.version))
@@ -384,14 +437,38 @@ impl Clients {
         while let Some(ev) = stream.message().await.map_err(status)? {
             let Some(j) = ev.job else { continue };
             let out = job_out(&j);
+            let seen = last.as_ref().map_or(0, |l| l.epoch_summaries.len());
             last = Some(out.clone());
             if json {
+                let ring_change = ev.ring_change.as_ref().map(|c| {
+                    serde_json::json!({
+                        "removed": c.removed.iter().map(hex::encode).collect::<Vec<_>>(),
+                        "added": c.added.iter().map(hex::encode).collect::<Vec<_>>(),
+                        "repair_ms": c.repair_ms,
+                        "version": c.version,
+                        "members": c.members,
+                    })
+                });
                 println!(
                     "{}",
-                    serde_json::to_string(&serde_json::json!({ "change": ev.change, "job": out }))?
+                    serde_json::to_string(&serde_json::json!({
+                        "change": ev.change,
+                        "job": out,
+                        "ring_change": ring_change,
+                    }))?
                 );
-            } else {
-                println!("[{}] {}", ev.change, job_line(&out));
+                continue;
+            }
+            // Epochs published since the last message, with what they did (the snapshot
+            // shows every epoch so far).
+            for s in out.epoch_summaries.iter().skip(seen) {
+                crate::epochs::epoch_lines(s)
+                    .iter()
+                    .for_each(|l| println!("{l}"));
+            }
+            match &ev.ring_change {
+                Some(c) => println!("[ring] {}", crate::epochs::ring_change_line(c)),
+                None => println!("[{}] {}", ev.change, job_line(&out)),
             }
         }
         // Scripts can tell a failed (or cancelled) job from a published one.
@@ -496,14 +573,71 @@ impl Clients {
                 .into_inner();
             orchestrator = answer.orchestrator.as_slice().try_into().ok();
             for p in answer.publications {
-                let p =
-                    hanzod_protocol::convert::publication_from(p).map_err(anyhow::Error::msg)?;
+                let p = hanzod_protocol::convert::publication_from(p)?;
                 if !found.contains(&p) {
                     found.push(p);
                 }
             }
         }
         Ok((found, orchestrator))
+    }
+
+    /// `hanzod publications`: the records `query` selects, oldest first, each with whether
+    /// its signature holds and whether this daemon signed it.
+    pub async fn list_publications(
+        &mut self,
+        query: pb::ListPublicationsRequest,
+        json: bool,
+    ) -> anyhow::Result<()> {
+        let answer = self
+            .admin
+            .list_publications(self.opts.request(query))
+            .await
+            .map_err(status)?
+            .into_inner();
+        let ours: Option<[u8; 32]> = answer.orchestrator.as_slice().try_into().ok();
+        let mut rows = Vec::new();
+        for p in answer.publications {
+            // A malformed record is named and skipped; the others are still listed.
+            match hanzod_protocol::convert::publication_from(p.clone()) {
+                Ok(record) => rows.push(PublicationOut::of(record, ours)),
+                Err(e) => eprintln!(
+                    "warning: skipped a malformed record of job {} epoch {}: {e}",
+                    p.job_id, p.epoch
+                ),
+            }
+        }
+        let bad = rows.iter().filter(|r| !r.signature_valid).count();
+        let fail = |bad: usize| {
+            anyhow::anyhow!("{bad} record(s) do not carry a valid signature of their signer")
+        };
+        if json {
+            print_json(&rows)?;
+            return if bad == 0 { Ok(()) } else { Err(fail(bad)) };
+        }
+        if rows.is_empty() {
+            println!("no publication records");
+            return Ok(());
+        }
+        println!(
+            "{:>5} {:>5}  {:<59}  {:>10}  {:<23}  SIGNER",
+            "JOB", "EPOCH", "WEIGHTS CID", "QUALITY", "SIGNED AT"
+        );
+        for r in &rows {
+            println!(
+                "{:>5} {:>5}  {:<59}  {:>10.6}  {:<23}  {}",
+                r.record.record.job.0,
+                r.record.record.epoch,
+                r.record.record.cid,
+                r.record.record.quality,
+                hanzod_protocol::human::utc(r.record.record.timestamp.0),
+                r.signer_line()
+            );
+        }
+        if bad > 0 {
+            return Err(fail(bad));
+        }
+        Ok(())
     }
 
     /// `hanzod ring`.
@@ -557,6 +691,44 @@ pub fn status(s: tonic::Status) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_publication_record_shows_whether_its_signature_holds_and_who_signed_it() {
+        use hanzod_actors::types::{JobId, Timestamp};
+        use hanzod_protocol::identity::Identity;
+        use hanzod_protocol::record::{sign, PublicationRecord};
+        let key = Identity::generate();
+        let record = sign(
+            PublicationRecord {
+                job: JobId(1),
+                epoch: 4,
+                cid: "bafkreiweights".into(),
+                config_cid: "bafkreiconfig".into(),
+                card_cid: "bafkreicard".into(),
+                hf_repo: String::new(),
+                quality: 0.5,
+                timestamp: Timestamp(1_764_637_612_345),
+            },
+            &key,
+        );
+        let ours = PublicationOut::of(record.clone(), Some(key.node_id().0));
+        assert!(ours.signature_valid);
+        assert_eq!(ours.signed_by_this_orchestrator, Some(true));
+        assert_eq!(ours.signer_line(), short(&hex::encode(key.node_id().0)));
+
+        let other = PublicationOut::of(record.clone(), Some([7; 32]));
+        assert!(other.signer_line().ends_with("(not this daemon's key)"));
+
+        let mut forged = record;
+        forged.record.quality = 0.1;
+        let forged = PublicationOut::of(forged, None);
+        assert!(!forged.signature_valid);
+        assert_eq!(forged.signed_by_this_orchestrator, None);
+        assert!(forged.signer_line().contains("BAD SIGNATURE"));
+        let json = serde_json::to_value(&forged).unwrap();
+        assert_eq!(json["record"]["epoch"], 4, "{json}");
+        assert_eq!(json["signature_valid"], false);
+    }
 
     #[test]
     fn example_job_spec_parses_and_unknown_keys_fail() {

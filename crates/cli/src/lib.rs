@@ -8,6 +8,7 @@
 
 pub mod client_cmds;
 mod cmd;
+pub mod epochs;
 pub mod verify;
 
 pub use client_cmds::*;
@@ -25,11 +26,11 @@ use hanzod_protocol::client::ClientOptions;
 Examples:
   hanzod serve                                   the daemon: gRPC on :9550, metrics on :9551
   hanzod keygen --out node.key                   a node identity (Ed25519)
-  hanzod node --key node.key --region eu-west --listen 0.0.0.0:9560 --advertise 10.0.0.5:9560
-  hanzod job submit config/job.example.toml      submit a training job
-  hanzod job watch 1                             follow it until it ends
+  hanzod node --key node.key --region eu-west --vram-gib 24 --listen 0.0.0.0:9560 --advertise 10.0.0.5:9560
+  hanzod job submit config/job.example.toml      submit a training job; prints its id
+  hanzod job watch <id>                          follow it until it ends
   hanzod nodes                                   registered nodes
-  hanzod ring 1                                  job 1's ring, in order
+  hanzod ring <id>                               the job's ring, in order
   hanzod config                                  the effective configuration
 ")]
 struct Cli {
@@ -108,13 +109,16 @@ Examples:
         #[arg(long)]
         no_progress: bool,
     },
-    /// Run the daemon until SIGTERM or Ctrl-C.
+    /// Run the daemon until SIGTERM or Ctrl-C. Published checkpoints and model folders go
+    /// to the data directory (`data_dir`, default ./hanzod-data: ipfs/ and models/).
     #[command(after_help = "\
 Examples:
-  hanzod serve
+  hanzod serve                                   checkpoints in ./hanzod-data/ipfs, models in ./hanzod-data/models
+  hanzod serve --data-dir /srv/hanzod
+  hanzod serve --memory-only                     nothing written to disk
   hanzod serve --config prod.toml
   HANZOD_ADMIN_TOKEN=s3cret hanzod serve")]
-    Serve,
+    Serve(cmd::serve::ServeArgs),
     /// Probe a daemon's metrics listener: `/healthz` (the process runs), or `/readyz` with
     /// --ready (it serves nodes: the leader, or a daemon without replicas). Exit 0 on
     /// HTTP 200, 1 otherwise; for container health checks.
@@ -137,7 +141,7 @@ Examples:
     /// assigned epoch and upload its signed delta, reconnect.
     #[command(after_help = "\
 Examples:
-  hanzod node --key node.key --region eu-west
+  hanzod node --key node.key --region eu-west --vram-gib 24
   hanzod node --key node.key --endpoint https://orch.example:9550 --ca ca.pem \\
       --listen 0.0.0.0:9560 --advertise 203.0.113.7:9560 --vram-gib 80 --json")]
     Node(cmd::node::NodeArgs),
@@ -158,6 +162,28 @@ Examples:
         after_help = "Examples:\n  hanzod nodes\n  hanzod nodes --json --endpoint 10.0.0.2:9550"
     )]
     Nodes {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List the signed publication records on the daemon's ledger (DESIGN §7), oldest
+    /// first: one per published epoch, with its CIDs, quality and signer; each signature
+    /// is checked, and a record not signed by this daemon's key is marked. Exit 1 when a
+    /// signature does not hold.
+    #[command(after_help = "\
+Examples:
+  hanzod publications
+  hanzod publications --job 1 --epoch 4
+  hanzod publications --cid bafkrei… --json")]
+    Publications {
+        /// Only this job's records.
+        #[arg(long)]
+        job: Option<u64>,
+        /// Only this epoch's records (0-based).
+        #[arg(long)]
+        epoch: Option<u32>,
+        /// Only the record of this weights CID.
+        #[arg(long)]
+        cid: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -305,12 +331,12 @@ pub fn main() -> ExitCode {
             }
             Err(e) => fail(e),
         },
-        Command::Serve => {
+        Command::Serve(args) => {
             let rt = match runtime() {
                 Ok(rt) => rt,
                 Err(e) => return fail(e),
             };
-            rt.block_on(cmd::serve::serve(cfg))
+            rt.block_on(cmd::serve::serve(args.apply(cfg)))
         }
         Command::Health {
             addr,
@@ -366,6 +392,24 @@ pub fn main() -> ExitCode {
             Ok(rt) => rt.block_on(async {
                 let mut c = crate::client_cmds::Clients::connect(client.options()).await?;
                 c.nodes(client.json).await
+            }),
+            Err(e) => Err(e.into()),
+        }
+        .map_or_else(fail, |_| ExitCode::SUCCESS),
+        Command::Publications {
+            job,
+            epoch,
+            cid,
+            client,
+        } => match runtime() {
+            Ok(rt) => rt.block_on(async {
+                let mut c = crate::client_cmds::Clients::connect(client.options()).await?;
+                let query = hanzod_proto::v1::ListPublicationsRequest {
+                    cid: cid.unwrap_or_default(),
+                    job_id: job,
+                    epoch,
+                };
+                c.list_publications(query, client.json).await
             }),
             Err(e) => Err(e.into()),
         }

@@ -267,33 +267,62 @@ pub enum Target {
     Cid(String),
 }
 
+/// Why [`Target::parse`] refused a target.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// A file was given where the folder holding it is wanted.
+    #[error("{} is a file: pass the folder that holds model.safetensors", path.display())]
+    IsAFile {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+    /// What can only be a path names no folder.
+    #[error("no such folder: {}", path.display())]
+    NoSuchFolder {
+        /// The path.
+        path: std::path::PathBuf,
+    },
+    /// Neither a folder, a CID nor a repo id.
+    #[error("{text:?} is neither a folder, a CID nor a Hub repo id ({repo})")]
+    Unrecognised {
+        /// The target as given.
+        text: String,
+        /// Why it is not a repo id.
+        #[source]
+        repo: hanzod_store::registry::RegistryError,
+    },
+}
+
 impl Target {
     /// Reads `text` as a target: an existing folder, else a CID, else a repo id.
     ///
     /// Errors: the reason `text` is none of them.
-    pub fn parse(text: &str) -> Result<Target, String> {
+    pub fn parse(text: &str) -> Result<Target, TargetError> {
         let path = std::path::Path::new(text);
         if path.is_dir() {
             return Ok(Target::Folder(path.to_path_buf()));
         }
         if path.is_file() {
-            return Err(format!(
-                "{text} is a file: pass the folder that holds model.safetensors"
-            ));
+            return Err(TargetError::IsAFile {
+                path: path.to_path_buf(),
+            });
         }
         // What can only be a path (a repo id is exactly `org/name`) is a folder not found,
         // not a repo to download.
         if text.starts_with(['/', '.', '~']) || text.matches('/').count() > 1 {
-            return Err(format!("no such folder: {text}"));
+            return Err(TargetError::NoSuchFolder {
+                path: path.to_path_buf(),
+            });
         }
         if hanzod_store::objects::parse_cid(text).is_ok() {
             return Ok(Target::Cid(text.to_string()));
         }
         match hanzod_store::registry::validate_repo(text) {
             Ok(()) => Ok(Target::Repo(text.to_string())),
-            Err(e) => Err(format!(
-                "{text:?} is neither a folder, a CID nor a Hub repo id ({e})"
-            )),
+            Err(repo) => Err(TargetError::Unrecognised {
+                text: text.to_string(),
+                repo,
+            }),
         }
     }
 }
@@ -417,21 +446,25 @@ pub fn card_epoch(readme: &[u8]) -> Option<(u64, u32)> {
 }
 
 /// The records read from a file, and the entries skipped: (index in the array, why).
-pub type ParsedRecords = (Vec<SignedPublication>, Vec<(usize, String)>);
+pub type ParsedRecords = (Vec<SignedPublication>, Vec<(usize, serde_json::Error)>);
+
+/// Why a records file could not be read at all ([`parse_records`]).
+#[derive(Debug, thiserror::Error)]
+#[error("not a JSON array of records: {0}")]
+pub struct RecordsError(#[source] pub serde_json::Error);
 
 /// Reads a records file (a JSON array of signed publications, as `hanzod demo` writes
 /// `publications.json`). Entries that are not well-formed records are skipped, with their
 /// index and why, so that one damaged record does not hide the others (a skipped record
 /// can only make a verdict fail, never pass). Errors: the bytes are not a JSON array.
-pub fn parse_records(bytes: &[u8]) -> Result<ParsedRecords, String> {
-    let entries: Vec<serde_json::Value> =
-        serde_json::from_slice(bytes).map_err(|e| format!("not a JSON array of records: {e}"))?;
+pub fn parse_records(bytes: &[u8]) -> Result<ParsedRecords, RecordsError> {
+    let entries: Vec<serde_json::Value> = serde_json::from_slice(bytes).map_err(RecordsError)?;
     let mut records = Vec::new();
     let mut skipped = Vec::new();
     for (i, entry) in entries.into_iter().enumerate() {
         match serde_json::from_value(entry) {
             Ok(r) => records.push(r),
-            Err(e) => skipped.push((i, e.to_string())),
+            Err(e) => skipped.push((i, e)),
         }
     }
     Ok((records, skipped))

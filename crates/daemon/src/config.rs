@@ -22,7 +22,7 @@
 //!
 //! Any other variable starting with `HANZO_` is an error (a typo must not be ignored).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use hanzod_actors::config::CoreConfig;
 use serde::{Deserialize, Serialize};
@@ -34,6 +34,13 @@ pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// The daemon's data directory (a path relative to the working directory, or absolute):
+    /// where the embedded object store keeps published checkpoints (`<data_dir>/ipfs`,
+    /// unless `publish.object_dir` says otherwise) and the embedded model registry writes
+    /// its repo folders (`<data_dir>/models`, unless `publish.registry_dir` does). Empty:
+    /// neither is written (checkpoints in memory, no folders), unless those keys are set.
+    /// See [`Config::object_dir`], [`Config::registry_dir`], [`Config::storage_line`].
+    pub data_dir: String,
     /// The actor core.
     pub core: CoreConfig,
     /// The gRPC server and the metrics exporter.
@@ -206,10 +213,12 @@ pub struct PublishConfig {
     /// The Hub's base URL (`HF_ENDPOINT`), `http(s)://host[:port]`.
     pub hf_endpoint: String,
     /// The embedded object store's directory (one file per IPFS block, named by its CID);
-    /// empty keeps checkpoints in memory for the life of the process.
+    /// empty: `<data_dir>/ipfs`, or, with `data_dir` empty too, checkpoints stay in memory
+    /// for the life of the process.
     pub object_dir: String,
     /// Where the embedded model registry writes Hugging Face repo folders
-    /// (`<dir>/<org>/<model>-job-<job>-epoch-<e>/`); empty publishes no folders.
+    /// (`<dir>/<org>/<model>-job-<job>-epoch-<e>/`); empty: `<data_dir>/models`, or, with
+    /// `data_dir` empty too, no folders are written.
     pub registry_dir: String,
     /// The organisation of published repos (`{org}/{model}-job-{job}-epoch-{epoch}`):
     /// `[A-Za-z0-9._-]`, at most 96 characters.
@@ -385,6 +394,63 @@ fn parse(layer: &str, text: &str) -> Result<toml::Value, ConfigError> {
 }
 
 impl Config {
+    /// The embedded object store's directory: `publish.object_dir`, else `<data_dir>/ipfs`,
+    /// else none (checkpoints in memory). Unused when `publish.ipfs_url` is set.
+    pub fn object_dir(&self) -> Option<PathBuf> {
+        dir_or_data(&self.publish.object_dir, &self.data_dir, "ipfs")
+    }
+
+    /// The embedded model registry's directory: `publish.registry_dir`, else
+    /// `<data_dir>/models`, else none (no folders). Unused when `publish.hf_token` is set.
+    pub fn registry_dir(&self) -> Option<PathBuf> {
+        dir_or_data(&self.publish.registry_dir, &self.data_dir, "models")
+    }
+
+    /// Where published checkpoints and model folders go, in one line for the operator
+    /// (`hanzod serve` logs it at start), e.g. `checkpoints: /srv/hanzod-data/ipfs, model
+    /// folders: /srv/hanzod-data/models`. Relative directories are shown under `cwd` (the
+    /// working directory) when it is given.
+    pub fn storage_line(&self, cwd: Option<&Path>) -> String {
+        let shown = |d: PathBuf| match cwd {
+            Some(cwd) if d.is_relative() => cwd.join(d).display().to_string(),
+            _ => d.display().to_string(),
+        };
+        let checkpoints = if !self.publish.ipfs_url.is_empty() {
+            format!(
+                "checkpoints: the IPFS node at {}",
+                self.redacted().publish.ipfs_url
+            )
+        } else {
+            match self.object_dir() {
+                Some(d) => format!("checkpoints: {}", shown(d)),
+                None => "checkpoints: in memory only (gone when the daemon stops)".to_string(),
+            }
+        };
+        let models = if !self.publish.hf_token.is_empty() {
+            format!(
+                "model repos: the Hugging Face Hub at {}/{}",
+                self.publish.hf_endpoint.trim_end_matches('/'),
+                self.publish.org
+            )
+        } else {
+            match self.registry_dir() {
+                Some(d) => format!("model folders: {}", shown(d)),
+                None => "model folders: none".to_string(),
+            }
+        };
+        let mut line = format!("{checkpoints}, {models}");
+        if self.object_dir().is_none()
+            && self.registry_dir().is_none()
+            && self.publish.ipfs_url.is_empty()
+            && self.publish.hf_token.is_empty()
+        {
+            line.push_str(
+                " (memory-only: set data_dir, or drop --memory-only, to keep the trained models)",
+            );
+        }
+        line
+    }
+
     /// Loads defaults, then `file` (if any), then the environment given by `env`
     /// (a lookup function, so tests need not touch the process environment).
     pub fn load(
@@ -660,6 +726,17 @@ impl Config {
 
 /// Bytes of protobuf framing around a data chunk in a `DeltaChunk` message, at most.
 const CHUNK_FRAMING: usize = 16;
+
+/// `dir` when set, else `<data_dir>/<sub>` when `data_dir` is set, else none.
+fn dir_or_data(dir: &str, data_dir: &str, sub: &str) -> Option<PathBuf> {
+    if !dir.is_empty() {
+        Some(PathBuf::from(dir))
+    } else if !data_dir.is_empty() {
+        Some(Path::new(data_dir).join(sub))
+    } else {
+        None
+    }
+}
 
 /// The `HANZO_*` variables we read.
 pub const KNOWN_HANZO_VARS: &[&str] = &[

@@ -50,9 +50,83 @@ impl Role {
     pub fn serves(self) -> bool {
         matches!(self, Role::Single | Role::Leader)
     }
+
+    /// Its name, as `/healthz` spells it (`standby`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Single => "single",
+            Role::Standby => "standby",
+            Role::Leader => "leader",
+            Role::Stopping => "stopping",
+        }
+    }
 }
 
 pub use hanzod_actors::ports::StoreHealth;
+
+/// Why a replica is not ready (`/readyz` answers 503 with this).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The remote state store does not answer (a replica that stepped down because of it
+    /// says so first).
+    #[error("state store unreachable: {}", last_error.as_deref().unwrap_or("no answer"))]
+    StoreUnreachable {
+        /// The store client's last error, as the store's client reported it.
+        last_error: Option<String>,
+    },
+    /// This replica does not serve nodes in its role (a standby, or one stopping).
+    #[error("{} replica: not serving nodes", role.name())]
+    NotServing {
+        /// Its role.
+        role: Role,
+    },
+}
+
+/// Why `hanzod health` got no healthy answer ([`probe`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The metrics listener could not be reached.
+    #[error("connect {addr}: {source}")]
+    Connect {
+        /// The address dialled.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The request could not be sent.
+    #[error("send: {0}")]
+    Send(#[source] std::io::Error),
+    /// The answer could not be read.
+    #[error("read: {0}")]
+    Read(#[source] std::io::Error),
+    /// What came back is not an HTTP answer.
+    #[error("not an HTTP answer from {addr}")]
+    NotHttp {
+        /// The address dialled.
+        addr: String,
+    },
+    /// The endpoint answered with another status than 200.
+    #[error("{path}: HTTP {status}: {body}")]
+    Status {
+        /// `/healthz` or `/readyz`.
+        path: &'static str,
+        /// The HTTP status.
+        status: u16,
+        /// The body (the reason the replica gives), trimmed.
+        body: String,
+    },
+    /// No answer within the timeout.
+    #[error("{path}: no answer from {addr} within {timeout_ms} ms")]
+    Timeout {
+        /// `/healthz` or `/readyz`.
+        path: &'static str,
+        /// The address dialled.
+        addr: String,
+        /// The timeout.
+        timeout_ms: u64,
+    },
+}
 
 type StoreProbe = Arc<dyn Fn() -> StoreHealth + Send + Sync>;
 
@@ -133,17 +207,16 @@ impl Health {
     }
 
     /// `Ok` when this replica serves nodes and its store answers; else why not.
-    pub fn ready(&self) -> Result<(), String> {
+    pub fn ready(&self) -> Result<(), NotReady> {
         // The store first: a replica that stepped down because of it says so.
         if let Some(s) = self.store().filter(|s| !s.reachable) {
-            return Err(format!(
-                "state store unreachable: {}",
-                s.last_error.as_deref().unwrap_or("no answer")
-            ));
+            return Err(NotReady::StoreUnreachable {
+                last_error: s.last_error,
+            });
         }
         let role = self.role();
         if !role.serves() {
-            return Err(format!("{role:?} replica: not serving nodes").to_lowercase());
+            return Err(NotReady::NotServing { role });
         }
         Ok(())
     }
@@ -155,47 +228,60 @@ impl Health {
             role: self.role(),
             lease_token: self.token(),
             ready: ready.is_ok(),
-            reason: ready.err(),
+            reason: ready.err().map(|e| e.to_string()),
             state_store: self.store(),
         }
     }
 }
 
 /// `hanzod health`: GETs `/healthz` (or `/readyz` when `ready`) from the metrics listener
-/// at `addr` (`host:port`) within `timeout_ms`; `Ok(body)` on HTTP 200, `Err(reason)`
-/// otherwise (connection refused, timeout, any other status). A plain HTTP/1.0 request, so
-/// container images need no curl.
-pub async fn probe(addr: &str, ready: bool, timeout_ms: u64) -> Result<String, String> {
+/// at `addr` (`host:port`) within `timeout_ms`; `Ok(body)` on HTTP 200, else why not
+/// (connection refused, timeout, any other status). A plain HTTP/1.0 request, so container
+/// images need no curl.
+pub async fn probe(addr: &str, ready: bool, timeout_ms: u64) -> Result<String, ProbeError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let path = if ready { "/readyz" } else { "/healthz" };
     let run = async {
         let mut s = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|e| format!("connect {addr}: {e}"))?;
+            .map_err(|source| ProbeError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
         s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
             .await
-            .map_err(|e| format!("send: {e}"))?;
+            .map_err(ProbeError::Send)?;
         let mut buf = Vec::new();
         s.take(1 << 20)
             .read_to_end(&mut buf)
             .await
-            .map_err(|e| format!("read: {e}"))?;
+            .map_err(ProbeError::Read)?;
         let text = String::from_utf8_lossy(&buf);
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
         let status = head
             .split_whitespace()
             .nth(1)
             .and_then(|c| c.parse::<u16>().ok())
-            .ok_or_else(|| format!("not an HTTP answer from {addr}"))?;
+            .ok_or_else(|| ProbeError::NotHttp {
+                addr: addr.to_string(),
+            })?;
         if status == 200 {
             Ok(body.to_string())
         } else {
-            Err(format!("{path}: HTTP {status}: {}", body.trim()))
+            Err(ProbeError::Status {
+                path,
+                status,
+                body: body.trim().to_string(),
+            })
         }
     };
     tokio::time::timeout(std::time::Duration::from_millis(timeout_ms), run)
         .await
-        .map_err(|_| format!("{path}: no answer from {addr} within {timeout_ms} ms"))?
+        .map_err(|_| ProbeError::Timeout {
+            path,
+            addr: addr.to_string(),
+            timeout_ms,
+        })?
 }
 
 #[cfg(test)]
@@ -205,7 +291,10 @@ mod tests {
     #[test]
     fn readiness_follows_role_and_store() {
         let h = Health::new(Role::Standby);
-        assert!(h.ready().unwrap_err().contains("standby"));
+        assert_eq!(
+            h.ready().unwrap_err().to_string(),
+            "standby replica: not serving nodes"
+        );
         h.set_role(Role::Leader, 7);
         assert_eq!(h.ready(), Ok(()));
         assert_eq!(h.report().lease_token, 7);
@@ -217,7 +306,10 @@ mod tests {
             retries_total: 5,
             last_error: Some("connection refused".into()),
         });
-        assert!(h.ready().unwrap_err().contains("connection refused"));
+        assert_eq!(
+            h.ready().unwrap_err().to_string(),
+            "state store unreachable: connection refused"
+        );
         assert!(!h.report().ready);
         up.store(true, Ordering::SeqCst);
         assert_eq!(h.ready(), Ok(()));

@@ -528,7 +528,7 @@ async fn serve_with_timeout(
             get(|State(e): State<Arc<Exporter>>| async move {
                 match e.health.ready() {
                     Ok(()) => (StatusCode::OK, "ready".to_string()),
-                    Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+                    Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason.to_string()),
                 }
             }),
         )

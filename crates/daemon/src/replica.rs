@@ -478,6 +478,7 @@ mod tests {
         cfg.orchestrator.key = "11".repeat(32);
         let dir =
             std::env::temp_dir().join(format!("hanzod-replica-{}-{name}", std::process::id()));
+        cfg.data_dir = dir.display().to_string();
         cfg.deltas.store_dir = dir.join("deltas").display().to_string();
         cfg.publish.object_dir = dir.join("objects").display().to_string();
         cfg

@@ -248,6 +248,9 @@ pub struct Daemon {
     exporter: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     snapshots: tokio::task::JoinHandle<()>,
     grace: Duration,
+    /// The daemon made its own in-memory event log (no store was given): jobs that have
+    /// not ended when it stops are lost, and it says so.
+    memory_log: bool,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -348,9 +351,10 @@ pub async fn blob_store(cfg: &Config) -> Result<Arc<dyn BlobStore>, BlobError> {
 
 /// The publication ports `publish` asks for: the object store (`objects` when given, else
 /// the IPFS node at `ipfs_url` ([`KuboObjectStore`], checked at start), else an
-/// [`FsObjectStore`] in `object_dir`, else in memory) and the model registry (the Hub at
-/// `hf_endpoint` when `hf_token` is set ([`HubRegistry`]), else a [`FolderRegistry`] in
-/// `registry_dir`, else none).
+/// [`FsObjectStore`] in [`Config::object_dir`] (`object_dir`, else `<data_dir>/ipfs`), else
+/// in memory) and the model registry (the Hub at `hf_endpoint` when `hf_token` is set
+/// ([`HubRegistry`]), else a [`FolderRegistry`] in [`Config::registry_dir`]
+/// (`registry_dir`, else `<data_dir>/models`), else none).
 ///
 /// Records are signed with `signer` and stamped by `clock`; publications are staged in
 /// `journal` (the daemon's state store) so that one cut short by a crash resumes.
@@ -375,13 +379,20 @@ pub async fn publication(
             tracing::info!(url = %kubo.url(), version = %kubo.version(), "checkpoints are added to IPFS");
             Arc::new(kubo)
         }
-        None if p.object_dir.is_empty() => {
-            tracing::info!("checkpoints are kept in memory (publish.object_dir is empty)");
-            Arc::new(MemoryObjectStore::new())
-        }
-        None => Arc::new(FsObjectStore::open(&p.object_dir).await.map_err(|e| {
-            StartError::Material(format!("publish.object_dir {}: {e}", p.object_dir))
-        })?),
+        None => match cfg.object_dir() {
+            None => {
+                tracing::info!(
+                    "checkpoints are kept in memory (data_dir and publish.object_dir are empty)"
+                );
+                Arc::new(MemoryObjectStore::new())
+            }
+            Some(dir) => Arc::new(FsObjectStore::open(dir.clone()).await.map_err(|e| {
+                StartError::Material(format!(
+                    "publish.object_dir (or data_dir) {}: {e}",
+                    dir.display()
+                ))
+            })?),
+        },
     };
     let registry: Option<Arc<dyn ModelRegistry>> = if !p.hf_token.is_empty() {
         let hub = HubRegistry::new(HubOptions {
@@ -392,10 +403,9 @@ pub async fn publication(
         .map_err(|e| StartError::Material(format!("HF_ENDPOINT {}: {e}", p.hf_endpoint)))?;
         tracing::info!(endpoint = %p.hf_endpoint, org = %p.org, "checkpoints are pushed to the Hugging Face Hub");
         Some(Arc::new(hub))
-    } else if p.registry_dir.is_empty() {
-        None
     } else {
-        Some(Arc::new(FolderRegistry::new(&p.registry_dir)))
+        cfg.registry_dir()
+            .map(|dir| Arc::new(FolderRegistry::new(dir)) as Arc<dyn ModelRegistry>)
     };
     Ok(Publication {
         objects,
@@ -508,6 +518,8 @@ impl Daemon {
         clock: Option<Arc<dyn Clock>>,
         parts: DaemonParts,
     ) -> Result<Daemon, StartError> {
+        let memory_log = parts.store.is_none();
+        let own_objects = parts.objects.is_none();
         let store = parts
             .store
             .unwrap_or_else(|| Arc::new(MemoryStateStore::new()));
@@ -613,6 +625,11 @@ impl Daemon {
             mtls = !cfg.server.tls.client_ca.is_empty(),
             "hanzod serving"
         );
+        if own_objects {
+            // Where the trained models end up (or that they do not), in the operator's words.
+            let cwd = std::env::current_dir().ok();
+            tracing::info!("{}", cfg.storage_line(cwd.as_deref()));
+        }
         Ok(Daemon {
             grpc_addr,
             metrics_addr,
@@ -629,6 +646,7 @@ impl Daemon {
             exporter,
             snapshots,
             grace: Duration::from_millis(cfg.server.shutdown_grace_ms),
+            memory_log,
         })
     }
 
@@ -663,6 +681,19 @@ impl Daemon {
     /// reconnect elsewhere or later), calls in flight get up to the grace period, then the
     /// orchestrator stops.
     pub async fn stop(self) {
+        if self.memory_log {
+            // Nothing will remember these jobs: name them while the core can still list them.
+            match self.core.jobs().await {
+                Ok(jobs) => {
+                    if let Some(warning) = jobs_lost_at_stop(&jobs) {
+                        tracing::warn!("{warning}");
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    "stopping on the in-memory event log: could not list the jobs that will be lost: {e}"
+                ),
+            }
+        }
         // Session streams end on this signal without telling the core: the nodes did not
         // fail, this daemon stops (a standby must find the rings as they were).
         let _ = self.shutdown.send(true);
@@ -892,6 +923,46 @@ fn spawn_snapshots(
     })
 }
 
+/// What a daemon on the in-memory event log says when it stops while jobs are still
+/// running (not Published or Failed): one line naming each (id, name, phase) and that it
+/// is lost, since a restarted daemon starts on an empty log. `None` when every job ended.
+pub fn jobs_lost_at_stop(jobs: &[hanzod_actors::actor::job::JobView]) -> Option<String> {
+    let running: Vec<String> = jobs
+        .iter()
+        .filter(|j| !j.phase.is_terminal())
+        .map(|j| {
+            // As `job watch` says it: epochs from 0, then a count of those published.
+            let epoch = match &j.phase {
+                hanzod_actors::job::JobPhase::Running { epoch, .. }
+                | hanzod_actors::job::JobPhase::Aggregating { epoch, .. } => {
+                    format!(" epoch {epoch}")
+                }
+                _ => String::new(),
+            };
+            format!(
+                "job {} {:?} ({}{epoch}, {}/{} published)",
+                j.id.0,
+                j.name,
+                j.phase.name(),
+                j.checkpoints.len(),
+                j.epochs
+            )
+        })
+        .collect();
+    if running.is_empty() {
+        return None;
+    }
+    let n = match running.len() {
+        1 => "1 job has not ended and is".to_string(),
+        n => format!("{n} jobs have not ended and are"),
+    };
+    Some(format!(
+        "stopping on the in-memory event log (VALKEY_URL is not set): {n} lost, since a \
+         restarted daemon starts on an empty log: {}",
+        running.join(", ")
+    ))
+}
+
 /// What a daemon started on `cfg` should warn its operator about, one line each (the
 /// daemon logs them at start): development-mode attestation, plaintext TLS, a throwaway
 /// orchestrator key, the job and admin API open beyond loopback without a token, and an
@@ -983,5 +1054,86 @@ mod startup_tests {
             !has(&token, "in memory"),
             "an embedder's own store: {token:?}"
         );
+    }
+
+    /// Regression (issue 16): a daemon on the in-memory log stopped (SIGTERM) with jobs
+    /// still training and said nothing; it now names each job it loses, and is quiet when
+    /// every job has ended.
+    #[test]
+    fn sigterm_on_a_memory_log_names_the_running_jobs_it_loses() {
+        use hanzod_actors::actor::job::JobView;
+        use hanzod_actors::job::{FailReason, Job, JobPhase, JobSpec};
+        use hanzod_actors::types::{JobId, Timestamp};
+        let view = |id: u64, name: &str, phase: JobPhase| {
+            let spec = JobSpec {
+                name: name.into(),
+                epochs: 5,
+                min_nodes: 1,
+                max_nodes: 4,
+                min_vram_bytes: 0,
+                pending_deadline_ms: 60_000,
+                epoch_deadline_ms: 60_000,
+                utility: 1.0,
+                submitter_stake: GymWei::gym(1),
+                training: Default::default(),
+            };
+            let mut v = JobView::of(&Job::new(JobId(id), spec, Timestamp(0)), None, 0);
+            v.phase = phase;
+            v
+        };
+        let published = view(
+            60_480_000,
+            "done",
+            JobPhase::Published {
+                epochs: 5,
+                checkpoint: "bafy".into(),
+            },
+        );
+        let failed = view(
+            60_480_001,
+            "broken",
+            JobPhase::Failed {
+                reason: FailReason::Cancelled,
+                phase: "Running".into(),
+                at: Timestamp(1),
+            },
+        );
+        assert_eq!(
+            jobs_lost_at_stop(&[published.clone(), failed.clone()]),
+            None
+        );
+        assert_eq!(jobs_lost_at_stop(&[]), None);
+        let mut running = view(
+            60_480_002,
+            "wine-quality-mlp",
+            JobPhase::Running {
+                epoch: 2,
+                ring_version: 1,
+            },
+        );
+        running.checkpoints = vec!["bafy0".into(), "bafy1".into()];
+        let pending = view(
+            60_480_003,
+            "queued",
+            JobPhase::Pending {
+                submitted_at: Timestamp(0),
+                deadline: Timestamp(60_000),
+            },
+        );
+        let one = jobs_lost_at_stop(&[published.clone(), running.clone()]).unwrap();
+        assert!(one.contains("in-memory event log"), "{one}");
+        assert!(one.contains("1 job has not ended and is lost"), "{one}");
+        assert!(
+            one.contains("job 60480002 \"wine-quality-mlp\" (Running epoch 2, 2/5 published)"),
+            "{one}"
+        );
+        assert!(!one.contains("60480000"), "an ended job is not lost: {one}");
+        let two = jobs_lost_at_stop(&[running, failed, pending]).unwrap();
+        assert!(two.contains("2 jobs have not ended and are lost"), "{two}");
+        assert!(
+            two.contains("job 60480003 \"queued\" (Pending, 0/5 published)"),
+            "{two}"
+        );
+        assert!(!two.contains("60480001"), "{two}");
     }
 }

@@ -68,9 +68,10 @@ pub struct AgentSettings {
 
 impl AgentSettings {
     /// A node reaching the orchestrator through `orchestrator`, in `region`, reachable by
-    /// peers at `advertise`, with the defaults of `hanzod node`: one NVIDIA A100-SXM4-80GB
-    /// (80 GiB, compute capability 8.0, no attestation), 1,000 Mbit/s each way, reconnect
-    /// backoff from 500 ms to 30 s.
+    /// peers at `advertise`, declaring one NVIDIA A100-SXM4-80GB (80 GiB, compute
+    /// capability 8.0, no attestation), 1,000 Mbit/s each way, reconnect backoff from
+    /// 500 ms to 30 s: a test and simulation default, since nothing is detected (`hanzod
+    /// node` declares no GPU memory it is not given with `--vram-gib`).
     pub fn new(
         orchestrator: ClientOptions,
         region: impl Into<String>,

@@ -138,7 +138,7 @@ impl Publisher {
         let key = journal_key(job, epoch);
         let entry = (|| self.journal.get_snapshot(&key))
             .retry(store_backoff())
-            .when(|e| matches!(e, StoreError::Unavailable(_)))
+            .when(|e| matches!(e, StoreError::Unavailable { .. }))
             .await?;
         let Some(entry) = entry else {
             return Ok(None);
@@ -179,7 +179,7 @@ impl Publisher {
         let weights = checkpoint.weights;
         let cid = (|| self.objects.put(weights.clone()))
             .retry(store_backoff())
-            .when(|e| matches!(e, ObjectError::Io(_)))
+            .when(|e| matches!(e, ObjectError::Io { message: _ }))
             .notify(|e, d| tracing::warn!(job = %checkpoint.job, epoch = checkpoint.epoch, error = %e, retry_in = ?d, "storing the checkpoint"))
             .await?;
         let card = ModelCard {
@@ -218,7 +218,7 @@ impl Publisher {
         };
         (|| self.journal.put_snapshot(&key, snapshot.clone()))
             .retry(store_backoff())
-            .when(|e| matches!(e, StoreError::Unavailable(_)))
+            .when(|e| matches!(e, StoreError::Unavailable { .. }))
             .await?;
         // A concurrent stager of the same epoch (none in one orchestrator; a deposed
         // leader's write is fenced) would have replaced the entry: what the journal holds
@@ -241,7 +241,7 @@ impl Publisher {
     pub async fn weights(&self, staged: &Staged) -> Result<Arc<[u8]>, PublishError> {
         Ok((|| self.objects.get(staged.cid()))
             .retry(store_backoff())
-            .when(|e| matches!(e, ObjectError::Io(_)))
+            .when(|e| matches!(e, ObjectError::Io { message: _ }))
             .await?)
     }
 
@@ -249,7 +249,7 @@ impl Publisher {
     async fn put(&self, bytes: Bytes) -> Result<String, ObjectError> {
         (|| self.objects.put(bytes.clone()))
             .retry(store_backoff())
-            .when(|e| matches!(e, ObjectError::Io(_)))
+            .when(|e| matches!(e, ObjectError::Io { message: _ }))
             .await
     }
 
@@ -260,11 +260,11 @@ impl Publisher {
         let pin = || async {
             (|| self.objects.pin(cid))
                 .retry(store_backoff())
-                .when(|e| matches!(e, ObjectError::Io(_)))
+                .when(|e| matches!(e, ObjectError::Io { message: _ }))
                 .await
         };
         match pin().await {
-            Err(ObjectError::NotFound(missing)) => {
+            Err(ObjectError::NotFound { cid: missing }) => {
                 tracing::warn!(%cid, %missing, "a staged file left the object store before it was pinned; adding it again");
                 let again = self.put(Bytes::copy_from_slice(bytes)).await?;
                 if again != cid {

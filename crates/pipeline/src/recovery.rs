@@ -72,10 +72,10 @@ pub enum RecoveryError {
     NotEmpty(u64),
     /// The chain could not be read.
     #[error("reading the chain: {0}")]
-    Chain(String),
+    Chain(#[source] hanzod_actors::ports::LedgerError),
     /// The store refused a write.
     #[error("writing the state store: {0}")]
-    Store(String),
+    Store(#[source] hanzod_actors::ports::StoreError),
 }
 
 /// Rebuilds into the empty `store` every job that `signer` (the orchestrator's Ed25519
@@ -92,17 +92,11 @@ pub async fn rebuild(
     at: Timestamp,
 ) -> Result<Recovery, RecoveryError> {
     let started = Instant::now();
-    let last = store
-        .last_seq()
-        .await
-        .map_err(|e| RecoveryError::Store(e.to_string()))?;
+    let last = store.last_seq().await.map_err(RecoveryError::Store)?;
     if last > 0 {
         return Err(RecoveryError::NotEmpty(last));
     }
-    let publications = ledger
-        .publications()
-        .await
-        .map_err(|e| RecoveryError::Chain(e.to_string()))?;
+    let publications = ledger.publications().await.map_err(RecoveryError::Chain)?;
     // The batches only say which epochs were paid (reported, not acted on): a chain whose
     // log queries fail (a provider capping eth_getLogs ranges) does not stop the rebuild.
     let batches = ledger.reward_batches().await.unwrap_or_else(|e| {
@@ -179,7 +173,7 @@ pub async fn rebuild(
                 },
             )
             .await
-            .map_err(|e| RecoveryError::Store(e.to_string()))?;
+            .map_err(RecoveryError::Store)?;
         out.jobs.push(RecoveredJob {
             job,
             spec,
@@ -223,7 +217,7 @@ pub async fn rebuild(
             store
                 .append(at, event)
                 .await
-                .map_err(|e| RecoveryError::Store(e.to_string()))?;
+                .map_err(RecoveryError::Store)?;
         }
         out.skipped.push((job, why));
     }

@@ -5,30 +5,52 @@
 //! publish the new checkpoint (safetensors) through the [`Publication`] ports, and settle
 //! the epoch on the ledger ([`Economics`]: rewards by score, slashes for failed spot-checks).
 //!
-//! The per-job model state (the current weights, the running norm average, the last merged
-//! delta, the epoch reports) is owned by one actor, the model keeper; the sink is a handle
-//! to it. Publications of different jobs are handled one after the other; the heavy work of
-//! each (validation, merging) runs on the pool and the blocking thread pool.
+//! The sink is a handle to the model keeper, an actor that routes each job's calls to that
+//! job's keeper, an actor it spawns on the job's first call and supervises. A job's keeper
+//! owns the job's model state (the current weights, the running norm average, the last
+//! merged delta), its epoch reports and the epochs whose settlement or repo push is still
+//! owed; the model keeper holds a copy of every job's reports, from which it answers
+//! [`TrainingSink::report`] at once, even while that job aggregates.
+//!
+//! ```text
+//! Keeper (routes by job, every job's reports, the retry ticker)
+//! └── JobKeeper per job (its model, reports, settlements and pushes owed)
+//! ```
+//!
+//! **Concurrency.** Publications of different jobs run concurrently: a job's aggregation
+//! (fetching its deltas, validating them on the shared [`ValidatorPool`], merging on the
+//! blocking thread pool, staging, pushing, settling) occupies only its own keeper, so a
+//! slow epoch of one job neither delays another job's publication nor counts against its
+//! `publish_deadline_ms`. Calls for one job are served one after the other in the order
+//! they came: a second call for an epoch (a rebuilt job actor asking again while the first
+//! call still runs) waits for the first and gets the same checkpoint back, without merging
+//! again. An epoch's settlement and repo push are made and retried by its own job's keeper
+//! only, so no two calls for the same epoch reach the ledger or the registry at once;
+//! ledger calls of different jobs may overlap (they name different epochs, and the chain
+//! adapter serialises its transactions). A job keeper that fails is counted as
+//! `actor_restarts{keeper}` and rebuilt on the job's next call from the reports the model
+//! keeper holds (what is owed is retried) and the publication journal (an epoch it was
+//! staging is finished as staged).
 //!
 //! Checkpoint references are the IPFS CIDs of the safetensors bytes (Kubo's
 //! `ipfs add --cid-version=1`). Idempotent per (job, epoch): a second call returns the
 //! first reference, and a publication staged in the journal before a crash
 //! ([`crate::publisher`]) is finished as staged, not merged again. Each checkpoint's
 //! signed publication record is recorded on the ledger with the epoch's rewards; a repo push
-//! or a settlement that failed transiently is retried at the next publication and every
-//! [`RETRY_EVERY`]. After a daemon restart the keeper reloads a job's weights from the base
+//! or a settlement that failed transiently is retried at the job's next publication and
+//! every [`RETRY_EVERY`]. After a daemon restart the keeper reloads a job's weights from the base
 //! checkpoint the core names; the norm average and the last merged delta restart empty
 //! (stability then scores 1 and convergence drops out, as in epoch 0), until the state
 //! store keeps them.
 
 use hanzod_actors::ports::{Counter, Histogram};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent};
 use serde::{Deserialize, Serialize};
 
 use crate::merge::{
@@ -40,11 +62,11 @@ use crate::validate::{
     seed_norms, EpochContext, Rejection, SlashEvidence, SpotCheck, Submission, ValidationConfig,
     ValidatorPool, Verdict, SUSPECT_LOSS_RISE,
 };
-use hanzod_actors::job::{JobSpec, TrainingSpec};
+use hanzod_actors::job::{EpochOutcome, EpochSummary, JobSpec, TrainingSpec};
 use hanzod_actors::ports::memory::MemoryStateStore;
 use hanzod_actors::ports::{
     ChainError, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput, Ledger,
-    LedgerError, Metrics, StateStore, SystemClock,
+    LedgerError, Metrics, PublishedEpoch, StateStore, SystemClock,
 };
 use hanzod_actors::rewards::split_rewards;
 use hanzod_actors::types::{GymWei, JobId, NodeId};
@@ -87,7 +109,7 @@ impl Default for SinkConfig {
 pub const DEFAULT_LICENSE: &str = "apache-2.0";
 
 /// How long one epoch's settlement (all its ledger calls) may take before it counts as
-/// failed (and is retried at the next publication).
+/// failed (and is retried at the job's next publication).
 pub const LEDGER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The epoch's economics (paper §8): where rewards are paid and stakes slashed, and how
@@ -227,6 +249,46 @@ pub struct EpochReport {
     pub publication: Option<SignedPublication>,
 }
 
+impl EpochReport {
+    /// The few numbers the job records with its checkpoint (`hanzod job status`): advanced
+    /// or kept and why, the losses, the deltas accepted / suspect / rejected, the
+    /// spot-checks, and the rewards and slashes recorded so far.
+    pub fn summary(&self) -> EpochSummary {
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let wei = |s: &str| s.parse::<u128>().unwrap_or(0);
+        let rejected = self.deltas.iter().filter(|d| d.rejected.is_some()).count();
+        let checks = self.deltas.iter().filter_map(|d| d.spot_check.as_ref());
+        let outcome = match (&self.aggregator, &self.kept) {
+            (Some(aggregator), None) => EpochOutcome::Advanced {
+                aggregator: aggregator.clone(),
+            },
+            (_, Some(reason)) => EpochOutcome::Kept {
+                reason: reason.clone(),
+            },
+            (None, None) => EpochOutcome::Kept {
+                reason: "nothing was merged".into(),
+            },
+        };
+        EpochSummary {
+            outcome,
+            loss_before: self.loss_before,
+            loss_after: self.loss_after,
+            accepted: count(self.deltas.len() - rejected),
+            suspect: count(self.suspect),
+            rejected: count(rejected),
+            spot_checked: count(checks.clone().count()),
+            spot_checks_failed: count(checks.filter(|c| !c.passed).count()),
+            rewarded_nodes: count(self.rewards.len()),
+            rewards: GymWei(self.rewards.iter().map(|r| wei(&r.amount_wei)).sum()),
+            slashed_nodes: count(self.slashed.len()),
+            slashed: GymWei(self.slashed.iter().map(|s| wei(&s.slashed_wei)).sum()),
+            repo: self.repo.clone(),
+            registry_error: self.registry_error.clone(),
+            settlement_error: self.settlement_error.clone(),
+        }
+    }
+}
+
 /// The model state of one job.
 struct JobModel {
     recipe: Recipe,
@@ -238,41 +300,107 @@ struct JobModel {
     collectable: Vec<[u8; 32]>,
 }
 
+/// The model keeper's messages (module docs).
 enum KeeperMsg {
+    /// Publish a job's epoch: handed to the job's keeper.
     Publish {
+        /// The job.
         job: JobId,
+        /// The epoch.
         epoch: u32,
+        /// The job's spec (its recipe).
         spec: Box<JobSpec>,
+        /// The base checkpoint (`None`: the recipe's initial weights).
         base: Option<String>,
+        /// The epoch's accepted deltas.
         deltas: Vec<DeltaReceipt>,
-        reply: RpcReplyPort<Result<String, CheckpointError>>,
+        /// The checkpoint, or why there is none.
+        reply: RpcReplyPort<Result<PublishedEpoch, CheckpointError>>,
     },
+    /// The report of a job's epoch, from the copy the model keeper holds.
     Report {
+        /// The job.
         job: JobId,
+        /// The epoch.
         epoch: u32,
+        /// The report, when the epoch was published.
         reply: RpcReplyPort<Option<EpochReport>>,
     },
-    /// Settle and push again what failed transiently (sent every [`RETRY_EVERY`]).
+    /// From a job's keeper: an epoch's report, new or updated by a retry (sent before the
+    /// publication is answered, so a report asked for after it finds it).
+    Reported(Box<EpochReport>),
+    /// Settle and push again what failed transiently (sent every [`RETRY_EVERY`]; handed
+    /// to every job's keeper).
     Retry,
+    /// Test hook: fails the job's keeper, as a panic in it would.
+    CrashJob(JobId),
+}
+
+/// A job keeper's messages.
+enum JobKeeperMsg {
+    /// Publish an epoch of the keeper's job ([`KeeperMsg::Publish`]).
+    Publish {
+        /// The epoch.
+        epoch: u32,
+        /// The job's spec.
+        spec: Box<JobSpec>,
+        /// The base checkpoint.
+        base: Option<String>,
+        /// The epoch's accepted deltas.
+        deltas: Vec<DeltaReceipt>,
+        /// The checkpoint, or why there is none.
+        reply: RpcReplyPort<Result<PublishedEpoch, CheckpointError>>,
+    },
+    /// Settle and push again what this job still owes.
+    Retry,
+    /// Test hook ([`KeeperMsg::CrashJob`]).
+    Crash,
 }
 
 /// How often the keeper retries failed settlements and repo pushes between publications.
 pub const RETRY_EVERY: Duration = Duration::from_secs(30);
 
+/// The model keeper: routes by job, holds every job's reports, ticks the retries.
 struct Keeper;
 
 struct KeeperState {
-    deps: KeeperArgs,
-    jobs: HashMap<JobId, JobModel>,
+    deps: Arc<KeeperDeps>,
+    /// Each job's keeper, spawned on the job's first call.
+    jobs: HashMap<JobId, ActorRef<JobKeeperMsg>>,
+    /// Every job's reports, as their keepers last sent them.
     reports: BTreeMap<(JobId, u32), EpochReport>,
-    /// Epochs whose rewards or slashes could not be recorded yet.
-    unsettled: std::collections::BTreeSet<(JobId, u32)>,
-    /// Epochs whose repo push failed transiently (the Hub down); pushed again with the
-    /// pending settlements.
-    unpushed: std::collections::BTreeSet<(JobId, u32)>,
 }
 
-struct KeeperArgs {
+/// One job's keeper (module docs).
+struct JobKeeper;
+
+struct JobKeeperArgs {
+    job: JobId,
+    deps: Arc<KeeperDeps>,
+    keeper: ActorRef<KeeperMsg>,
+    /// The job's reports the model keeper holds (a rebuilt keeper's history).
+    reports: BTreeMap<u32, EpochReport>,
+}
+
+struct JobKeeperState {
+    job: JobId,
+    deps: Arc<KeeperDeps>,
+    /// The model keeper, sent every report this keeper makes or updates.
+    keeper: ActorRef<KeeperMsg>,
+    /// The job's model, once loaded.
+    model: Option<JobModel>,
+    reports: BTreeMap<u32, EpochReport>,
+    /// Epochs whose rewards or slashes could not be recorded yet.
+    unsettled: BTreeSet<u32>,
+    /// Epochs whose repo push failed transiently (the Hub down); pushed again with the
+    /// pending settlements.
+    unpushed: BTreeSet<u32>,
+    /// When what is owed was last tried.
+    retried: Option<tokio::time::Instant>,
+}
+
+/// What every keeper shares: the ports and the tunables.
+struct KeeperDeps {
     blobs: Arc<dyn BlobStore>,
     catalog: Arc<ModelCatalog>,
     pool: ValidatorPool,
@@ -285,7 +413,9 @@ struct KeeperArgs {
 }
 
 fn failed(what: impl std::fmt::Display) -> CheckpointError {
-    CheckpointError::Failed(what.to_string())
+    CheckpointError::Failed {
+        message: what.to_string(),
+    }
 }
 
 /// Where each epoch's checkpoint is published (DESIGN §7): the object store names it by
@@ -516,7 +646,7 @@ async fn remove_blobs(blobs: &dyn BlobStore, job: JobId, hashes: Vec<[u8; 32]>) 
     }
 }
 
-impl KeeperState {
+impl JobKeeperState {
     /// The job's model as of `base`, loaded from the object store (by CID) when the keeper does not
     /// hold it (a restart) or holds another version.
     async fn model(
@@ -527,7 +657,7 @@ impl KeeperState {
     ) -> Result<&mut JobModel, CheckpointError> {
         let model = self.deps.catalog.get(&training.model).map_err(failed)?;
         let recipe = recipe_for(training, model, job).map_err(failed)?;
-        let fresh = match self.jobs.get(&job) {
+        let fresh = match &self.model {
             Some(m) => m.current_ref.as_deref() != base || m.recipe != recipe,
             None => true,
         };
@@ -546,22 +676,19 @@ impl KeeperState {
                     Weights::from_safetensors(&bytes, layout).map_err(failed)?
                 }
             };
-            let kept = self.jobs.remove(&job);
-            self.jobs.insert(
-                job,
-                JobModel {
-                    recipe,
-                    current: Arc::new(current),
-                    current_ref: base.map(str::to_string),
-                    // A continuation of the same job keeps its history; a reload starts it
-                    // again (module docs).
-                    norms: kept.as_ref().map(|m| m.norms).unwrap_or_default(),
-                    last_merged: None,
-                    collectable: kept.map(|m| m.collectable).unwrap_or_default(),
-                },
-            );
+            let kept = self.model.take();
+            self.model = Some(JobModel {
+                recipe,
+                current: Arc::new(current),
+                current_ref: base.map(str::to_string),
+                // A continuation of the same job keeps its history; a reload starts it
+                // again (module docs).
+                norms: kept.as_ref().map(|m| m.norms).unwrap_or_default(),
+                last_merged: None,
+                collectable: kept.map(|m| m.collectable).unwrap_or_default(),
+            });
         }
-        Ok(self.jobs.get_mut(&job).expect("inserted above"))
+        Ok(self.model.as_mut().expect("loaded above"))
     }
 
     async fn publish(
@@ -571,12 +698,14 @@ impl KeeperState {
         spec: JobSpec,
         base: Option<String>,
         deltas: Vec<DeltaReceipt>,
-    ) -> Result<String, CheckpointError> {
+    ) -> Result<PublishedEpoch, CheckpointError> {
         let training = spec.training.clone();
-        self.settle_pending().await;
-        self.push_pending().await;
-        if let Some(r) = self.reports.get(&(job, epoch)) {
-            return Ok(r.checkpoint.clone());
+        self.retry().await;
+        if let Some(r) = self.reports.get(&epoch) {
+            return Ok(PublishedEpoch {
+                checkpoint: r.checkpoint.clone(),
+                summary: Some(r.summary()),
+            });
         }
         let publisher = self.deps.publication.publisher();
         // A publication staged before a crash resumes as staged: the same checkpoint, card
@@ -607,10 +736,10 @@ impl KeeperState {
         report.checkpoint = staged.cid().to_string();
         report.publication = Some(staged.publication.clone());
         if !self.pushed(&mut report, &staged, published) {
-            self.unpushed.insert((job, epoch));
+            self.unpushed.insert(epoch);
         }
         if !self.settle(&mut report).await {
-            self.unsettled.insert((job, epoch));
+            self.unsettled.insert(epoch);
         }
         self.count(&report);
         tracing::info!(
@@ -623,14 +752,17 @@ impl KeeperState {
             aggregator = report.aggregator.as_deref().unwrap_or("none (kept)"),
             "epoch aggregated"
         );
-        let checkpoint = report.checkpoint.clone();
-        self.reports.insert((job, epoch), report);
-        Ok(checkpoint)
+        let published = PublishedEpoch {
+            checkpoint: report.checkpoint.clone(),
+            summary: Some(report.summary()),
+        };
+        self.record(report);
+        Ok(published)
     }
 
     /// Takes a staged publication's checkpoint as the job's model (a publication resumed
     /// after a crash): loads its weights and lets this epoch's deltas be collected next
-    /// time, as [`KeeperState::aggregate`] would have.
+    /// time, as [`JobKeeperState::aggregate`] would have.
     async fn adopt(
         &mut self,
         job: JobId,
@@ -829,7 +961,7 @@ impl KeeperState {
 
         // Fold the accepted norms into the running average, in delta-hash order so the
         // result does not depend on arrival order.
-        let model = self.jobs.get_mut(&job).expect("model loaded above");
+        let model = self.model.as_mut().expect("loaded above");
         // Suspect deltas stay out of it, so an outsized delta cannot drag the average.
         let mut norms: Vec<(&[u8; 32], f64)> = judged
             .iter()
@@ -934,7 +1066,7 @@ impl KeeperState {
     /// ([`SlashEvidence::canonical_bytes`]) attached. A node whose key is no longer bound
     /// to an operator is left out of the batch (its share is not paid) rather than hold up
     /// everyone's pay. The whole settlement is bounded by [`LEDGER_TIMEOUT`]; what fails is
-    /// recorded in `report.settlement_error` and retried at the next publication (the
+    /// recorded in `report.settlement_error` and retried at the job's next publication (the
     /// ledger is idempotent per epoch and per evidence, so a retry pays nobody twice).
     /// Returns whether the epoch is fully settled.
     async fn settle(&self, report: &mut EpochReport) -> bool {
@@ -1066,7 +1198,7 @@ impl KeeperState {
             return true;
         }
         let why = errors.join("; ");
-        tracing::warn!(job = %job, epoch = report.epoch, error = %why, "epoch settlement incomplete; retried at the next publication");
+        tracing::warn!(job = %job, epoch = report.epoch, error = %why, "epoch settlement incomplete; retried at the job's next publication");
         report.settlement_error = Some(why);
         false
     }
@@ -1111,20 +1243,38 @@ impl KeeperState {
         }
     }
 
-    /// Pushes again the repos whose push failed transiently ([`KeeperState::pushed`]), from
-    /// their staged publications; stops at the first that fails again.
+    /// Keeps `report` as its epoch's, and sends it to the model keeper (for
+    /// [`TrainingSink::report`]; the cast is queued before any answer this keeper gives
+    /// after it, so a report asked for after that answer finds it).
+    fn record(&mut self, report: EpochReport) {
+        let _ = self
+            .keeper
+            .cast(KeeperMsg::Reported(Box::new(report.clone())));
+        self.reports.insert(report.epoch, report);
+    }
+
+    /// Settles and pushes again what this job still owes.
+    async fn retry(&mut self) {
+        self.settle_pending().await;
+        self.push_pending().await;
+        self.retried = Some(tokio::time::Instant::now());
+    }
+
+    /// Pushes again the repos whose push failed transiently ([`JobKeeperState::pushed`]),
+    /// from their staged publications; stops at the first that fails again.
     async fn push_pending(&mut self) {
+        let job = self.job;
         let publisher = self.deps.publication.publisher();
-        let pending: Vec<(JobId, u32)> = self.unpushed.iter().copied().collect();
-        for key in pending {
-            let staged = match publisher.staged(key.0, key.1).await {
+        let pending: Vec<u32> = self.unpushed.iter().copied().collect();
+        for epoch in pending {
+            let staged = match publisher.staged(job, epoch).await {
                 Ok(Some(staged)) => staged,
                 Ok(None) => {
-                    self.unpushed.remove(&key);
+                    self.unpushed.remove(&epoch);
                     continue;
                 }
                 Err(e) => {
-                    tracing::warn!(job = %key.0, epoch = key.1, error = %e, "reading a staged publication to push it again");
+                    tracing::warn!(job = %job, epoch, error = %e, "reading a staged publication to push it again");
                     break;
                 }
             };
@@ -1135,37 +1285,37 @@ impl KeeperState {
             let outcome = match outcome {
                 Ok(o) => o,
                 Err(e) => {
-                    tracing::warn!(job = %key.0, epoch = key.1, error = %e, "completing a staged publication again");
+                    tracing::warn!(job = %job, epoch, error = %e, "completing a staged publication again");
                     break;
                 }
             };
-            let Some(mut report) = self.reports.get(&key).cloned() else {
-                self.unpushed.remove(&key);
+            let Some(mut report) = self.reports.get(&epoch).cloned() else {
+                self.unpushed.remove(&epoch);
                 continue;
             };
             let done = self.pushed(&mut report, &staged, outcome);
-            self.reports.insert(key, report);
+            self.record(report);
             if !done {
                 break;
             }
-            self.unpushed.remove(&key);
+            self.unpushed.remove(&epoch);
         }
     }
 
-    /// Settles again the epochs whose settlement failed ([`KeeperState::settle`]).
+    /// Settles again the epochs whose settlement failed ([`JobKeeperState::settle`]).
     async fn settle_pending(&mut self) {
-        let pending: Vec<(JobId, u32)> = self.unsettled.iter().copied().collect();
-        for key in pending {
-            self.unsettled.remove(&key);
-            let Some(mut report) = self.reports.get(&key).cloned() else {
+        let pending: Vec<u32> = self.unsettled.iter().copied().collect();
+        for epoch in pending {
+            self.unsettled.remove(&epoch);
+            let Some(mut report) = self.reports.get(&epoch).cloned() else {
                 continue;
             };
             let settled = self.settle(&mut report).await;
-            self.reports.insert(key, report);
+            self.record(report);
             if !settled {
                 // The ledger is still failing: keep the rest for the next publication
                 // rather than wait out one timeout per epoch now.
-                self.unsettled.insert(key);
+                self.unsettled.insert(epoch);
                 break;
             }
         }
@@ -1185,30 +1335,76 @@ impl KeeperState {
     }
 }
 
+impl KeeperState {
+    /// Hands `msg` to `job`'s keeper, spawning one when the job has none (its first call,
+    /// or its keeper failed). A message that cannot be delivered drops its reply port: the
+    /// caller is told the keeper did not answer.
+    async fn forward(&mut self, myself: &ActorRef<KeeperMsg>, job: JobId, msg: JobKeeperMsg) {
+        let Some(keeper) = self.jobs.get(&job) else {
+            return self.spawn_with(myself, job, msg).await;
+        };
+        let msg = match keeper.cast(msg) {
+            Ok(()) => return,
+            Err(MessagingErr::SendErr(msg)) => msg,
+            Err(_) => return,
+        };
+        // The keeper stopped before its failure reached us: rebuild it now.
+        self.jobs.remove(&job);
+        self.spawn_with(myself, job, msg).await
+    }
+
+    /// Spawns `job`'s keeper with the job's reports held here, then hands it `msg`.
+    async fn spawn_with(&mut self, myself: &ActorRef<KeeperMsg>, job: JobId, msg: JobKeeperMsg) {
+        let reports = self
+            .reports
+            .range((job, 0)..=(job, u32::MAX))
+            .map(|((_, epoch), r)| (*epoch, r.clone()))
+            .collect();
+        let args = JobKeeperArgs {
+            job,
+            deps: self.deps.clone(),
+            keeper: myself.clone(),
+            reports,
+        };
+        match Actor::spawn_linked(None, JobKeeper, args, myself.get_cell()).await {
+            Ok((keeper, _)) => {
+                let _ = keeper.cast(msg);
+                self.jobs.insert(job, keeper);
+            }
+            Err(e) => {
+                tracing::warn!(job = %job, error = %e, "a job's model keeper could not start");
+                if let JobKeeperMsg::Publish { reply, .. } = msg {
+                    let _ = reply.send(Err(failed(format!(
+                        "the job's model keeper could not start: {e}"
+                    ))));
+                }
+            }
+        }
+    }
+}
+
 impl Actor for Keeper {
     type Msg = KeeperMsg;
     type State = KeeperState;
-    type Arguments = KeeperArgs;
+    type Arguments = KeeperDeps;
 
     async fn pre_start(
         &self,
         myself: ActorRef<KeeperMsg>,
-        a: KeeperArgs,
+        deps: KeeperDeps,
     ) -> Result<KeeperState, ActorProcessingErr> {
         // Ends with the actor (the handle's task stops when a send fails).
         let _ticker = myself.send_interval(RETRY_EVERY, || KeeperMsg::Retry);
         Ok(KeeperState {
-            deps: a,
+            deps: Arc::new(deps),
             jobs: HashMap::new(),
             reports: BTreeMap::new(),
-            unsettled: Default::default(),
-            unpushed: Default::default(),
         })
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<KeeperMsg>,
+        myself: ActorRef<KeeperMsg>,
         msg: KeeperMsg,
         state: &mut KeeperState,
     ) -> Result<(), ActorProcessingErr> {
@@ -1221,19 +1417,128 @@ impl Actor for Keeper {
                 deltas,
                 reply,
             } => {
+                let msg = JobKeeperMsg::Publish {
+                    epoch,
+                    spec,
+                    base,
+                    deltas,
+                    reply,
+                };
+                state.forward(&myself, job, msg).await;
+            }
+            KeeperMsg::Report { job, epoch, reply } => {
+                let _ = reply.send(state.reports.get(&(job, epoch)).cloned());
+            }
+            KeeperMsg::Reported(report) => {
+                state
+                    .reports
+                    .insert((JobId(report.job), report.epoch), *report);
+            }
+            KeeperMsg::Retry => {
+                for keeper in state.jobs.values() {
+                    let _ = keeper.cast(JobKeeperMsg::Retry);
+                }
+            }
+            KeeperMsg::CrashJob(job) => {
+                if let Some(keeper) = state.jobs.get(&job) {
+                    let _ = keeper.cast(JobKeeperMsg::Crash);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<KeeperMsg>,
+        event: SupervisionEvent,
+        state: &mut KeeperState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (dead, why) = match &event {
+            SupervisionEvent::ActorFailed(cell, why) => (cell.get_id(), why.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, why) => {
+                (cell.get_id(), why.clone().unwrap_or_default())
+            }
+            _ => return Ok(()),
+        };
+        let Some(job) = state
+            .jobs
+            .iter()
+            .find(|(_, k)| k.get_id() == dead)
+            .map(|(job, _)| *job)
+        else {
+            return Ok(());
+        };
+        // Rebuilt on the job's next call (module docs); what it was answering is lost
+        // with its reply ports, and the callers are told.
+        state.jobs.remove(&job);
+        tracing::warn!(job = %job, error = %why, "a job's model keeper stopped; rebuilt on the job's next call");
+        state.deps.metrics.incr(Counter::ActorRestarts, "keeper", 1);
+        Ok(())
+    }
+}
+
+impl Actor for JobKeeper {
+    type Msg = JobKeeperMsg;
+    type State = JobKeeperState;
+    type Arguments = JobKeeperArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<JobKeeperMsg>,
+        a: JobKeeperArgs,
+    ) -> Result<JobKeeperState, ActorProcessingErr> {
+        // A rebuilt keeper tries again what its reports say is owed. A push the registry
+        // refused for good is refused again, once, and then forgotten.
+        let owed = |f: fn(&EpochReport) -> bool| -> BTreeSet<u32> {
+            a.reports
+                .iter()
+                .filter(|(_, r)| f(r))
+                .map(|(e, _)| *e)
+                .collect()
+        };
+        Ok(JobKeeperState {
+            unsettled: owed(|r| r.settlement_error.is_some()),
+            unpushed: owed(|r| r.registry_error.is_some()),
+            job: a.job,
+            deps: a.deps,
+            keeper: a.keeper,
+            model: None,
+            reports: a.reports,
+            retried: None,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<JobKeeperMsg>,
+        msg: JobKeeperMsg,
+        state: &mut JobKeeperState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            JobKeeperMsg::Publish {
+                epoch,
+                spec,
+                base,
+                deltas,
+                reply,
+            } => {
+                let job = state.job;
                 let result = state.publish(job, epoch, *spec, base, deltas).await;
                 if let Err(e) = &result {
                     tracing::warn!(job = %job, epoch, error = %e, "aggregation failed");
                 }
                 let _ = reply.send(result);
             }
-            KeeperMsg::Report { job, epoch, reply } => {
-                let _ = reply.send(state.reports.get(&(job, epoch)).cloned());
+            JobKeeperMsg::Retry => {
+                // Ticks queue up behind a long aggregation, which retried on its way in:
+                // one try per period is enough.
+                let recent = state.retried.is_some_and(|t| t.elapsed() < RETRY_EVERY / 2);
+                if !recent {
+                    state.retry().await;
+                }
             }
-            KeeperMsg::Retry => {
-                state.settle_pending().await;
-                state.push_pending().await;
-            }
+            JobKeeperMsg::Crash => return Err("job keeper crash injected".into()),
         }
         Ok(())
     }
@@ -1252,7 +1557,9 @@ impl std::fmt::Debug for KeeperMsg {
         f.write_str(match self {
             KeeperMsg::Publish { .. } => "Publish",
             KeeperMsg::Report { .. } => "Report",
+            KeeperMsg::Reported(_) => "Reported",
             KeeperMsg::Retry => "Retry",
+            KeeperMsg::CrashJob(_) => "CrashJob",
         })
     }
 }
@@ -1292,7 +1599,7 @@ impl TrainingSink {
         let (keeper, _) = Actor::spawn(
             None,
             Keeper,
-            KeeperArgs {
+            KeeperDeps {
                 blobs,
                 catalog,
                 pool: pool.clone(),
@@ -1315,7 +1622,8 @@ impl TrainingSink {
         EpochSecret::derive(&self.seed, job.0, epoch).commitment()
     }
 
-    /// The report of an aggregated epoch.
+    /// The report of an aggregated epoch (answered at once, even while the job aggregates
+    /// another epoch).
     pub async fn report(&self, job: JobId, epoch: u32) -> Option<EpochReport> {
         self.keeper
             .call(|reply| KeeperMsg::Report { job, epoch, reply }, None)
@@ -1327,12 +1635,19 @@ impl TrainingSink {
             })
     }
 
+    /// Test hook: fails `job`'s keeper, as a panic in it would (module docs: it is rebuilt
+    /// on the job's next call).
+    #[doc(hidden)]
+    pub fn crash_job_keeper(&self, job: JobId) {
+        let _ = self.keeper.cast(KeeperMsg::CrashJob(job));
+    }
+
     /// The validator pool (for fault injection in tests).
     pub fn pool(&self) -> &ValidatorPool {
         &self.pool
     }
 
-    /// Stops the keeper and the pool.
+    /// Stops the keepers and the pool.
     pub fn stop(&self) {
         self.keeper.stop(None);
         self.pool.stop();
@@ -1341,7 +1656,7 @@ impl TrainingSink {
 
 #[async_trait]
 impl CheckpointSink for TrainingSink {
-    async fn publish(&self, input: EpochInput<'_>) -> Result<String, CheckpointError> {
+    async fn publish(&self, input: EpochInput<'_>) -> Result<PublishedEpoch, CheckpointError> {
         let msg = |reply| KeeperMsg::Publish {
             job: input.job,
             epoch: input.epoch,
@@ -1350,10 +1665,19 @@ impl CheckpointSink for TrainingSink {
             deltas: input.deltas.to_vec(),
             reply,
         };
-        match self.keeper.call(msg, None).await {
-            Ok(ractor::rpc::CallResult::Success(r)) => r,
-            Ok(_) => Err(failed("the model keeper did not answer")),
-            Err(e) => Err(failed(format!("the model keeper is gone: {e}"))),
+        // A job keeper that died mid-call drops the reply; the call is idempotent per
+        // (job, epoch) (reports and the publication journal), so it is made again to the
+        // keeper rebuilt for it, rather than fail the job. The pause lets the dying
+        // keeper's failure reach the router first (otherwise the call may be handed to it).
+        for attempt in 1..=3u32 {
+            match self.keeper.call(msg, None).await {
+                Ok(ractor::rpc::CallResult::Success(r)) => return r,
+                Ok(_) => {}
+                Err(e) => return Err(failed(format!("the model keeper is gone: {e}"))),
+            }
+            tracing::warn!(job = %input.job, epoch = input.epoch, attempt, "the job's keeper dropped a publication; calling again");
+            tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
         }
+        Err(failed("the model keeper did not answer (3 attempts)"))
     }
 }

@@ -238,24 +238,51 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
 
 /// A string that is not a sha2-256 CID of a `raw` or `dag-pb` block: the string and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct CidError(pub String);
+pub enum CidError {
+    /// Not a CID at all.
+    #[error("{cid:?}: {message}")]
+    Malformed {
+        /// The string.
+        cid: String,
+        /// What the `cid` crate says (its error is neither `Clone` nor `PartialEq`).
+        message: String,
+    },
+    /// A CID whose multihash is not sha2-256.
+    #[error("{cid}: multihash {code:#x} is not sha2-256")]
+    NotSha256 {
+        /// The CID.
+        cid: String,
+        /// Its multihash code.
+        code: u64,
+    },
+    /// A CID of another codec than `raw` or `dag-pb`.
+    #[error("{cid}: codec {codec:#x} is neither raw nor dag-pb")]
+    Codec {
+        /// The CID.
+        cid: String,
+        /// Its codec.
+        codec: u64,
+    },
+}
 
 /// Parses `cid` and checks that it is a sha2-256 CID of a `raw` or `dag-pb` block;
 /// [`CidError`] names the string and what is wrong with it.
 pub fn parse_cid(cid: &str) -> Result<Cid, CidError> {
-    let parsed = Cid::try_from(cid).map_err(|e| CidError(format!("{cid:?}: {e}")))?;
+    let parsed = Cid::try_from(cid).map_err(|e| CidError::Malformed {
+        cid: cid.to_string(),
+        message: e.to_string(),
+    })?;
     if parsed.hash().code() != SHA2_256 {
-        return Err(CidError(format!(
-            "{cid}: multihash {:#x} is not sha2-256",
-            parsed.hash().code()
-        )));
+        return Err(CidError::NotSha256 {
+            cid: cid.to_string(),
+            code: parsed.hash().code(),
+        });
     }
     if parsed.codec() != RAW && parsed.codec() != DAG_PB {
-        return Err(CidError(format!(
-            "{cid}: codec {:#x} is neither raw nor dag-pb",
-            parsed.codec()
-        )));
+        return Err(CidError::Codec {
+            cid: cid.to_string(),
+            codec: parsed.codec(),
+        });
     }
     Ok(parsed)
 }

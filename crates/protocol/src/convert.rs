@@ -382,6 +382,65 @@ pub fn job(v: &JobView, endpoint: impl Fn(&NodeId) -> String) -> pb::Job {
         checkpoints: v.checkpoints.clone(),
         // Filled in by the JobService, which knows the orchestrator's commitments.
         spot_check_commitment: Vec::new(),
+        epoch_summaries: v
+            .summaries
+            .iter()
+            .map(|(&epoch, s)| {
+                let checkpoint = v.checkpoints.get(epoch as usize).cloned();
+                epoch_summary(epoch, checkpoint.unwrap_or_default(), s)
+            })
+            .collect(),
+    }
+}
+
+/// One epoch's summary on the wire.
+pub fn epoch_summary(
+    epoch: u32,
+    checkpoint: String,
+    s: &hanzod_actors::job::EpochSummary,
+) -> pb::EpochSummary {
+    use hanzod_actors::job::EpochOutcome;
+    let (advanced, aggregator, kept_reason) = match &s.outcome {
+        EpochOutcome::Advanced { aggregator } => (true, aggregator.clone(), String::new()),
+        EpochOutcome::Kept { reason } => (false, String::new(), reason.clone()),
+    };
+    pb::EpochSummary {
+        epoch,
+        checkpoint,
+        advanced,
+        aggregator,
+        kept_reason,
+        loss_before: s.loss_before,
+        loss_after: s.loss_after,
+        accepted: s.accepted,
+        suspect: s.suspect,
+        rejected: s.rejected,
+        spot_checked: s.spot_checked,
+        spot_checks_failed: s.spot_checks_failed,
+        rewarded_nodes: s.rewarded_nodes,
+        rewards_gym_wei: s.rewards.0.to_string(),
+        slashed_nodes: s.slashed_nodes,
+        slashed_gym_wei: s.slashed.0.to_string(),
+        repo: s.repo.clone().unwrap_or_default(),
+        registry_error: s.registry_error.clone().unwrap_or_default(),
+        settlement_error: s.settlement_error.clone().unwrap_or_default(),
+    }
+}
+
+/// A ring change on the wire: the new ring's version and size, who left and joined, and
+/// how long its repair took.
+pub fn ring_change(
+    ring: &RingView,
+    removed: &[NodeId],
+    added: &[NodeId],
+    repair_ms: Option<u64>,
+) -> pb::RingChange {
+    pb::RingChange {
+        removed: removed.iter().map(|n| n.0.to_vec()).collect(),
+        added: added.iter().map(|n| n.0.to_vec()).collect(),
+        repair_ms,
+        version: ring.version,
+        members: u32::try_from(ring.members.len()).unwrap_or(u32::MAX),
     }
 }
 
@@ -417,19 +476,42 @@ pub fn publication(p: &crate::record::SignedPublication) -> pb::Publication {
     }
 }
 
+/// Why a wire publication record could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublicationWireError {
+    /// The signer key is not 32 bytes.
+    #[error("signer is {len} bytes, want 32")]
+    Signer {
+        /// Its length, bytes.
+        len: usize,
+    },
+    /// The signature is not 64 bytes.
+    #[error("signature is {len} bytes, want 64")]
+    Signature {
+        /// Its length, bytes.
+        len: usize,
+    },
+}
+
 /// A signed publication record from its wire form; `Err` names a signer that is not 32
 /// bytes or a signature that is not 64.
-pub fn publication_from(p: pb::Publication) -> Result<crate::record::SignedPublication, String> {
-    let signer: [u8; 32] = p
-        .signer
-        .as_slice()
-        .try_into()
-        .map_err(|_| format!("signer is {} bytes, want 32", p.signer.len()))?;
-    let signature: [u8; 64] = p
-        .signature
-        .as_slice()
-        .try_into()
-        .map_err(|_| format!("signature is {} bytes, want 64", p.signature.len()))?;
+pub fn publication_from(
+    p: pb::Publication,
+) -> Result<crate::record::SignedPublication, PublicationWireError> {
+    let signer: [u8; 32] =
+        p.signer
+            .as_slice()
+            .try_into()
+            .map_err(|_| PublicationWireError::Signer {
+                len: p.signer.len(),
+            })?;
+    let signature: [u8; 64] =
+        p.signature
+            .as_slice()
+            .try_into()
+            .map_err(|_| PublicationWireError::Signature {
+                len: p.signature.len(),
+            })?;
     Ok(crate::record::SignedPublication {
         record: crate::record::PublicationRecord {
             job: hanzod_actors::types::JobId(p.job_id),

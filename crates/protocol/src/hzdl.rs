@@ -228,8 +228,11 @@ pub enum DeltaError {
         limit: u64,
     },
     /// The safetensors JSON header is not valid UTF-8 / JSON / tensor metadata.
-    #[error("invalid safetensors header: {0}")]
-    SafetensorsHeader(String),
+    #[error("invalid safetensors header: {message}")]
+    SafetensorsHeader {
+        /// What the safetensors reader said (its error is neither `Clone` nor `PartialEq`).
+        message: String,
+    },
     /// Tensor data offsets overlap, leave gaps, disagree with the shape, or run past the body.
     #[error("{}overlapping or out-of-range data offsets ({detail})", tensor_prefix(.tensor))]
     OverlappingOrOutOfRange {
@@ -257,8 +260,11 @@ pub enum DeltaError {
         index: u64,
     },
     /// A tensor name that the model (or its LoRA config) does not have.
-    #[error("unknown tensor {0:?} for this model")]
-    UnknownTensor(String),
+    #[error("unknown tensor {tensor:?} for this model")]
+    UnknownTensor {
+        /// The tensor.
+        tensor: String,
+    },
     /// A tensor whose shape differs from the model's.
     #[error("tensor {tensor:?} has shape {found:?}, the model wants {expected:?}")]
     WrongShape {
@@ -270,8 +276,11 @@ pub enum DeltaError {
         found: Vec<usize>,
     },
     /// A parameter the delta must cover but does not.
-    #[error("tensor {0:?} of the model is missing from the delta")]
-    MissingTensor(String),
+    #[error("tensor {tensor:?} of the model is missing from the delta")]
+    MissingTensor {
+        /// The model's tensor.
+        tensor: String,
+    },
     /// The delta kind is not the one the job's model spec wants.
     #[error("delta kind is {found} but the job wants {expected}")]
     KindMismatch {
@@ -281,8 +290,11 @@ pub enum DeltaError {
         found: DeltaKind,
     },
     /// The writer was given the same tensor name twice.
-    #[error("tensor {0:?} given twice")]
-    DuplicateTensor(String),
+    #[error("tensor {tensor:?} given twice")]
+    DuplicateTensor {
+        /// The tensor.
+        tensor: String,
+    },
     /// The statement signature does not verify under the node's key (wrong signer, altered
     /// payload or statement, malformed signature).
     #[error("delta statement signature does not verify")]
@@ -337,7 +349,9 @@ impl DeltaError {
                 declared: u64::MAX,
                 limit: MAX_SAFETENSORS_HEADER,
             },
-            other => DeltaError::SafetensorsHeader(other.to_string()),
+            other => DeltaError::SafetensorsHeader {
+                message: other.to_string(),
+            },
         }
     }
 }
@@ -517,7 +531,9 @@ pub fn write_delta(
     let mut encoded = Vec::with_capacity(tensors.len());
     for (name, shape, values) in tensors {
         if !seen.insert(*name) {
-            return Err(DeltaError::DuplicateTensor(name.to_string()));
+            return Err(DeltaError::DuplicateTensor {
+                tensor: name.to_string(),
+            });
         }
         if elements(shape) != values.len() as u64 {
             return Err(DeltaError::WrongShape {
@@ -889,9 +905,15 @@ mod tests {
         let mut b = valid(DeltaDtype::F32);
         let r = json_range(&b);
         b[r.start] = b'[';
-        assert!(matches!(parse_err(&b), DeltaError::SafetensorsHeader(_)));
+        assert!(matches!(
+            parse_err(&b),
+            DeltaError::SafetensorsHeader { .. }
+        ));
         b[r.start] = 0xff;
-        assert!(matches!(parse_err(&b), DeltaError::SafetensorsHeader(_)));
+        assert!(matches!(
+            parse_err(&b),
+            DeltaError::SafetensorsHeader { .. }
+        ));
     }
 
     #[test]
@@ -956,7 +978,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             check_err(&b, &tiny_spec()),
-            DeltaError::UnknownTensor("c".into())
+            DeltaError::UnknownTensor { tensor: "c".into() }
         );
     }
 
@@ -990,7 +1012,9 @@ mod tests {
         .unwrap();
         assert_eq!(
             check_err(&b, &tiny_spec()),
-            DeltaError::MissingTensor("b.bias".into())
+            DeltaError::MissingTensor {
+                tensor: "b.bias".into()
+            }
         );
     }
 
@@ -1069,7 +1093,7 @@ mod tests {
                 DeltaDtype::F32,
                 &[("a", &[1], &[1.0]), ("a", &[1], &[1.0])]
             ),
-            Err(DeltaError::DuplicateTensor("a".into()))
+            Err(DeltaError::DuplicateTensor { tensor: "a".into() })
         );
     }
 
@@ -1102,7 +1126,9 @@ mod tests {
         .unwrap();
         assert_eq!(
             check_err(&only_a, &spec),
-            DeltaError::MissingTensor(b_name.into())
+            DeltaError::MissingTensor {
+                tensor: b_name.into()
+            }
         );
         // A full delta where the job wants LoRA.
         assert!(matches!(

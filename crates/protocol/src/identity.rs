@@ -27,11 +27,20 @@ pub enum KeyError {
         what: String,
     },
     /// Refused to overwrite an existing key file.
-    #[error("{0} exists; pass --force to overwrite it")]
-    Exists(String),
+    #[error("{} exists; pass --force to overwrite it", path.display())]
+    Exists {
+        /// The key file.
+        path: std::path::PathBuf,
+    },
     /// The key's folder does not exist (it is not created: a mistyped path should fail).
-    #[error("{0} does not exist (or is not a folder); create the folder first")]
-    NoFolder(String),
+    #[error(
+        "{} does not exist (or is not a folder); create the folder first",
+        folder.display()
+    )]
+    NoFolder {
+        /// The folder.
+        folder: std::path::PathBuf,
+    },
 }
 
 /// A signing identity.
@@ -87,12 +96,16 @@ impl Identity {
             source,
         };
         if path.exists() && !force {
-            return Err(KeyError::Exists(path.display().to_string()));
+            return Err(KeyError::Exists {
+                path: path.to_path_buf(),
+            });
         }
         // A missing folder is more likely a mistyped path than a wish to create one.
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if !dir.is_dir() {
-                return Err(KeyError::NoFolder(dir.display().to_string()));
+                return Err(KeyError::NoFolder {
+                    folder: dir.to_path_buf(),
+                });
             }
         }
         let mut opts = std::fs::OpenOptions::new();
@@ -229,7 +242,7 @@ mod tests {
         let (b, created) = Identity::load_or_generate(&path).unwrap();
         assert!(!created);
         assert_eq!(a.node_id(), b.node_id());
-        assert!(matches!(a.save(&path, false), Err(KeyError::Exists(_))));
+        assert!(matches!(a.save(&path, false), Err(KeyError::Exists { .. })));
         std::fs::write(&path, "zz\n").unwrap();
         assert!(matches!(
             Identity::load(&path),
@@ -253,7 +266,7 @@ mod tests {
         let path = dir.join("sub").join("node.key");
         assert!(matches!(
             Identity::load_or_generate(&path),
-            Err(KeyError::NoFolder(_))
+            Err(KeyError::NoFolder { .. })
         ));
         assert!(!dir.exists(), "no folder was created");
     }

@@ -14,23 +14,59 @@ use serde::Deserialize;
 use crate::hzdl::{elements, DeltaDtype, DeltaError, DeltaKind, DeltaView, HEADER_LEN};
 
 /// Why a model description could not be built.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// The `config.json` text is not valid JSON or lacks a required field.
     #[error("config.json: {0}")]
-    Json(String),
+    Json(#[from] serde_json::Error),
     /// A `model_type` this module does not describe.
-    #[error("config.json: model_type {0:?} is not supported (llama, mistral, qwen2, qwen3)")]
-    UnsupportedModelType(String),
-    /// A field that is zero or inconsistent with the others.
-    #[error("config.json: {0}")]
-    Invalid(String),
+    #[error(
+        "config.json: model_type {model_type:?} is not supported (llama, mistral, qwen2, qwen3)"
+    )]
+    UnsupportedModelType {
+        /// The `model_type`.
+        model_type: String,
+    },
+    /// A size that is 0.
+    #[error("config.json: {field} is 0")]
+    Zero {
+        /// The field.
+        field: &'static str,
+    },
+    /// More attention heads than a multiple of the key/value heads.
+    #[error(
+        "config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads \
+         {kv_heads}"
+    )]
+    HeadsNotGrouped {
+        /// `num_attention_heads`.
+        heads: usize,
+        /// `num_key_value_heads`.
+        kv_heads: usize,
+    },
+    /// No `head_dim`, and the hidden size does not divide into the heads.
+    #[error(
+        "config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads} \
+         and head_dim is absent"
+    )]
+    NoHeadDim {
+        /// `hidden_size`.
+        hidden: usize,
+        /// `num_attention_heads`.
+        heads: usize,
+    },
+    /// `num_attention_heads × head_dim` does not fit a `usize`.
+    #[error("config.json: num_attention_heads × head_dim overflows")]
+    HeadsOverflow,
     /// A LoRA rank of 0.
     #[error("LoRA rank must be at least 1")]
     ZeroRank,
     /// A LoRA target module that names no linear layer of the model.
-    #[error("LoRA target module {0:?} matches no linear layer of the model")]
-    NoLoraTarget(String),
+    #[error("LoRA target module {module:?} matches no linear layer of the model")]
+    NoLoraTarget {
+        /// The module.
+        module: String,
+    },
 }
 
 /// The LoRA configuration a [`ModelSpec`] of kind LoRA was derived from.
@@ -89,8 +125,7 @@ impl ModelSpec {
     /// listed unless `tie_word_embeddings`; Qwen3 adds `q_norm`/`k_norm` `[head_dim]` per
     /// layer; Qwen2 (and `attention_bias: true`) adds q/k/v (and for Llama o) biases.
     pub fn from_hf_config(json: &str) -> Result<ModelSpec, ModelError> {
-        let c: HfConfig =
-            serde_json::from_str(json).map_err(|e| ModelError::Json(e.to_string()))?;
+        let c: HfConfig = serde_json::from_str(json)?;
         let (qk_norm, qkv_bias, o_bias) = match c.model_type.as_str() {
             "llama" | "mistral" => {
                 let b = c.attention_bias.unwrap_or(false);
@@ -101,11 +136,15 @@ impl ModelSpec {
                 let b = c.attention_bias.unwrap_or(false);
                 (true, b, b)
             }
-            other => return Err(ModelError::UnsupportedModelType(other.to_string())),
+            other => {
+                return Err(ModelError::UnsupportedModelType {
+                    model_type: other.to_string(),
+                })
+            }
         };
-        let nonzero = |v: usize, what: &str| {
+        let nonzero = |v: usize, field: &'static str| {
             if v == 0 {
-                Err(ModelError::Invalid(format!("{what} is 0")))
+                Err(ModelError::Zero { field })
             } else {
                 Ok(v)
             }
@@ -117,25 +156,19 @@ impl ModelSpec {
             "num_key_value_heads",
         )?;
         if heads % kv_heads != 0 {
-            return Err(ModelError::Invalid(format!(
-                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-            )));
+            return Err(ModelError::HeadsNotGrouped { heads, kv_heads });
         }
         let head_dim = match c.head_dim {
             Some(d) => nonzero(d, "head_dim")?,
             None if hidden % heads == 0 => hidden / heads,
-            None => {
-                return Err(ModelError::Invalid(format!(
-                    "hidden_size {hidden} is not a multiple of num_attention_heads {heads} and head_dim is absent"
-                )))
-            }
+            None => return Err(ModelError::NoHeadDim { hidden, heads }),
         };
         let inter = nonzero(c.intermediate_size, "intermediate_size")?;
         let vocab = nonzero(c.vocab_size, "vocab_size")?;
         let layers = c.num_hidden_layers;
-        let q_out = heads.checked_mul(head_dim).ok_or_else(|| {
-            ModelError::Invalid("num_attention_heads × head_dim overflows".into())
-        })?;
+        let q_out = heads
+            .checked_mul(head_dim)
+            .ok_or(ModelError::HeadsOverflow)?;
         let kv_out = kv_heads * head_dim;
 
         let mut p = BTreeMap::new();
@@ -268,7 +301,9 @@ impl ModelSpec {
             );
         }
         if let Some(t) = target_modules.iter().find(|t| !matched.contains(**t)) {
-            return Err(ModelError::NoLoraTarget((*t).to_string()));
+            return Err(ModelError::NoLoraTarget {
+                module: (*t).to_string(),
+            });
         }
         Ok(ModelSpec {
             name: format!("{} LoRA r={rank}", self.name),
@@ -296,7 +331,9 @@ pub fn check_against(view: &DeltaView<'_>, spec: &ModelSpec) -> Result<(), Delta
     }
     for t in &view.tensors {
         let Some(expected) = spec.params.get(&t.name) else {
-            return Err(DeltaError::UnknownTensor(t.name.clone()));
+            return Err(DeltaError::UnknownTensor {
+                tensor: t.name.clone(),
+            });
         };
         if *expected != t.shape {
             return Err(DeltaError::WrongShape {
@@ -308,7 +345,9 @@ pub fn check_against(view: &DeltaView<'_>, spec: &ModelSpec) -> Result<(), Delta
     }
     if view.tensors.len() != spec.params.len() {
         if let Some(name) = spec.params.keys().find(|n| view.tensor(n).is_none()) {
-            return Err(DeltaError::MissingTensor(name.clone()));
+            return Err(DeltaError::MissingTensor {
+                tensor: name.clone(),
+            });
         }
     }
     view.check_finite()
@@ -406,7 +445,7 @@ mod tests {
     fn bad_configs() {
         assert!(matches!(
             ModelSpec::from_hf_config(&QWEN3_0_6B.replace("\"qwen3\"", "\"gpt2\"")),
-            Err(ModelError::UnsupportedModelType(_))
+            Err(ModelError::UnsupportedModelType { .. })
         ));
         assert!(matches!(
             ModelSpec::from_hf_config(&QWEN3_0_6B.replace("\"hidden_size\": 1024", "\"x\": 1")),
@@ -416,7 +455,10 @@ mod tests {
             ModelSpec::from_hf_config(
                 &QWEN3_0_6B.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 3")
             ),
-            Err(ModelError::Invalid(_))
+            Err(ModelError::HeadsNotGrouped {
+                heads: 16,
+                kv_heads: 3
+            })
         ));
     }
 
@@ -447,14 +489,17 @@ mod tests {
             shape(&l, &format!("{p}.mlp.down_proj.lora_B.weight")),
             [1024, 16]
         );
-        assert_eq!(s.lora_spec(0, &["q_proj"]), Err(ModelError::ZeroRank));
-        assert_eq!(
+        assert!(matches!(
+            s.lora_spec(0, &["q_proj"]),
+            Err(ModelError::ZeroRank)
+        ));
+        assert!(matches!(
             s.lora_spec(8, &["qproj"]),
-            Err(ModelError::NoLoraTarget("qproj".into()))
-        );
-        assert_eq!(
+            Err(ModelError::NoLoraTarget { module }) if module == "qproj"
+        ));
+        assert!(matches!(
             s.lora_spec(8, &["embed_tokens"]),
-            Err(ModelError::NoLoraTarget("embed_tokens".into()))
-        );
+            Err(ModelError::NoLoraTarget { module }) if module == "embed_tokens"
+        ));
     }
 }

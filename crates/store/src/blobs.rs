@@ -26,8 +26,11 @@ const HASH_INLINE_MAX: usize = 64 << 10;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BlobError {
     /// No blob is stored under this hash (lowercase hex).
-    #[error("blob {0} not found")]
-    NotFound(String),
+    #[error("blob {hash} not found")]
+    NotFound {
+        /// The hash (lowercase hex).
+        hash: String,
+    },
     /// The bytes do not hash to the name they were given (on `put`) or stored under (on
     /// `get`: the stored copy was damaged). Both hashes in lowercase hex.
     #[error("blob corrupt: expected SHA-256 {expected}, the bytes hash to {found}")]
@@ -161,7 +164,9 @@ impl BlobStore for MemoryBlobStore {
         self.read()
             .get(hash)
             .cloned()
-            .ok_or_else(|| BlobError::NotFound(hex::encode(hash)))
+            .ok_or_else(|| BlobError::NotFound {
+                hash: hex::encode(hash),
+            })
     }
 
     async fn contains(&self, hash: &[u8; 32]) -> Result<bool, BlobError> {
@@ -274,7 +279,9 @@ impl FsBlobStore {
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(BlobError::NotFound(hex::encode(hash)))
+                return Err(BlobError::NotFound {
+                    hash: hex::encode(hash),
+                })
             }
             Err(e) => return Err(io("read", &path, e)),
         };
@@ -359,7 +366,9 @@ mod tests {
         assert!(!store.contains(&h).await.unwrap());
         assert_eq!(
             store.get(&h).await.unwrap_err(),
-            BlobError::NotFound(hex::encode(h))
+            BlobError::NotFound {
+                hash: hex::encode(h)
+            }
         );
         store
             .remove(&h)
@@ -396,7 +405,7 @@ mod tests {
         assert!(!store.contains(&h).await.unwrap());
         assert!(matches!(
             store.get(&h).await,
-            Err(BlobError::NotFound(x)) if x == hex::encode(h)
+            Err(BlobError::NotFound { hash: x }) if x == hex::encode(h)
         ));
         assert!(store.contains(&h2).await.unwrap());
         // Stored again after removal.

@@ -34,12 +34,18 @@ const MAX_DEPTH: usize = 16;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObjectError {
     /// The object (or one of its blocks) is not stored; the CID of the missing block.
-    #[error("object {0} not found")]
-    NotFound(String),
+    #[error("object {cid} not found")]
+    NotFound {
+        /// The CID of the missing block.
+        cid: String,
+    },
     /// The string is not a CID this store can hold: unparsable, or not sha2-256 over `raw`
     /// or `dag-pb`. Carries the reason.
-    #[error("bad CID: {0}")]
-    BadCid(String),
+    #[error("bad CID: {reason}")]
+    BadCid {
+        /// Why ([`hanzod_protocol::cid::CidError`], or the IPFS node's refusal).
+        reason: String,
+    },
     /// The stored bytes are damaged: a block whose bytes hash to `found` instead of its name
     /// `expected`, a file that reassembles to `found` instead of the CID asked for, or (as
     /// `found`) a description of a block that does not decode.
@@ -51,8 +57,11 @@ pub enum ObjectError {
         found: String,
     },
     /// The backing storage failed (disk full, permissions, a blocking task that died).
-    #[error("object store I/O: {0}")]
-    Io(String),
+    #[error("object store I/O: {message}")]
+    Io {
+        /// What failed, in the file system's or the IPFS node's words.
+        message: String,
+    },
 }
 
 /// A content-addressed store of files, named by the CID that `ipfs add --cid-version=1`
@@ -92,7 +101,9 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug + 'static {
 /// Parses `cid` and checks that it is a sha2-256 CID of a `raw` or `dag-pb` block
 /// ([`hanzod_protocol::cid::parse_cid`]); [`ObjectError::BadCid`] otherwise.
 pub fn parse_cid(cid: &str) -> Result<Cid, ObjectError> {
-    hanzod_protocol::cid::parse_cid(cid).map_err(|e| ObjectError::BadCid(e.0))
+    hanzod_protocol::cid::parse_cid(cid).map_err(|e| ObjectError::BadCid {
+        reason: e.to_string(),
+    })
 }
 
 /// Synchronous block access, shared by the two stores' DAG walks (run on blocking threads).
@@ -105,9 +116,9 @@ trait BlockSource {
 
 /// The block under `cid`, checked against its name.
 fn verified_block(src: &dyn BlockSource, cid: &Cid) -> Result<Bytes, ObjectError> {
-    let bytes = src
-        .block(cid)?
-        .ok_or_else(|| ObjectError::NotFound(cid.to_string()))?;
+    let bytes = src.block(cid)?.ok_or_else(|| ObjectError::NotFound {
+        cid: cid.to_string(),
+    })?;
     let found = block_cid(cid.codec(), &bytes);
     if found != *cid {
         return Err(ObjectError::Corrupt {
@@ -193,7 +204,7 @@ fn has_dag(
     }
     let links = match node_links(src, cid) {
         Ok(links) => links,
-        Err(ObjectError::NotFound(_)) => return Ok(false),
+        Err(ObjectError::NotFound { cid: _ }) => return Ok(false),
         Err(e) => return Err(e),
     };
     for link in links {
@@ -211,7 +222,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T, ObjectError> + Send + 'static,
 {
-    crate::blobs::on_blocking_pool(f, ObjectError::Io).await
+    crate::blobs::on_blocking_pool(f, |message| ObjectError::Io { message }).await
 }
 
 type BlockMap = HashMap<Cid, Bytes>;
@@ -295,7 +306,9 @@ impl ObjectStore for MemoryObjectStore {
     async fn pin(&self, cid: &str) -> Result<(), ObjectError> {
         let root = parse_cid(cid)?;
         if !self.contains(cid).await? {
-            return Err(ObjectError::NotFound(root.to_string()));
+            return Err(ObjectError::NotFound {
+                cid: root.to_string(),
+            });
         }
         write_lock(&self.pinned).insert(root.to_string());
         Ok(())
@@ -330,7 +343,9 @@ pub struct FsObjectStore {
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> ObjectError {
-    ObjectError::Io(format!("{what} {}: {e}", path.display()))
+    ObjectError::Io {
+        message: format!("{what} {}: {e}", path.display()),
+    }
 }
 
 impl FsObjectStore {
@@ -366,9 +381,9 @@ impl FsObjectStore {
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, fsync,
 /// rename. The caller fsyncs the directory.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ObjectError> {
-    let parent = path
-        .parent()
-        .ok_or_else(|| ObjectError::Io(format!("{} has no parent", path.display())))?;
+    let parent = path.parent().ok_or_else(|| ObjectError::Io {
+        message: format!("{} has no parent", path.display()),
+    })?;
     let tmp = parent.join(format!(
         ".tmp-{}-{}",
         std::process::id(),
@@ -447,7 +462,9 @@ impl ObjectStore for FsObjectStore {
     async fn pin(&self, cid: &str) -> Result<(), ObjectError> {
         let root = parse_cid(cid)?;
         if !self.contains(cid).await? {
-            return Err(ObjectError::NotFound(root.to_string()));
+            return Err(ObjectError::NotFound {
+                cid: root.to_string(),
+            });
         }
         let store = self.clone();
         blocking(move || {
@@ -525,13 +542,13 @@ mod tests {
     fn parse_cid_refuses_other_codecs_and_hashes() {
         assert!(matches!(
             parse_cid("not a cid"),
-            Err(ObjectError::BadCid(_))
+            Err(ObjectError::BadCid { reason: _ })
         ));
         // dag-cbor (0x71) over sha2-256.
         let cbor = Cid::new_v1(0x71, *block_cid(RAW, b"x").hash());
         assert!(matches!(
             parse_cid(&cbor.to_string()),
-            Err(ObjectError::BadCid(_))
+            Err(ObjectError::BadCid { reason: _ })
         ));
         let ok = block_cid(RAW, b"x");
         assert_eq!(parse_cid(&ok.to_string()), Ok(ok));

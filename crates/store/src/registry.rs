@@ -39,36 +39,60 @@ pub enum RegistryError {
     /// The repo id is not `{org}/{name}` under HF's rules (each part 1..=96 characters of
     /// `[A-Za-z0-9._-]`, no `..` or `--`, not starting or ending with `.` or `-`), or its
     /// name does not end in `-epoch-{card.epoch}`. Carries the reason.
-    #[error("bad repo id: {0}")]
-    BadRepo(String),
+    #[error("bad repo id: {reason}")]
+    BadRepo {
+        /// Why.
+        reason: String,
+    },
     /// The card is unusable: a non-finite quality, an empty field, or a `cid` that is not
     /// the CID of the weights. Carries the reason.
-    #[error("bad model card: {0}")]
-    BadCard(String),
+    #[error("bad model card: {reason}")]
+    BadCard {
+        /// Why.
+        reason: String,
+    },
     /// A README could not be parsed as a hanzod model card. Carries the reason.
-    #[error("unparsable model card: {0}")]
-    Parse(String),
+    #[error("unparsable model card: {reason}")]
+    Parse {
+        /// Why (the YAML reader's words, when it was the YAML).
+        reason: String,
+    },
     /// The repo already exists with different content (published repos are immutable).
-    #[error("repo {0} already exists with different content")]
-    Conflict(String),
+    #[error("repo {repo} already exists with different content")]
+    Conflict {
+        /// The repo id.
+        repo: String,
+    },
     /// The backing storage or service failed.
-    #[error("registry I/O: {0}")]
-    Io(String),
+    #[error("registry I/O: {message}")]
+    Io {
+        /// What failed: the step, and the file system's or the service's words.
+        message: String,
+    },
     /// The service refused the credentials (HTTP 401/403 from the Hub: `HF_TOKEN` missing,
     /// invalid, or without write access to the namespace). Carries the repo, the step and
     /// the service's message. Not transient: retrying does not help.
-    #[error("registry refused the credentials: {0}")]
-    Unauthorized(String),
+    #[error("registry refused the credentials: {message}")]
+    Unauthorized {
+        /// The repo, the step and the service's message.
+        message: String,
+    },
     /// The repo, revision or file does not exist (HTTP 404, or the Hub's `X-Error-Code:
     /// RepoNotFound`/`RevisionNotFound`/`EntryNotFound`). Carries what was missing and
     /// where.
-    #[error("not found in the registry: {0}")]
-    NotFound(String),
+    #[error("not found in the registry: {what}")]
+    NotFound {
+        /// What was missing, and where.
+        what: String,
+    },
     /// The registry adapter is misconfigured (an endpoint that is not an `http(s)` URL, a
     /// token that is not a valid header value, no CA certificates for `https`). Carries the
     /// reason.
-    #[error("registry configuration: {0}")]
-    Config(String),
+    #[error("registry configuration: {reason}")]
+    Config {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The model card of one published checkpoint, rendered as the repo's `README.md`.
@@ -96,7 +120,7 @@ impl RegistryError {
     /// Whether a later attempt may succeed ([`RegistryError::Io`]: the service or storage
     /// failed); every other error is a refusal that repeats.
     pub fn is_transient(&self) -> bool {
-        matches!(self, RegistryError::Io(_))
+        matches!(self, RegistryError::Io { message: _ })
     }
 }
 
@@ -178,15 +202,20 @@ impl ModelCard {
     /// Errors: [`RegistryError::Parse`] when there is no front matter, the YAML is invalid,
     /// or `license`, `hanzod` (with all its keys) or `datasets` is missing.
     pub fn parse(readme: &str) -> Result<ModelCard, RegistryError> {
-        let yaml = front_matter(readme)
-            .ok_or_else(|| RegistryError::Parse("no `---` front matter".to_string()))?;
+        let yaml = front_matter(readme).ok_or_else(|| RegistryError::Parse {
+            reason: "no `---` front matter".to_string(),
+        })?;
         let front: FrontMatter =
-            serde_yaml_ng::from_str(yaml).map_err(|e| RegistryError::Parse(e.to_string()))?;
+            serde_yaml_ng::from_str(yaml).map_err(|e| RegistryError::Parse {
+                reason: e.to_string(),
+            })?;
         let dataset = front
             .datasets
             .into_iter()
             .next()
-            .ok_or_else(|| RegistryError::Parse("`datasets` is empty".to_string()))?;
+            .ok_or_else(|| RegistryError::Parse {
+                reason: "`datasets` is empty".to_string(),
+            })?;
         Ok(ModelCard {
             cid: front.hanzod.cid,
             epoch: front.hanzod.epoch,
@@ -204,10 +233,9 @@ impl ModelCard {
     /// set). Errors: [`RegistryError::BadCard`].
     pub fn validate(&self) -> Result<(), RegistryError> {
         if !self.quality.is_finite() {
-            return Err(RegistryError::BadCard(format!(
-                "quality {} is not finite",
-                self.quality
-            )));
+            return Err(RegistryError::BadCard {
+                reason: format!("quality {} is not finite", self.quality),
+            });
         }
         for (field, value) in [
             ("cid", &self.cid),
@@ -216,7 +244,9 @@ impl ModelCard {
             ("dataset", &self.dataset),
         ] {
             if value.trim().is_empty() {
-                return Err(RegistryError::BadCard(format!("`{field}` is empty")));
+                return Err(RegistryError::BadCard {
+                    reason: format!("`{field}` is empty"),
+                });
             }
         }
         if self
@@ -224,7 +254,9 @@ impl ModelCard {
             .as_deref()
             .is_some_and(|b| b.trim().is_empty())
         {
-            return Err(RegistryError::BadCard("`base_model` is empty".to_string()));
+            return Err(RegistryError::BadCard {
+                reason: "`base_model` is empty".to_string(),
+            });
         }
         Ok(())
     }
@@ -250,12 +282,16 @@ fn front_matter(readme: &str) -> Option<&str> {
 pub fn validate_repo(repo: &str) -> Result<(), RegistryError> {
     let parts: Vec<&str> = repo.split('/').collect();
     let [org, name] = parts.as_slice() else {
-        return Err(RegistryError::BadRepo(format!(
-            "{repo:?} is not `{{org}}/{{name}}`"
-        )));
+        return Err(RegistryError::BadRepo {
+            reason: format!("{repo:?} is not `{{org}}/{{name}}`"),
+        });
     };
     for part in [org, name] {
-        let bad = |why: &str| Err(RegistryError::BadRepo(format!("{repo:?}: {part:?} {why}")));
+        let bad = |why: &str| {
+            Err(RegistryError::BadRepo {
+                reason: format!("{repo:?}: {part:?} {why}"),
+            })
+        };
         if part.is_empty() {
             return bad("is empty");
         }
@@ -337,21 +373,27 @@ pub async fn validate_upload(upload: &ModelUpload) -> Result<(), RegistryError> 
     validate_repo(&upload.repo)?;
     let suffix = format!("-epoch-{}", upload.card.epoch);
     if !upload.repo.ends_with(&suffix) {
-        return Err(RegistryError::BadRepo(format!(
-            "{:?} does not end in {suffix:?} (the card's epoch)",
-            upload.repo
-        )));
+        return Err(RegistryError::BadRepo {
+            reason: format!(
+                "{:?} does not end in {suffix:?} (the card's epoch)",
+                upload.repo
+            ),
+        });
     }
     upload.card.validate()?;
     let weights = Arc::clone(&upload.weights);
     let found = tokio::task::spawn_blocking(move || cid_of(&weights).to_string())
         .await
-        .map_err(|e| RegistryError::Io(format!("hashing task failed: {e}")))?;
+        .map_err(|e| RegistryError::Io {
+            message: format!("hashing task failed: {e}"),
+        })?;
     if found != upload.card.cid {
-        return Err(RegistryError::BadCard(format!(
-            "card cid {} is not the weights' CID {found}",
-            upload.card.cid
-        )));
+        return Err(RegistryError::BadCard {
+            reason: format!(
+                "card cid {} is not the weights' CID {found}",
+                upload.card.cid
+            ),
+        });
     }
     Ok(())
 }
@@ -371,7 +413,9 @@ pub struct FolderRegistry {
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> RegistryError {
-    RegistryError::Io(format!("{what} {}: {e}", path.display()))
+    RegistryError::Io {
+        message: format!("{what} {}: {e}", path.display()),
+    }
 }
 
 impl FolderRegistry {
@@ -465,7 +509,9 @@ fn publish_blocking(root: &Path, upload: &ModelUpload) -> Result<Published, Regi
     let (org, name) = upload
         .repo
         .split_once('/')
-        .ok_or_else(|| RegistryError::BadRepo(upload.repo.clone()))?;
+        .ok_or_else(|| RegistryError::BadRepo {
+            reason: upload.repo.clone(),
+        })?;
     let parent = root.join(org);
     let dir = parent.join(name);
     let published = Published {
@@ -477,7 +523,9 @@ fn publish_blocking(root: &Path, upload: &ModelUpload) -> Result<Published, Regi
         if same_repo(dir, &files)? {
             Ok(published.clone())
         } else {
-            Err(RegistryError::Conflict(upload.repo.clone()))
+            Err(RegistryError::Conflict {
+                repo: upload.repo.clone(),
+            })
         }
     };
     if dir.exists() {
@@ -511,7 +559,9 @@ impl ModelRegistry for FolderRegistry {
         let upload = upload.clone();
         tokio::task::spawn_blocking(move || publish_blocking(&root, &upload))
             .await
-            .map_err(|e| RegistryError::Io(format!("publishing task failed: {e}")))?
+            .map_err(|e| RegistryError::Io {
+                message: format!("publishing task failed: {e}"),
+            })?
     }
 }
 
@@ -545,7 +595,10 @@ mod tests {
             "a/b\u{e9}",
         ] {
             assert!(
-                matches!(validate_repo(bad), Err(RegistryError::BadRepo(_))),
+                matches!(
+                    validate_repo(bad),
+                    Err(RegistryError::BadRepo { reason: _ })
+                ),
                 "{bad:?} accepted"
             );
         }

@@ -12,10 +12,12 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::process::{found_once, on_free_ports, on_path, ServerProcess};
+use crate::process::{
+    found_once, on_free_ports, on_path, LaunchError, RequiredUnderCi, ServerProcess,
+};
 
 /// The command that installs anvil (and forge) from npm.
 pub const INSTALL_HINT: &str = "contracts/build.sh (or: cd contracts && npm ci)";
@@ -24,9 +26,52 @@ pub const INSTALL_HINT: &str = "contracts/build.sh (or: cd contracts && npm ci)"
 const START_DEADLINE: Duration = Duration::from_secs(20);
 
 pub use hanzod_adapters::chain::deploy::{
-    deployer, operator_of, read_provider, stake_and_bind_with, wallet_provider,
-    DeployError as AnvilError, DeployOptions, Deployment, CHAIN_ID, DEPLOYER_KEY,
+    deployer, operator_of, read_provider, stake_and_bind_with, wallet_provider, DeployError,
+    DeployOptions, Deployment, CHAIN_ID, DEPLOYER_KEY,
 };
+
+/// Why anvil, its proxy or a deployment on it could not be had. Cheap to clone (what
+/// [`find`] found is cached).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AnvilError {
+    /// No anvil binary.
+    #[error(
+        "no anvil: not in contracts/node_modules nor on PATH (install with `{}`, or set \
+         HANZOD_ANVIL)",
+        INSTALL_HINT
+    )]
+    NotFound,
+    /// The node's temporary directory could not be created.
+    #[error("cannot create {}: {source}", dir.display())]
+    CreateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The process did not start or answer.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// The proxy's HTTP client could not be built.
+    #[error("HTTP client: {0}")]
+    Http(#[source] hanzod_adapters::tls::TlsError),
+    /// The proxy could not listen.
+    #[error("{doing}: {source}")]
+    Proxy {
+        /// `cannot bind the proxy` or `proxy address`.
+        doing: &'static str,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// A deployment or setup transaction failed.
+    #[error(transparent)]
+    Deploy(#[from] DeployError),
+    /// An account's key could not be read.
+    #[error(transparent)]
+    Key(Arc<hanzod_protocol::identity::KeyError>),
+}
 
 fn discover() -> Result<PathBuf, AnvilError> {
     if let Some(p) = std::env::var_os("HANZOD_ANVIL").filter(|p| !p.is_empty()) {
@@ -37,12 +82,7 @@ fn discover() -> Result<PathBuf, AnvilError> {
     if npm.is_file() {
         return Ok(npm);
     }
-    on_path("anvil").ok_or_else(|| {
-        AnvilError(format!(
-            "no anvil: not in contracts/node_modules nor on PATH (install with `{INSTALL_HINT}`, \
-             or set HANZOD_ANVIL)"
-        ))
-    })
+    on_path("anvil").ok_or(AnvilError::NotFound)
 }
 
 /// The anvil binary the tests use (looked up once per process; the first call prints it).
@@ -56,8 +96,8 @@ pub fn find() -> Result<PathBuf, AnvilError> {
 
 /// Whether a test may skip for want of anvil: `Ok(None)` to run, `Ok(Some(why))` to skip
 /// (only when `CI` is unset), `Err` to fail.
-pub fn skip_reason() -> Result<Option<String>, AnvilError> {
-    crate::process::skip_reason(find().map(|p| p.display().to_string())).map_err(AnvilError)
+pub fn skip_reason() -> Result<Option<String>, RequiredUnderCi<AnvilError>> {
+    crate::process::skip_reason(find())
 }
 
 /// For a test about to start anvil: `true` (after printing `SKIPPED: why`) when there is
@@ -122,8 +162,10 @@ impl AnvilNode {
             N.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| AnvilError(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(|e| AnvilError::CreateDir {
+            dir: dir.clone(),
+            source: Arc::new(e),
+        })?;
         let mut node = AnvilNode {
             process: None,
             port: 0,
@@ -147,11 +189,10 @@ impl AnvilNode {
                     || async move { chain_id(port).filter(|&id| id == CHAIN_ID) },
                 )
                 .await
-                .map_err(|e| format!("anvil on port {port}: {e}"))?;
-            Ok((port, process))
+                .map_err(|e| e.on("anvil", port))?;
+            Ok::<_, LaunchError>((port, process))
         })
-        .await
-        .map_err(AnvilError)?;
+        .await?;
         node.port = port;
         node.process = Some(process);
         Ok(node)
@@ -269,7 +310,7 @@ impl RpcProxy {
                 b.build()
                     .map_err(|e| hanzod_adapters::tls::TlsError(e.to_string()))
             })
-            .map_err(|e| AnvilError(format!("HTTP client: {e}")))?,
+            .map_err(AnvilError::Http)?,
             mode: std::sync::Mutex::new(ProxyMode::Forward),
             lost: AtomicU64::new(0),
             sends: AtomicU64::new(0),
@@ -277,10 +318,14 @@ impl RpcProxy {
         });
         let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
-            .map_err(|e| AnvilError(format!("cannot bind the proxy: {e}")))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| AnvilError(format!("proxy address: {e}")))?;
+            .map_err(|e| AnvilError::Proxy {
+                doing: "cannot bind the proxy",
+                source: Arc::new(e),
+            })?;
+        let addr = listener.local_addr().map_err(|e| AnvilError::Proxy {
+            doing: "proxy address",
+            source: Arc::new(e),
+        })?;
         let app = axum::Router::new()
             .fallback(forward)
             .with_state(state.clone());

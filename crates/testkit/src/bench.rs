@@ -84,6 +84,8 @@ pub async fn recovery(
         let mut cfg = cfg.clone();
         cfg.server.grpc_addr = "127.0.0.1:0".into();
         cfg.server.metrics_addr = String::new();
+        // Throwaway daemons: nothing of theirs is kept on disk.
+        cfg.data_dir.clear();
         let daemon = Daemon::start(&cfg).await?;
         let endpoint = format!("http://{}", daemon.grpc_addr);
         let (events_tx, mut events) = mpsc::unbounded_channel::<(usize, AgentEvent)>();

@@ -558,7 +558,7 @@ pub async fn stake_accounts(
     deployment: &crate::anvil::Deployment,
 ) -> Result<(), crate::anvil::AnvilError> {
     let orchestrator = Identity::from_hex(&orchestrator_key(plan.seed), "the demo key")
-        .map_err(|e| crate::anvil::AnvilError(e.to_string()))?;
+        .map_err(|e| crate::anvil::AnvilError::Key(std::sync::Arc::new(e)))?;
     deployment
         .fund_and_stake(
             &hanzod_adapters::chain::account::signer(&orchestrator),
@@ -640,7 +640,11 @@ pub fn demo_config(plan: &DemoPlan) -> Result<Config, DemoError> {
     cfg.deltas.max_concurrent_uploads = 2 * plan.nodes.max(1);
     cfg.validation.spot_check_rate = plan.spot_check_rate;
     cfg.orchestrator.key = orchestrator_key(plan.seed);
+    // The demo's log is its own and each run replaces its folders, so its job is job 1
+    // (the printed verify command names `wine-mlp-job-1-epoch-…`).
+    cfg.core.first_job_id = 1;
     let out = plan.out.display().to_string();
+    cfg.data_dir = out.clone();
     cfg.publish.object_dir = format!("{out}/ipfs");
     cfg.publish.registry_dir = format!("{out}/models");
     cfg.check().map_err(DemoError::Setup)?;
@@ -788,6 +792,8 @@ fn spawn_nodes(
             .arg(&key)
             .args(["--listen", "127.0.0.1:0", "--json"])
             .args(["--region", REGIONS[i % REGIONS.len()]])
+            // What the demo job asks of each node (min_vram_bytes, 8 GiB).
+            .args(["--vram-gib", "8"])
             .args(["--endpoint", &endpoint])
             .args(["--backoff-min-ms", "100", "--backoff-max-ms", "2000"])
             .arg("--byzantine")
@@ -1406,7 +1412,7 @@ async fn finished_report(
         r.loss_after,
         r.deltas.len(),
         r.deltas.iter().filter(|x| x.rejected.is_some()).count(),
-        r.aggregator.as_deref().unwrap_or("kept the base")
+        r.summary().outcome_line()
     ));
     Some(r)
 }
@@ -1516,7 +1522,7 @@ impl View {
                 bar.set_position(u64::from(epoch));
                 bar.set_message(format!("training epoch {epoch}"));
             }
-            None => eprintln!("epoch {epoch}/{of}: started"),
+            None => eprintln!("epoch {epoch} started ({epoch}/{of} published)"),
         }
     }
 
@@ -1626,8 +1632,9 @@ pub fn render(s: &DemoSummary) -> String {
     if !s.ring_repair_ms.is_empty() {
         let _ = writeln!(
             o,
-            "\nring repaired {:?} ms after the kill (ring version {})",
-            s.ring_repair_ms, s.ring_version
+            "\nring repaired in {} after the kill (ring version {})",
+            hanzod_protocol::human::durations(&s.ring_repair_ms),
+            s.ring_version
         );
     }
     if let Some(ms) = s.aggregation_ms_per_delta {

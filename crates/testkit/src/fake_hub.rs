@@ -29,7 +29,7 @@ use axum::Router;
 use base64::Engine as _;
 use bytes::Bytes;
 
-use crate::process::{on_free_ports, on_path, ServerProcess};
+use crate::process::{on_free_ports, on_path, LaunchError, RequiredUnderCi, ServerProcess};
 use hanzod_adapters::hub::{git_blob_oid, sha256_hex, LFS_MEDIA_TYPE, NDJSON_MEDIA_TYPE};
 use hanzod_store::registry::validate_repo;
 
@@ -1172,19 +1172,88 @@ pub const OLAH_INSTALL_HINT: &str = "python3 -m pip install olah==0.5.4";
 /// How long [`OlahServer::start`] waits for olah to accept connections.
 pub const OLAH_START_DEADLINE: Duration = Duration::from_secs(45);
 
+/// Why olah could not be found or started, or a git mirror written.
+#[derive(Debug, thiserror::Error)]
+pub enum OlahError {
+    /// `OLAH_CLI` names no file.
+    #[error("OLAH_CLI={} is not a file", path.display())]
+    NotAFile {
+        /// What it names.
+        path: PathBuf,
+    },
+    /// olah is not installed.
+    #[error(
+        "olah (a Hub-compatible mirror server) is not installed: run `{}`",
+        OLAH_INSTALL_HINT
+    )]
+    NotInstalled,
+    /// git is not installed.
+    #[error("git is not installed")]
+    NoGit,
+    /// A file or folder could not be written.
+    #[error("{doing} {}: {source}", path.display())]
+    Io {
+        /// `creating` or `writing`.
+        doing: &'static str,
+        /// The file or folder.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// git could not be run.
+    #[error("running git {args:?}: {source}")]
+    GitRun {
+        /// Its arguments.
+        args: Vec<String>,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// git failed.
+    #[error("git {args:?} in {}: {stderr}", dir.display())]
+    Git {
+        /// Its arguments.
+        args: Vec<String>,
+        /// Where it ran.
+        dir: PathBuf,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// The mirror's repo id is not one.
+    #[error(transparent)]
+    BadRepo(#[from] hanzod_store::RegistryError),
+    /// olah's configuration could not be written as TOML.
+    #[error("writing olah's config: {0}")]
+    Config(#[source] toml::ser::Error),
+    /// `OLAH_CLI` or the found command is empty.
+    #[error("empty olah command")]
+    EmptyCommand,
+    /// The process did not start or accept connections.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+}
+
+/// An [`OlahError::Io`] `doing` something to `path`.
+fn io(doing: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> OlahError {
+    let path = path.to_path_buf();
+    move |source| OlahError::Io {
+        doing,
+        path,
+        source,
+    }
+}
+
 /// The command line that runs olah: `$OLAH_CLI`, else `olah-cli` on `PATH`, else
 /// `python3 -m olah.server` when `python3` can import `olah`.
 ///
 /// Errors: none of them (the message names [`OLAH_INSTALL_HINT`]).
-pub fn find_olah() -> Result<Vec<OsString>, String> {
+pub fn find_olah() -> Result<Vec<OsString>, OlahError> {
     if let Some(p) = std::env::var_os("OLAH_CLI").filter(|p| !p.is_empty()) {
         if Path::new(&p).is_file() {
             return Ok(vec![p]);
         }
-        return Err(format!(
-            "OLAH_CLI={} is not a file",
-            Path::new(&p).display()
-        ));
+        return Err(OlahError::NotAFile { path: p.into() });
     }
     if let Some(p) = on_path("olah-cli") {
         return Ok(vec![p.into_os_string()]);
@@ -1198,21 +1267,19 @@ pub fn find_olah() -> Result<Vec<OsString>, String> {
     if importable {
         return Ok(vec!["python3".into(), "-m".into(), "olah.server".into()]);
     }
-    Err(format!(
-        "olah (a Hub-compatible mirror server) is not installed: run `{OLAH_INSTALL_HINT}`"
-    ))
+    Err(OlahError::NotInstalled)
 }
 
 /// Whether a test may skip for want of olah ([`find_olah`]) or git ([`git_available`]):
 /// only when one is missing *and* the environment variable `CI` is unset. `Ok(None)`: run
 /// olah; `Ok(Some(reason))`: skip, saying why; `Err`: fail (under `CI` a missing olah is an
 /// error, not a skip).
-pub fn olah_skip_reason() -> Result<Option<String>, String> {
+pub fn olah_skip_reason() -> Result<Option<String>, RequiredUnderCi<OlahError>> {
     let found = find_olah().and_then(|_| {
         if git_available() {
             Ok(())
         } else {
-            Err("git is not installed".to_string())
+            Err(OlahError::NoGit)
         }
     });
     crate::process::skip_reason(found)
@@ -1240,7 +1307,8 @@ pub struct MirrorFile<'a> {
     pub lfs: bool,
 }
 
-fn git(dir: &Path, args: &[&str]) -> Result<(), String> {
+fn git(dir: &Path, args: &[&str]) -> Result<(), OlahError> {
+    let owned = || args.iter().map(|a| a.to_string()).collect();
     let out = Command::new("git")
         .current_dir(dir)
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
@@ -1255,15 +1323,18 @@ fn git(dir: &Path, args: &[&str]) -> Result<(), String> {
         ])
         .args(args)
         .output()
-        .map_err(|e| format!("running git {args:?}: {e}"))?;
+        .map_err(|source| OlahError::GitRun {
+            args: owned(),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "git {args:?} in {}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ))
+        Err(OlahError::Git {
+            args: owned(),
+            dir: dir.to_path_buf(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
     }
 }
 
@@ -1276,29 +1347,25 @@ pub fn write_git_mirror(
     mirrors: &Path,
     repo: &str,
     files: &[MirrorFile<'_>],
-) -> Result<PathBuf, String> {
-    validate_repo(repo).map_err(|e| e.to_string())?;
+) -> Result<PathBuf, OlahError> {
+    validate_repo(repo)?;
     let dir = mirrors.join("models").join(repo);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
     git(&dir, &["init", "-q"])?;
     git(&dir, &["symbolic-ref", "HEAD", "refs/heads/main"])?;
     for f in files {
         let path = dir.join(f.path);
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| format!("creating {}: {e}", parent.display()))?;
+            std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
         }
-        let write = |p: &Path, b: &[u8]| {
-            std::fs::write(p, b).map_err(|e| format!("writing {}: {e}", p.display()))
-        };
+        let write = |p: &Path, b: &[u8]| std::fs::write(p, b).map_err(io("writing", p));
         if f.lfs {
             let oid = sha256_hex(f.bytes);
             let objects = dir
                 .join(".git/lfs/objects")
                 .join(&oid[..2])
                 .join(&oid[2..4]);
-            std::fs::create_dir_all(&objects)
-                .map_err(|e| format!("creating {}: {e}", objects.display()))?;
+            std::fs::create_dir_all(&objects).map_err(io("creating", &objects))?;
             write(&objects.join(&oid), f.bytes)?;
             write(&path, lfs_pointer(&oid, f.bytes.len() as u64).as_bytes())?;
         } else {
@@ -1362,12 +1429,10 @@ impl OlahServer {
     ///
     /// Errors: olah not installed, no free port, the process exits or does not listen in
     /// time (the message quotes its output).
-    pub async fn start(mirrors: &Path, dir: &Path) -> Result<OlahServer, String> {
+    pub async fn start(mirrors: &Path, dir: &Path) -> Result<OlahServer, OlahError> {
         let argv = find_olah()?;
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let (program, args) = argv
-            .split_first()
-            .ok_or_else(|| "empty olah command".to_string())?;
+        std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+        let (program, args) = argv.split_first().ok_or(OlahError::EmptyCommand)?;
         let program = Path::new(program);
         on_free_ports(3, |port, _| async move {
             let config = OlahConfigFile {
@@ -1379,11 +1444,9 @@ impl OlahServer {
                 },
                 accessibility: OlahAccessibility { offline: true },
             };
-            let toml_text =
-                toml::to_string(&config).map_err(|e| format!("writing olah's config: {e}"))?;
+            let toml_text = toml::to_string(&config).map_err(OlahError::Config)?;
             let toml_path = dir.join("olah.toml");
-            std::fs::write(&toml_path, toml_text)
-                .map_err(|e| format!("writing {}: {e}", toml_path.display()))?;
+            std::fs::write(&toml_path, toml_text).map_err(io("writing", &toml_path))?;
             let mut cmd = Command::new(program);
             cmd.args(args)
                 .arg("-c")
@@ -1403,9 +1466,7 @@ impl OlahServer {
                     tcp.ok().map(drop)
                 },
             );
-            let (process, ()) = ready
-                .await
-                .map_err(|e| format!("{shown} on port {port} {e}"))?;
+            let (process, ()) = ready.await.map_err(|e| e.on(&shown, port))?;
             Ok(OlahServer { process, port })
         })
         .await

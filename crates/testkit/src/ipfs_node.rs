@@ -18,10 +18,12 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::process::{found_once, on_free_ports, on_path, ServerProcess};
+use crate::process::{
+    found_once, on_free_ports, on_path, LaunchError, RequiredUnderCi, ServerProcess,
+};
 
 /// How long [`IpfsNode::start`] waits for `/api/v0/version` to answer (js-ipfs loads ~1,000
 /// npm modules first: ~3 s alone on a small machine, more when tests start several at once).
@@ -32,9 +34,58 @@ pub const INSTALL_HINT: &str =
     "cd tools/js-ipfs && npm ci --omit=optional --ignore-scripts --no-audit --no-fund";
 
 /// Why the test node could not be found or started.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-#[error("{0}")]
-pub struct IpfsNodeError(pub String);
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum IpfsNodeError {
+    /// No Node.js executable.
+    #[error(
+        "no `node` on PATH (Node.js 20+ runs the js-ipfs test node; set HANZOD_NODE to use \
+         another executable)"
+    )]
+    NoNode,
+    /// The Node.js executable does not run.
+    #[error("{}: cannot run --version: {source}", node.display())]
+    NodeVersion {
+        /// The executable.
+        node: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// Node.js is older than 20 (or `--version` failed).
+    #[error("{} --version printed {printed:?}: Node.js 20 or later is needed", node.display())]
+    OldNode {
+        /// The executable.
+        node: PathBuf,
+        /// What `--version` printed.
+        printed: String,
+    },
+    /// The js-ipfs folder has no `daemon.mjs`.
+    #[error("{} has no daemon.mjs (HANZOD_JS_IPFS names the tools/js-ipfs folder)", dir.display())]
+    NoDaemon {
+        /// The folder.
+        dir: PathBuf,
+    },
+    /// An npm package is missing.
+    #[error("js-ipfs is not installed in {} (no node_modules/{package}): run `{}`", dir.display(), INSTALL_HINT)]
+    NotInstalled {
+        /// The folder.
+        dir: PathBuf,
+        /// The missing package.
+        package: &'static str,
+    },
+    /// The node's temporary directory could not be created.
+    #[error("cannot create {}: {source}", dir.display())]
+    CreateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The process did not start or answer.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+}
 
 /// An installed js-ipfs test node: what [`IpfsNode::start`] runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,18 +113,16 @@ impl std::fmt::Display for JsIpfs {
 fn discover() -> Result<JsIpfs, IpfsNodeError> {
     let node = match std::env::var_os("HANZOD_NODE").filter(|p| !p.is_empty()) {
         Some(p) => PathBuf::from(p),
-        None => on_path("node").ok_or_else(|| {
-            IpfsNodeError(
-                "no `node` on PATH (Node.js 20+ runs the js-ipfs test node; set HANZOD_NODE \
-                 to use another executable)"
-                    .into(),
-            )
-        })?,
+        None => on_path("node").ok_or(IpfsNodeError::NoNode)?,
     };
-    let out = Command::new(&node)
-        .arg("--version")
-        .output()
-        .map_err(|e| IpfsNodeError(format!("{}: cannot run --version: {e}", node.display())))?;
+    let out =
+        Command::new(&node)
+            .arg("--version")
+            .output()
+            .map_err(|e| IpfsNodeError::NodeVersion {
+                node: node.clone(),
+                source: Arc::new(e),
+            })?;
     let node_version = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let major: u32 = node_version
         .strip_prefix('v')
@@ -81,20 +130,17 @@ fn discover() -> Result<JsIpfs, IpfsNodeError> {
         .and_then(|m| m.parse().ok())
         .unwrap_or(0);
     if !out.status.success() || major < 20 {
-        return Err(IpfsNodeError(format!(
-            "{} --version printed {node_version:?}: Node.js 20 or later is needed",
-            node.display()
-        )));
+        return Err(IpfsNodeError::OldNode {
+            node,
+            printed: node_version,
+        });
     }
     let dir = match std::env::var_os("HANZOD_JS_IPFS").filter(|p| !p.is_empty()) {
         Some(p) => PathBuf::from(p),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/js-ipfs"),
     };
     if !dir.join("daemon.mjs").is_file() {
-        return Err(IpfsNodeError(format!(
-            "{} has no daemon.mjs (HANZOD_JS_IPFS names the tools/js-ipfs folder)",
-            dir.display()
-        )));
+        return Err(IpfsNodeError::NoDaemon { dir });
     }
     for package in ["ipfs-core", "ipfs-http-server"] {
         if !dir
@@ -103,10 +149,7 @@ fn discover() -> Result<JsIpfs, IpfsNodeError> {
             .join("package.json")
             .is_file()
         {
-            return Err(IpfsNodeError(format!(
-                "js-ipfs is not installed in {} (no node_modules/{package}): run `{INSTALL_HINT}`",
-                dir.display()
-            )));
+            return Err(IpfsNodeError::NotInstalled { dir, package });
         }
     }
     Ok(JsIpfs {
@@ -129,8 +172,8 @@ pub fn find() -> Result<JsIpfs, IpfsNodeError> {
 /// Whether a test may skip for want of a node: only when [`find`] fails *and* the
 /// environment variable `CI` is unset. `Ok(None)`: start one; `Ok(Some(reason))`: skip,
 /// saying why; `Err`: fail (under `CI` a missing node is an error, not a skip).
-pub fn skip_reason() -> Result<Option<String>, IpfsNodeError> {
-    crate::process::skip_reason(find()).map_err(IpfsNodeError)
+pub fn skip_reason() -> Result<Option<String>, RequiredUnderCi<IpfsNodeError>> {
+    crate::process::skip_reason(find())
 }
 
 /// A js-ipfs node on `127.0.0.1` with a repo in a temporary directory. Killed (SIGKILL)
@@ -182,8 +225,10 @@ impl IpfsNode {
             N.fetch_add(1, Ordering::Relaxed)
         ));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| IpfsNodeError(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(|e| IpfsNodeError::CreateDir {
+            dir: dir.clone(),
+            source: Arc::new(e),
+        })?;
         // Dropped if no attempt starts, which removes the directory.
         let mut node = IpfsNode {
             process: None,
@@ -193,9 +238,7 @@ impl IpfsNode {
         };
         let (js, dir) = (&js, node.dir.as_path());
         let (port, process, version) =
-            on_free_ports(3, |port, attempt| launch(js, dir, port, attempt))
-                .await
-                .map_err(IpfsNodeError)?;
+            on_free_ports(3, |port, attempt| launch(js, dir, port, attempt)).await?;
         node.port = port;
         node.process = Some(process);
         node.version = version;
@@ -244,7 +287,7 @@ async fn launch(
     dir: &Path,
     port: u16,
     attempt: u32,
-) -> Result<(u16, ServerProcess, String), String> {
+) -> Result<(u16, ServerProcess, String), LaunchError> {
     let mut cmd = Command::new(&js.node);
     cmd.arg(js.dir.join("daemon.mjs"))
         .arg(dir.join(format!("repo-{attempt}")))
@@ -261,9 +304,7 @@ async fn launch(
             answer.ok()?.ok()?
         },
     );
-    let (process, version) = ready
-        .await
-        .map_err(|e| format!("{js} on port {port} {e}"))?;
+    let (process, version) = ready.await.map_err(|e| e.on(js, port))?;
     Ok((port, process, version))
 }
 

@@ -91,12 +91,18 @@ pub struct HarnessConfig {
 }
 
 impl HarnessConfig {
-    /// `nodes` nodes, seed 0, default core settings, 4 regions, 50,000 GYM, 80 GiB.
+    /// `nodes` nodes, seed 0, default core settings but job ids from 1, 4 regions, 50,000
+    /// GYM, 80 GiB.
     pub fn new(nodes: usize) -> Self {
         HarnessConfig {
             nodes,
             seed: 0,
-            core: CoreConfig::default(),
+            // The harness's log is its own and starts empty: its jobs are 1, 2, … (the
+            // default, 0, would draw the first id from the clock).
+            core: CoreConfig {
+                first_job_id: 1,
+                ..CoreConfig::default()
+            },
             regions: ["us-east", "us-west", "eu-west", "ap-south"]
                 .map(String::from)
                 .to_vec(),

@@ -9,14 +9,90 @@
 //! - the process itself ([`ServerProcess`]): its stdout and stderr appended to one log
 //!   file, polled until it answers with a deadline ([`ServerProcess::wait_ready`], whose
 //!   error quotes the end of the log), and killed (SIGKILL) and reaped when dropped.
+//!
+//! What fails is a [`LaunchError`]; each launcher's own error wraps it.
 
 use std::fmt::Display;
 use std::future::Future;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::sync::OnceLock;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+/// Why a server process could not be started. Cheap to clone (the I/O errors are shared),
+/// so that a launcher can cache what it found.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LaunchError {
+    /// No loopback port could be bound.
+    #[error("no free loopback port: {0}")]
+    NoFreePort(#[source] Arc<std::io::Error>),
+    /// The log file could not be opened.
+    #[error("{}: {source}", path.display())]
+    Log {
+        /// The log file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The program could not be run.
+    #[error("cannot run {program}: {source}")]
+    Run {
+        /// The program, as the launcher names it.
+        program: String,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The process exited before it answered.
+    #[error("exited ({status}); its log ends:\n{log}")]
+    Exited {
+        /// How it exited.
+        status: ExitStatus,
+        /// The end of its log (the server's own words).
+        log: String,
+    },
+    /// The process did not answer within the deadline (it was killed).
+    #[error("did not answer {awaited} within {deadline:?}; its log ends:\n{log}")]
+    NoAnswer {
+        /// What was awaited (`PING`, `/api/v0/version`).
+        awaited: String,
+        /// The deadline.
+        deadline: Duration,
+        /// The end of its log.
+        log: String,
+    },
+    /// A server started on a port but did not become ready ([`LaunchError::Exited`] or
+    /// [`LaunchError::NoAnswer`], named).
+    #[error("{server} on port {port} {source}")]
+    NotReady {
+        /// The server, as the launcher names it.
+        server: String,
+        /// The port it was given.
+        port: u16,
+        /// Why.
+        #[source]
+        source: Box<LaunchError>,
+    },
+}
+
+impl LaunchError {
+    /// `self` (from [`ServerProcess::wait_ready`]) named as `server` on `port`.
+    pub fn on(self, server: impl Display, port: u16) -> LaunchError {
+        LaunchError::NotReady {
+            server: server.to_string(),
+            port,
+            source: Box::new(self),
+        }
+    }
+}
+
+/// What a test needs is missing and the environment variable `CI` is set
+/// ([`skip_reason`]): a failure, not a skip.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("CI is set and {0}")]
+pub struct RequiredUnderCi<E>(pub E);
 
 /// How many lines of a server's log an error quotes.
 const LOG_TAIL: usize = 20;
@@ -56,11 +132,13 @@ where
 /// found (run the test); `Ok(Some(why))` when it was not and the environment variable `CI`
 /// is unset (skip, saying why); `Err` when it was not and `CI` is set (under `CI` a missing
 /// server is a failure, not a skip).
-pub fn skip_reason<T, E: Display>(found: Result<T, E>) -> Result<Option<String>, String> {
+pub fn skip_reason<T, E: Display>(
+    found: Result<T, E>,
+) -> Result<Option<String>, RequiredUnderCi<E>> {
     match found {
         Ok(_) => Ok(None),
         Err(e) if std::env::var_os("CI").is_none() => Ok(Some(e.to_string())),
-        Err(e) => Err(format!("CI is set and {e}")),
+        Err(e) => Err(RequiredUnderCi(e)),
     }
 }
 
@@ -73,7 +151,7 @@ pub const RESERVED_PORTS: std::ops::Range<u16> = 20_000..32_768;
 /// A loopback port nothing listens on right now, drawn at random from [`RESERVED_PORTS`]
 /// (a few tries), else one the kernel assigns. Every test that needs a port to give a
 /// server it starts later takes it here: many tests run at once in the one test binary.
-pub fn free_port() -> Result<u16, String> {
+pub fn free_port() -> Result<u16, LaunchError> {
     use rand::Rng;
     let mut rng = rand::thread_rng();
     for _ in 0..64 {
@@ -85,25 +163,27 @@ pub fn free_port() -> Result<u16, String> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| format!("no free loopback port: {e}"))
+        .map_err(|e| LaunchError::NoFreePort(Arc::new(e)))
 }
 
 /// `start(port, attempt)` on a [`free_port`], up to `attempts` times (at least once): a
 /// port found free may be taken before the server binds it. The first success, else the
 /// last error.
-pub async fn on_free_ports<T, F, Fut>(attempts: u32, mut start: F) -> Result<T, String>
+pub async fn on_free_ports<T, E, F, Fut>(attempts: u32, mut start: F) -> Result<T, E>
 where
+    E: From<LaunchError>,
     F: FnMut(u16, u32) -> Fut,
-    Fut: Future<Output = Result<T, String>>,
+    Fut: Future<Output = Result<T, E>>,
 {
-    let mut last = String::from("the server did not start");
-    for attempt in 0..attempts.max(1) {
+    let attempts = attempts.max(1);
+    let mut attempt = 0;
+    loop {
         match start(free_port()?, attempt).await {
             Ok(v) => return Ok(v),
-            Err(e) => last = e,
+            Err(e) if attempt + 1 >= attempts => return Err(e),
+            Err(_) => attempt += 1,
         }
     }
-    Err(last)
 }
 
 /// The last `n` lines of the file at `path` (empty when it cannot be read).
@@ -131,19 +211,25 @@ impl ServerProcess {
         cmd: &mut Command,
         log: &Path,
         program: &dyn Display,
-    ) -> Result<ServerProcess, String> {
+    ) -> Result<ServerProcess, LaunchError> {
         let open = || {
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(log)
-                .map_err(|e| format!("{}: {e}", log.display()))
+                .map_err(|e| LaunchError::Log {
+                    path: log.to_path_buf(),
+                    source: Arc::new(e),
+                })
         };
         let child = cmd
             .stdout(open()?)
             .stderr(open()?)
             .spawn()
-            .map_err(|e| format!("cannot run {program}: {e}"))?;
+            .map_err(|e| LaunchError::Run {
+                program: program.to_string(),
+                source: Arc::new(e),
+            })?;
         Ok(ServerProcess {
             child,
             log: log.to_path_buf(),
@@ -154,16 +240,16 @@ impl ServerProcess {
     /// that answer.
     ///
     /// Errors: the process exits, or `deadline` passes first; the process is then killed
-    /// and the message — `exited (<status>)` or `did not answer <awaited> within
-    /// <deadline>`, then the end of its log — is for the caller to prefix with the server's
-    /// name and port.
+    /// and the error — [`LaunchError::Exited`] or [`LaunchError::NoAnswer`], with the end of
+    /// its log — is for the caller to name with the server's name and port
+    /// ([`LaunchError::on`]).
     pub async fn wait_ready<T, F, Fut>(
         mut self,
         deadline: Duration,
         every: Duration,
         awaited: &str,
         mut probe: F,
-    ) -> Result<(ServerProcess, T), String>
+    ) -> Result<(ServerProcess, T), LaunchError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
@@ -176,11 +262,15 @@ impl ServerProcess {
             let exited = self.child.try_wait().ok().flatten();
             if exited.is_some() || Instant::now() >= until {
                 self.kill();
-                let why = match exited {
-                    Some(status) => format!("exited ({status})"),
-                    None => format!("did not answer {awaited} within {deadline:?}"),
-                };
-                return Err(format!("{why}; its log ends:\n{}", self.log_tail()));
+                let log = self.log_tail();
+                return Err(match exited {
+                    Some(status) => LaunchError::Exited { status, log },
+                    None => LaunchError::NoAnswer {
+                        awaited: awaited.to_string(),
+                        deadline,
+                        log,
+                    },
+                });
             }
             tokio::time::sleep(every).await;
         }
@@ -215,8 +305,8 @@ mod tests {
 
     #[test]
     fn skips_only_without_ci() {
-        assert_eq!(skip_reason::<(), String>(Ok(())), Ok(None));
-        let missing = skip_reason::<(), _>(Err("no server"));
+        assert_eq!(skip_reason::<(), String>(Ok(())).ok(), Some(None));
+        let missing = skip_reason::<(), _>(Err("no server")).map_err(|e| e.to_string());
         if std::env::var_os("CI").is_none() {
             assert_eq!(missing, Ok(Some("no server".to_string())));
         } else {
@@ -232,7 +322,7 @@ mod tests {
         args: &[&str],
         deadline: Duration,
         answer: Option<u32>,
-    ) -> Result<(ServerProcess, u32), String> {
+    ) -> Result<(ServerProcess, u32), LaunchError> {
         let mut cmd = Command::new(program);
         cmd.args(args);
         let p = ServerProcess::spawn(&mut cmd, log, &program)?;
@@ -249,12 +339,18 @@ mod tests {
         let long = Duration::from_secs(10);
         let script = ["-c", "echo starting; echo broken >&2; exit 3"];
         let e = run(&log, "sh", &script, long, None).await.unwrap_err();
+        assert!(matches!(e, LaunchError::Exited { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.starts_with("exited ("), "{e}");
         assert!(e.ends_with("starting\nbroken"), "{e}");
 
         let short = Duration::from_millis(50);
         let e = run(&log, "sleep", &["30"], short, None).await.unwrap_err();
-        assert!(e.starts_with("did not answer a probe within 50ms"), "{e}");
+        let e = e.on("sleep", 1234).to_string();
+        assert!(
+            e.starts_with("sleep on port 1234 did not answer a probe within 50ms"),
+            "{e}"
+        );
 
         let (p, n) = run(&log, "sleep", &["30"], long, Some(7)).await.unwrap();
         assert_eq!(n, 7);
@@ -263,7 +359,11 @@ mod tests {
         let e = run(&log, "/nonexistent/x", &[], long, None)
             .await
             .unwrap_err();
-        assert!(e.starts_with("cannot run /nonexistent/x"), "{e}");
+        assert!(matches!(e, LaunchError::Run { .. }), "{e:?}");
+        assert!(
+            e.to_string().starts_with("cannot run /nonexistent/x"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -139,6 +139,8 @@ pub struct Detection {
 /// (`tokio::runtime::Builder::start_paused(true)`) to run in simulated time.
 pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
     let mut hc = HarnessConfig::new(args.nodes).core(cfg.core.clone());
+    // The simulation's log is its own, thrown away at the end: its job is job 1.
+    hc.core.first_job_id = 1;
     hc.seed = args.seed;
     hc.print_seed = false;
     // A fixed start (2026-01-01T00:00:00Z): the same seed prints the same report.
@@ -241,7 +243,9 @@ pub async fn run(cfg: &Config, args: &SimArgs) -> SimReport {
             }
             Event::Job { event, .. } => match event {
                 JobEvent::EpochComplete { epoch } => format!("epoch {epoch} complete"),
-                JobEvent::CheckpointPublished { epoch, checkpoint } => {
+                JobEvent::CheckpointPublished {
+                    epoch, checkpoint, ..
+                } => {
                     format!("checkpoint {epoch} published: {checkpoint}")
                 }
                 JobEvent::Fail { reason } => format!("job failed: {reason}"),

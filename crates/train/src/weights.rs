@@ -283,7 +283,9 @@ impl Weights {
         for e in layout.entries() {
             let t = view
                 .tensor(&e.name)
-                .ok_or_else(|| DeltaError::MissingTensor(e.name.clone()))?;
+                .ok_or_else(|| DeltaError::MissingTensor {
+                    tensor: e.name.clone(),
+                })?;
             data.extend(view.to_f32(t));
         }
         Weights::from_vec(layout, data)

@@ -30,7 +30,7 @@ pub const CHAIN_ID: u64 = 36900;
 pub struct DeployError(pub String);
 
 fn rpc_client(url: &str) -> Result<alloy::rpc::client::RpcClient, DeployError> {
-    super::evm::rpc_client(url, None).map_err(DeployError)
+    super::evm::rpc_client(url, None).map_err(|e| DeployError(e.to_string()))
 }
 
 /// A provider on `url` that signs with `signer` (alloy's recommended fillers).

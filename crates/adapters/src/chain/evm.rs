@@ -49,7 +49,8 @@ use sha2::{Digest, Sha256};
 
 use super::contracts::{GYMToken, MiningPool};
 use hanzod_actors::ports::{
-    check_slash, ChainError, ChainReader, Ledger, LedgerError, RewardReceipt, SlashReceipt,
+    check_slash, ChainError, ChainReader, InvalidRequest, Ledger, LedgerError, RewardReceipt,
+    SlashReceipt,
 };
 use hanzod_actors::publication::{PublicationReceipt, PublicationRecord, SignedPublication};
 use hanzod_actors::types::{GymWei, JobId, NodeId, Timestamp};
@@ -95,12 +96,17 @@ impl Default for EvmOptions {
 /// Why an [`EvmChain`] could not be set up.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum EvmError {
-    /// The endpoint URL does not parse.
+    /// The endpoint URL does not parse, or no client can be built for it.
     #[error("bad JSON-RPC URL: {0}")]
-    Url(String),
+    Url(#[from] RpcUrlError),
     /// The endpoint could not be reached or failed a call.
-    #[error("chain unavailable: {0}")]
-    Unavailable(String),
+    #[error("chain unavailable: {call}: {reason}")]
+    Unavailable {
+        /// The call (`eth_chainId`, `MiningPool.token()`).
+        call: String,
+        /// What the transport said, or that no answer came in time.
+        reason: String,
+    },
     /// The endpoint serves another chain than the one configured.
     #[error(
         "the endpoint serves chain id {found}, not {expected} (chain.chain_id / HANZO_CHAIN_ID)"
@@ -112,8 +118,67 @@ pub enum EvmError {
         found: u64,
     },
     /// A configured contract address holds no code, or not the expected contract.
-    #[error("{0}")]
-    Contract(String),
+    #[error(transparent)]
+    Contract(#[from] ContractMismatch),
+}
+
+/// What is wrong with a configured contract address ([`EvmError::Contract`]).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ContractMismatch {
+    /// No code at the address.
+    #[error("no contract at {address} (chain.{key}) on chain {chain}")]
+    NoCode {
+        /// The address.
+        address: Address,
+        /// The setting that names it (`gym_token`, `mining_pool`).
+        key: &'static str,
+        /// The chain id.
+        chain: u64,
+    },
+    /// A contract, but `token()` fails on it.
+    #[error("{pool} is not a MiningPool (token() failed: {reason})")]
+    NotAPool {
+        /// The address.
+        pool: Address,
+        /// What the call said.
+        reason: String,
+    },
+    /// The pool pays in another token than the configured one.
+    #[error("the MiningPool at {pool} pays in {pays}, not the configured GYMToken {token}")]
+    OtherToken {
+        /// The pool.
+        pool: Address,
+        /// The token it pays in.
+        pays: Address,
+        /// The configured token.
+        token: Address,
+    },
+}
+
+/// Why a URL does not parse (`url::ParseError`, which reqwest does not re-export).
+pub type UrlParseError = <reqwest::Url as std::str::FromStr>::Err;
+
+/// Why no JSON-RPC client can be built for a URL ([`EvmError::Url`]).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum RpcUrlError {
+    /// The URL does not parse.
+    #[error("{url}: {source}")]
+    Parse {
+        /// The URL.
+        url: String,
+        /// Why.
+        #[source]
+        source: UrlParseError,
+    },
+    /// The TLS set-up failed.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// The HTTP client could not be built.
+    #[error("{message}")]
+    Client {
+        /// What reqwest said (its error is not `Clone`).
+        message: String,
+    },
 }
 
 /// A write's failure: the call reverted (decoded where the contracts define the error), or
@@ -148,10 +213,14 @@ async fn within<T, E: std::fmt::Display>(
 ) -> Result<T, EvmError> {
     match tokio::time::timeout(bound, fut.into_future()).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(EvmError::Unavailable(format!("{what}: {e}"))),
-        Err(_) => Err(EvmError::Unavailable(format!(
-            "{what}: no answer within {bound:?}"
-        ))),
+        Ok(Err(e)) => Err(EvmError::Unavailable {
+            call: what.to_string(),
+            reason: e.to_string(),
+        }),
+        Err(_) => Err(EvmError::Unavailable {
+            call: what.to_string(),
+            reason: format!("no answer within {bound:?}"),
+        }),
     }
 }
 
@@ -161,23 +230,27 @@ async fn within<T, E: std::fmt::Display>(
 fn http_provider(url: &str, timeout: Duration) -> Result<DynProvider, EvmError> {
     Ok(ProviderBuilder::new()
         .disable_recommended_fillers()
-        .connect_client(rpc_client(url, Some(timeout)).map_err(EvmError::Url)?)
+        .connect_client(rpc_client(url, Some(timeout))?)
         .erased())
 }
 
 /// A JSON-RPC client on `url` (http or https) over hanzod's reqwest/rustls set-up
 /// ([`crate::tls::client_builder`]), each request bounded by `timeout` when given.
 ///
-/// Errors: the URL does not parse, or the TLS set-up fails (the message says which).
-pub(crate) fn rpc_client(url: &str, timeout: Option<Duration>) -> Result<RpcClient, String> {
-    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url}: {e}"))?;
+/// Errors: the URL does not parse, or the TLS set-up fails.
+pub(crate) fn rpc_client(url: &str, timeout: Option<Duration>) -> Result<RpcClient, RpcUrlError> {
+    let parsed = reqwest::Url::parse(url).map_err(|source| RpcUrlError::Parse {
+        url: url.to_string(),
+        source,
+    })?;
     let mut http =
-        crate::tls::client_builder(parsed.scheme() == "https", None, crate::tls::Alpn::Http1)
-            .map_err(|e| e.to_string())?;
+        crate::tls::client_builder(parsed.scheme() == "https", None, crate::tls::Alpn::Http1)?;
     if let Some(t) = timeout {
         http = http.timeout(t).connect_timeout(t);
     }
-    let http = http.build().map_err(|e| e.to_string())?;
+    let http = http.build().map_err(|e| RpcUrlError::Client {
+        message: e.to_string(),
+    })?;
     Ok(RpcClient::new_http_with_client(http, parsed))
 }
 
@@ -197,14 +270,20 @@ async fn pool_token<P: Provider>(
     {
         Ok(Ok(token)) => Ok(token),
         Ok(Err(alloy::contract::Error::TransportError(e))) if e.is_transport_error() => {
-            Err(EvmError::Unavailable(format!("MiningPool.token(): {e}")))
+            Err(EvmError::Unavailable {
+                call: "MiningPool.token()".into(),
+                reason: e.to_string(),
+            })
         }
-        Ok(Err(e)) => Err(EvmError::Contract(format!(
-            "{pool} is not a MiningPool (token() failed: {e})"
-        ))),
-        Err(_) => Err(EvmError::Unavailable(format!(
-            "MiningPool.token(): no answer within {bound:?}"
-        ))),
+        Ok(Err(e)) => Err(ContractMismatch::NotAPool {
+            pool,
+            reason: e.to_string(),
+        }
+        .into()),
+        Err(_) => Err(EvmError::Unavailable {
+            call: "MiningPool.token()".into(),
+            reason: format!("no answer within {bound:?}"),
+        }),
     }
 }
 
@@ -316,24 +395,28 @@ impl<P: Provider + Clone> EvmChain<P> {
         for (name, address) in [("GYMToken", opts.token), ("MiningPool", opts.pool)] {
             let code = within("eth_getCode", bound, provider.get_code_at(address)).await?;
             if code.is_empty() {
-                return Err(EvmError::Contract(format!(
-                    "no contract at {address} (chain.{}) on chain {found}",
-                    if name == "GYMToken" {
+                return Err(ContractMismatch::NoCode {
+                    address,
+                    key: if name == "GYMToken" {
                         "gym_token"
                     } else {
                         "mining_pool"
-                    }
-                )));
+                    },
+                    chain: found,
+                }
+                .into());
             }
         }
         let token = GYMToken::new(opts.token, provider.clone());
         let pool = MiningPool::new(opts.pool, provider.clone());
         let pool_token = pool_token(provider.clone(), opts.pool, bound).await?;
         if pool_token != opts.token {
-            return Err(EvmError::Contract(format!(
-                "the MiningPool at {} pays in {pool_token}, not the configured GYMToken {}",
-                opts.pool, opts.token
-            )));
+            return Err(ContractMismatch::OtherToken {
+                pool: opts.pool,
+                pays: pool_token,
+                token: opts.token,
+            }
+            .into());
         }
         Ok(EvmChain {
             provider,
@@ -471,7 +554,10 @@ impl<P: Provider + Clone> EvmChain<P> {
             | Some(Revert::Token(T::ZeroReporter(_)))
             | Some(Revert::Pool(M::LengthMismatch(_)))
             | Some(Revert::Pool(M::BadSignatureLength(_))) => {
-                LedgerError::Invalid(format!("{message} ({revert:?})"))
+                LedgerError::Invalid(InvalidRequest::Reverted {
+                    message,
+                    revert: format!("{revert:?}"),
+                })
             }
             Some(Revert::Pool(M::NotOrchestrator(_)))
             | Some(Revert::Token(T::NotOrchestrator(_))) => ChainError::Unavailable(format!(
@@ -844,7 +930,9 @@ impl<P: Provider + Clone + 'static> Ledger for EvmChain<P> {
         // The embedded ledger's bound: totals fit u128 GYM wei.
         rewards.iter().try_fold(0u128, |t, (n, a)| {
             t.checked_add(a.0)
-                .ok_or_else(|| LedgerError::Invalid(format!("reward batch overflows at {n}")))
+                .ok_or(LedgerError::Invalid(InvalidRequest::RewardOverflow {
+                    node: *n,
+                }))
         })?;
         let nodes: Vec<B256> = rewards.iter().map(|(n, _)| node_key(n)).collect();
         let amounts: Vec<U256> = rewards.iter().map(|(_, a)| wei(*a)).collect();

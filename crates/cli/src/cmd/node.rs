@@ -21,12 +21,13 @@ pub(crate) struct NodeArgs {
     /// host:port that peers use to reach --listen (default: 127.0.0.1 and the bound port).
     #[arg(long)]
     advertise: Option<String>,
-    /// GPU model.
-    #[arg(long, default_value = "NVIDIA A100-SXM4-80GB")]
+    /// GPU model, as shown to operators (nothing is detected).
+    #[arg(long, default_value = "unspecified")]
     gpu_model: String,
-    /// GPU memory, GiB.
-    #[arg(long, default_value_t = 80)]
-    vram_gib: u64,
+    /// GPU memory this node offers jobs, GiB (required: nothing is detected, and jobs are
+    /// placed only on nodes with at least their `min_vram_bytes`; the example job needs 8).
+    #[arg(long, value_name = "GIB")]
+    vram_gib: Option<u64>,
     /// CUDA compute capability, major.minor.
     #[arg(long, default_value = "8.0")]
     compute_cap: String,
@@ -61,28 +62,114 @@ pub(crate) struct NodeArgs {
     client: ClientArgs,
 }
 
-pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
-    // Every argument is checked before anything is written (a key file) or bound.
-    if !args
-        .region
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        || args.region.is_empty()
+/// What `hanzod node`'s arguments declare, once checked.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Declared {
+    vram_bytes: u64,
+    compute_cap: (u8, u8),
+    driver_sig: Vec<u8>,
+}
+
+/// Checks every argument of `hanzod node` that could be wrong on the command line, as the
+/// daemon would at registration (`INVALID_ARGUMENT`) and more: a usage error, which
+/// `hanzod node` reports with exit status 2 (as clap does its own) before it writes a key
+/// or binds a port. What can only fail later (a port in use, an unreachable daemon) is a
+/// failure, status 1.
+pub(crate) fn check_args(args: &NodeArgs) -> Result<Declared, String> {
+    let region = &args.region;
+    if region.is_empty()
+        || region.len() > 64
+        || !region
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     {
-        eprintln!("error: --region must be 1..=64 characters of [a-z0-9-], e.g. eu-west");
-        return ExitCode::from(2);
+        return Err(format!(
+            "--region {region:?} must be 1..=64 characters of [a-z0-9-], e.g. eu-west"
+        ));
     }
-    let cap = args
+    let Some(vram_gib) = args.vram_gib else {
+        return Err(
+            "--vram-gib is required: the GPU memory this node offers jobs, in GiB (hanzod \
+             node detects no GPU, and declares none it was not told of; \
+             config/job.example.toml needs 8: --vram-gib 8)"
+                .into(),
+        );
+    };
+    let vram_bytes = match vram_gib.checked_mul(1 << 30) {
+        Some(0) => return Err("--vram-gib must be at least 1".into()),
+        Some(b) => b,
+        None => return Err(format!("--vram-gib {vram_gib} is too large")),
+    };
+    let model = &args.gpu_model;
+    if model.is_empty() || model.len() > 128 || model.chars().any(char::is_control) {
+        return Err("--gpu-model must be 1..=128 bytes without control characters".into());
+    }
+    let compute_cap = args
         .compute_cap
         .split_once('.')
-        .and_then(|(a, b)| Some((a.parse::<u8>().ok()?, b.parse::<u8>().ok()?)));
-    let Some(compute_cap) = cap else {
-        eprintln!("error: --compute-cap must be major.minor, e.g. 8.0");
-        return ExitCode::from(2);
-    };
-    let Ok(driver_sig) = hex::decode(&args.driver_sig) else {
-        eprintln!("error: --driver-sig must be hex");
-        return ExitCode::from(2);
+        .and_then(|(a, b)| Some((a.parse::<u8>().ok()?, b.parse::<u8>().ok()?)))
+        .ok_or("--compute-cap must be major.minor, e.g. 8.0")?;
+    let driver_sig = hex::decode(&args.driver_sig).map_err(|_| "--driver-sig must be hex")?;
+    if driver_sig.len() > 1024 {
+        return Err("--driver-sig must be at most 1024 bytes".into());
+    }
+    for (flag, v) in [("--up-mbps", args.up_mbps), ("--down-mbps", args.down_mbps)] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(format!("{flag} {v} must be a number >= 0"));
+        }
+    }
+    let port = args
+        .listen
+        .rsplit_once(':')
+        .map(|(host, port)| (host, port.parse::<u16>()));
+    if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
+        return Err(format!(
+            "--listen {:?} must be host:port, e.g. 0.0.0.0:9560",
+            args.listen
+        ));
+    }
+    if let Some(advertise) = &args.advertise {
+        hanzod_protocol::convert::endpoint("--advertise", advertise)
+            .map_err(|e| format!("{e} (host:port, e.g. 203.0.113.7:9560)"))?;
+    }
+    for endpoint in args.client.options().endpoints() {
+        let only_syntax = hanzod_protocol::client::ClientOptions {
+            endpoint,
+            ca: None,
+            cert: None,
+            key: None,
+            ..args.client.options()
+        };
+        only_syntax
+            .endpoint()
+            .map_err(|e| format!("--endpoint: {e}"))?;
+    }
+    if args.backoff_min_ms == 0 || args.backoff_min_ms > args.backoff_max_ms {
+        return Err(format!(
+            "--backoff-min-ms ({}) must be at least 1 and at most --backoff-max-ms ({})",
+            args.backoff_min_ms, args.backoff_max_ms
+        ));
+    }
+    Ok(Declared {
+        vram_bytes,
+        compute_cap,
+        driver_sig,
+    })
+}
+
+pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
+    // Every argument is checked before anything is written (a key file) or bound; a bad
+    // one is a usage error (2), like clap's own.
+    let Declared {
+        vram_bytes,
+        compute_cap,
+        driver_sig,
+    } = match check_args(&args) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
     };
     let listener = match tokio::net::TcpListener::bind(&args.listen).await {
         Ok(l) => l,
@@ -103,10 +190,6 @@ pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
             bound.to_string()
         }
     });
-    let Some(vram_bytes) = args.vram_gib.checked_mul(1 << 30) else {
-        eprintln!("error: --vram-gib {} is too large", args.vram_gib);
-        return ExitCode::from(2);
-    };
     let (identity, created) = match hanzod_protocol::identity::Identity::load_or_generate(&args.key)
     {
         Ok(k) => k,
@@ -201,5 +284,89 @@ pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => fail(e),
         Err(e) => fail(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        node: NodeArgs,
+    }
+
+    fn check(args: &[&str]) -> Result<Declared, String> {
+        let cli = Cli::try_parse_from(std::iter::once("node").chain(args.iter().copied()))
+            .map_err(|e| format!("clap: {e}"))?;
+        check_args(&cli.node)
+    }
+
+    /// Regression (issue 16): `hanzod node` declared an NVIDIA A100 with 80 GiB by default,
+    /// whatever the machine had. It detects nothing, so it now declares no VRAM it was not
+    /// told of: `--vram-gib` is required, and the GPU model defaults to "unspecified".
+    #[test]
+    fn node_declares_no_vram_it_was_not_told_of() {
+        let err = check(&["--region", "eu-west"]).unwrap_err();
+        assert!(err.contains("--vram-gib is required"), "{err}");
+        assert!(err.contains("--vram-gib 8"), "{err}");
+        let d = check(&["--vram-gib", "8"]).unwrap();
+        assert_eq!(d.vram_bytes, 8 << 30);
+        assert_eq!(d.compute_cap, (8, 0));
+        let cli = Cli::try_parse_from(["node", "--vram-gib", "8"]).unwrap();
+        assert_eq!(cli.node.gpu_model, "unspecified");
+        let err = check(&["--vram-gib", "0"]).unwrap_err();
+        assert!(err.contains("at least 1"), "{err}");
+    }
+
+    /// Regression (issue 16): a bad `--region` exited 2 but other bad arguments (a region
+    /// of 65 characters, a malformed --advertise or --listen, a negative bandwidth) exited
+    /// 1 after a key was written, when the daemon refused them. Every argument is now
+    /// checked up front, as a usage error (exit 2).
+    #[test]
+    fn every_bad_node_argument_is_a_usage_error() {
+        let long = "a".repeat(65);
+        for (args, says) in [
+            (vec!["--region", "EU West"], "--region"),
+            (vec!["--region", long.as_str()], "--region"),
+            (vec!["--region", ""], "--region"),
+            (vec!["--gpu-model", ""], "--gpu-model"),
+            (vec!["--compute-cap", "8"], "--compute-cap"),
+            (vec!["--driver-sig", "xyz"], "--driver-sig"),
+            (vec!["--up-mbps=-1"], "--up-mbps"),
+            (vec!["--down-mbps", "NaN"], "--down-mbps"),
+            (vec!["--listen", "nowhere"], "--listen"),
+            (vec!["--listen", "0.0.0.0:99999"], "--listen"),
+            (vec!["--advertise", "peer"], "--advertise"),
+            (vec!["--advertise", "peer:0"], "--advertise"),
+            (vec!["--endpoint", "http://bad host:9550"], "--endpoint"),
+            (vec!["--backoff-min-ms", "60000"], "--backoff-min-ms"),
+        ] {
+            let mut full = vec!["--vram-gib", "8"];
+            full.extend(args.iter().copied());
+            let err = check(&full).expect_err(&format!("{args:?} is refused"));
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+        let sig = "ab".repeat(1025);
+        let err = check(&["--vram-gib", "8", "--driver-sig", &sig]).unwrap_err();
+        assert!(err.contains("1024 bytes"), "{err}");
+        // What is fine stays fine.
+        check(&[
+            "--vram-gib",
+            "24",
+            "--region",
+            "us-east-1",
+            "--listen",
+            "[::]:0",
+            "--advertise",
+            "203.0.113.7:9560",
+            "--endpoint",
+            "http://127.0.0.1:9550,https://orch.example:9550",
+            "--driver-sig",
+            "",
+        ])
+        .unwrap();
     }
 }

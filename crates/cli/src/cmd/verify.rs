@@ -37,10 +37,10 @@ pub(crate) struct VerifyArgs {
     #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
     hf_token: Option<String>,
     /// The Kubo RPC API to fetch a CID from (default: the configured publish.ipfs_url, else
-    /// the local object store publish.object_dir, or --object-dir).
+    /// the local object store: publish.object_dir, else <data_dir>/ipfs; or --object-dir).
     #[arg(long, env = "IPFS_URL")]
     ipfs_url: Option<String>,
-    /// A local object store folder (publish.object_dir) to read a CID from.
+    /// A local object store folder (publish.object_dir, <data_dir>/ipfs) to read a CID from.
     #[arg(long)]
     object_dir: Option<PathBuf>,
     /// Keep the files downloaded from the Hub in this folder (default: a temporary folder,
@@ -122,15 +122,16 @@ pub(crate) async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
                 .filter(|u| !u.trim().is_empty())
                 .or_else(|| Some(cfg.publish.ipfs_url.clone()).filter(|u| !u.is_empty()));
             // --object-dir, else --ipfs-url / IPFS_URL, else the configured object store.
-            let dir = args.object_dir.clone().or_else(|| {
-                (url.is_none() && !cfg.publish.object_dir.is_empty())
-                    .then(|| PathBuf::from(&cfg.publish.object_dir))
-            });
+            let dir = args
+                .object_dir
+                .clone()
+                .or_else(|| cfg.object_dir().filter(|_| url.is_none()));
             let objects: std::sync::Arc<dyn hanzod_store::ObjectStore> = match (dir, url) {
                 // Reading must not create a store where there is none.
                 (Some(dir), _) if !dir.join("blocks").is_dir() => {
                     return cannot(&format!(
-                        "no object store at {} (no blocks/ folder)",
+                        "no object store at {} (no blocks/ folder; give --object-dir, \
+                         or --ipfs-url for an IPFS node)",
                         dir.display()
                     ))
                 }

@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::sessions::Sessions;
-use super::status_of;
+use super::{job_request_status, status_of};
 use hanzod_protocol::convert;
 use hanzod_train::catalog::{CatalogError, ModelCatalog};
 
@@ -63,11 +63,16 @@ impl JobServiceImpl {
     }
 
     async fn job(&self, id: u64) -> Result<pb::Job, Status> {
-        let view = self
-            .core
-            .job(JobId(id))
-            .await
-            .map_err(|e| refused(&self.core, status_of(&e)))?;
+        let view = match self.core.job(JobId(id)).await {
+            Ok(view) => view,
+            // An unknown id says why (an earlier run's job, one not submitted yet).
+            Err(e) => {
+                return Err(refused(
+                    &self.core,
+                    job_request_status(&self.core, &e).await,
+                ))
+            }
+        };
         Ok(self.wire(&view))
     }
 }
@@ -150,6 +155,7 @@ impl JobService for JobServiceImpl {
                 .send(Ok(pb::JobEvent {
                     job: Some(first),
                     change: "snapshot".into(),
+                    ring_change: None,
                 }))
                 .await
                 .is_err()
@@ -160,18 +166,20 @@ impl JobService for JobServiceImpl {
                 if is_terminal(&last) {
                     return;
                 }
-                let change = tokio::select! {
+                let (change, ring_change) = tokio::select! {
                     _ = tx.closed() => return,
                     _ = hanzod_protocol::status::stopped(&mut shutdown) => {
                         let _ = tx.send(Err(Status::unavailable("orchestrator shutting down"))).await;
                         return;
                     }
                     n = notices.recv() => match n {
-                        Ok(Notice::JobPhase { job, .. }) if job.0 == id => "phase",
-                        Ok(Notice::RingChanged { ring, .. }) if ring.job.0 == id => "ring",
+                        Ok(Notice::JobPhase { job, .. }) if job.0 == id => ("phase", None),
+                        Ok(Notice::RingChanged { ring, removed, added, repair_ms }) if ring.job.0 == id => {
+                            ("ring", Some(convert::ring_change(&ring, &removed, &added, repair_ms)))
+                        }
                         Ok(_) => continue,
                         // Missed notices: resend the job as it is now.
-                        Err(broadcast::error::RecvError::Lagged(_)) => "snapshot",
+                        Err(broadcast::error::RecvError::Lagged(_)) => ("snapshot", None),
                         Err(broadcast::error::RecvError::Closed) => {
                             let _ = tx.send(Err(Status::unavailable("orchestrator stopped"))).await;
                             return;
@@ -179,12 +187,15 @@ impl JobService for JobServiceImpl {
                     },
                 };
                 match this.job(id).await {
-                    Ok(job) if job != last => {
+                    // A ring change is sent even when an earlier message already showed
+                    // the new ring: who left and joined is only in this one.
+                    Ok(job) if job != last || ring_change.is_some() => {
                         last = job.clone();
                         if tx
                             .send(Ok(pb::JobEvent {
                                 job: Some(job),
                                 change: change.into(),
+                                ring_change,
                             }))
                             .await
                             .is_err()
@@ -208,10 +219,12 @@ impl JobService for JobServiceImpl {
         request: Request<pb::CancelJobRequest>,
     ) -> Result<Response<pb::CancelJobResponse>, Status> {
         let id = request.get_ref().job_id;
-        self.core
-            .cancel_job(JobId(id))
-            .await
-            .map_err(|e| refused(&self.core, status_of(&e)))?;
+        if let Err(e) = self.core.cancel_job(JobId(id)).await {
+            return Err(refused(
+                &self.core,
+                job_request_status(&self.core, &e).await,
+            ));
+        }
         tracing::info!(job = id, "job cancelled");
         Ok(Response::new(pb::CancelJobResponse {}))
     }

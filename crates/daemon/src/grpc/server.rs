@@ -61,16 +61,36 @@ pub struct ServerSettings {
 pub enum ServeError {
     /// TLS material is unreadable or invalid.
     #[error("TLS: {0}")]
-    Tls(String),
+    Tls(#[from] TlsSetupError),
     /// Reflection could not be built from the descriptors.
     #[error("reflection: {0}")]
-    Reflection(String),
+    Reflection(#[from] tonic_reflection::server::Error),
     /// The transport failed.
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
     /// A socket could not be bound or accepted.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// What is wrong with the TLS material ([`ServeError::Tls`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    /// The certificate file is not PEM.
+    #[error("certificate: {0}")]
+    Certificate(#[source] rustls::pki_types::pem::Error),
+    /// The certificate file holds no certificate.
+    #[error("certificate file holds no certificate")]
+    NoCertificate,
+    /// The key file is not a PEM private key.
+    #[error("key: {0}")]
+    Key(#[source] rustls::pki_types::pem::Error),
+    /// The client CA bundle is unreadable, or no verifier can be built from it.
+    #[error("client CA: {0}")]
+    ClientCa(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// rustls refused the configuration (the key does not match the certificate, …).
+    #[error("{0}")]
+    Rustls(#[source] rustls::Error),
 }
 
 #[derive(Clone)]
@@ -246,13 +266,11 @@ impl GrpcServer {
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(hanzod_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| ServeError::Reflection(e.to_string()))?;
+            .build_v1()?;
         let reflection_alpha = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(hanzod_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1alpha()
-            .map_err(|e| ServeError::Reflection(e.to_string()))?;
+            .build_v1alpha()?;
         let router = Server::builder()
             .layer(TooLargeLayer)
             .http2_keepalive_interval(Some(Duration::from_millis(settings.keepalive_interval_ms)))
@@ -373,38 +391,39 @@ pub fn tls_acceptor(
 ) -> Result<TlsAcceptor, ServeError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let tls = |e: &dyn std::fmt::Display| ServeError::Tls(e.to_string());
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
-        .map_err(|e| tls(&format!("certificate: {e}")))?;
+        .map_err(TlsSetupError::Certificate)?;
     if certs.is_empty() {
-        return Err(ServeError::Tls(
-            "certificate file holds no certificate".into(),
-        ));
+        return Err(TlsSetupError::NoCertificate.into());
     }
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| tls(&format!("key: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(TlsSetupError::Key)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| tls(&e))?;
+        .map_err(TlsSetupError::Rustls)?;
     let builder = match client_ca_pem {
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
             for c in CertificateDer::pem_slice_iter(ca) {
-                let c = c.map_err(|e| tls(&format!("client CA: {e}")))?;
-                roots.add(c).map_err(|e| tls(&format!("client CA: {e}")))?;
+                let c = c.map_err(|e| TlsSetupError::ClientCa(Box::new(e)))?;
+                roots
+                    .add(c)
+                    .map_err(|e| TlsSetupError::ClientCa(Box::new(e)))?;
             }
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots),
                 provider,
             )
             .build()
-            .map_err(|e| tls(&format!("client CA: {e}")))?;
+            .map_err(|e| TlsSetupError::ClientCa(Box::new(e)))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder.with_single_cert(certs, key).map_err(|e| tls(&e))?;
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(TlsSetupError::Rustls)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

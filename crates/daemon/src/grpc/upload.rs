@@ -248,12 +248,12 @@ impl DeltaUploads {
         use hanzod_store::ObjectError;
         let bytes = match self.objects.get(&request.checkpoint).await {
             Ok(b) => b,
-            Err(ObjectError::BadCid(why)) => {
+            Err(ObjectError::BadCid { reason: why }) => {
                 return Err(Status::invalid_argument(format!(
                     "invalid checkpoint: {why}"
                 )))
             }
-            Err(ObjectError::NotFound(_)) => {
+            Err(ObjectError::NotFound { cid: _ }) => {
                 return Err(Status::not_found(format!(
                     "checkpoint {} is not stored here",
                     request.checkpoint
@@ -944,16 +944,16 @@ fn delta_reason(e: &DeltaError) -> &'static str {
         D::BadMagic(_) | D::UnsupportedVersion(_) | D::UnknownDtype(_) | D::UnknownKind(_) => {
             "bad_header"
         }
-        D::HeaderTooLarge { .. } | D::SafetensorsHeader(_) | D::OverlappingOrOutOfRange { .. } => {
-            "bad_safetensors"
-        }
+        D::HeaderTooLarge { .. }
+        | D::SafetensorsHeader { .. }
+        | D::OverlappingOrOutOfRange { .. } => "bad_safetensors",
         D::DtypeMismatch { .. } => "wrong_dtype",
         D::KindMismatch { .. } => "wrong_kind",
         D::NonFinite { .. } => "non_finite",
-        D::UnknownTensor(_) => "unknown_tensor",
+        D::UnknownTensor { .. } => "unknown_tensor",
         D::WrongShape { .. } => "wrong_shape",
-        D::MissingTensor(_) => "missing_tensor",
-        D::DuplicateTensor(_) => "duplicate_tensor",
+        D::MissingTensor { .. } => "missing_tensor",
+        D::DuplicateTensor { .. } => "duplicate_tensor",
         D::BadSignature | D::Replayed { .. } => "bad_signature",
     }
 }
@@ -1040,6 +1040,7 @@ mod tests {
             deltas_this_epoch: 0,
             delivered: Default::default(),
             checkpoints: vec!["cid-0".into(); epoch as usize],
+            summaries: Default::default(),
             spec,
         }
     }
@@ -1378,7 +1379,7 @@ mod tests {
         };
         assert_eq!(delta_reason(&e), "non_finite");
         assert_eq!(
-            delta_reason(&DeltaError::UnknownTensor("x".into())),
+            delta_reason(&DeltaError::UnknownTensor { tensor: "x".into() }),
             "unknown_tensor"
         );
     }

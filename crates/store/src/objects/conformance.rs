@@ -113,7 +113,9 @@ async fn absent_and_malformed(store: &dyn ObjectStore) -> String {
     let absent = cid_of(b"never stored").to_string();
     assert_eq!(
         store.get(&absent).await,
-        Err(ObjectError::NotFound(absent.clone())),
+        Err(ObjectError::NotFound {
+            cid: absent.clone()
+        }),
         "an absent file is NotFound, naming its CID"
     );
     assert!(
@@ -122,18 +124,18 @@ async fn absent_and_malformed(store: &dyn ObjectStore) -> String {
     );
     let malformed = store.get("bafy-not-a-cid").await.map(drop);
     assert!(
-        matches!(malformed, Err(ObjectError::BadCid(_))),
+        matches!(malformed, Err(ObjectError::BadCid { reason: _ })),
         "get of a malformed CID is BadCid, got {malformed:?}"
     );
     let empty = store.contains("").await;
     assert!(
-        matches!(empty, Err(ObjectError::BadCid(_))),
+        matches!(empty, Err(ObjectError::BadCid { reason: _ })),
         "contains of an empty string is BadCid, got {empty:?}"
     );
     // A CIDv1 with the identity hash (0x00) is not one a store holds.
     let identity = store.get("bafkqaaa").await.map(drop);
     assert!(
-        matches!(identity, Err(ObjectError::BadCid(_))),
+        matches!(identity, Err(ObjectError::BadCid { reason: _ })),
         "get of an identity-hash CID is BadCid, got {identity:?}"
     );
     absent
@@ -158,7 +160,9 @@ async fn pins(store: &dyn ObjectStore, cid: &str, absent: &str) {
     );
     assert_eq!(
         store.pin(absent).await,
-        Err(ObjectError::NotFound(absent.to_string())),
+        Err(ObjectError::NotFound {
+            cid: absent.to_string()
+        }),
         "an absent file cannot be pinned"
     );
     assert!(
