@@ -578,3 +578,50 @@ async fn a_sink_that_panics_fails_the_publication_and_says_so() {
     assert_eq!(from, "Aggregating");
     assert!(why.contains("panicked"), "{why}");
 }
+
+/// Regression (found by a new user: two nodes killed while epoch 0 was being aggregated
+/// failed the job at once, and the epoch was still published and paid; the failed job showed
+/// no checkpoint): the failure waits for the publication, which the job records first.
+#[tokio::test(start_paused = true)]
+async fn a_ring_below_min_nodes_during_publication_fails_the_job_after_recording_the_epoch() {
+    let sink = std::sync::Arc::new(hanzod::core::ports::memory::MemoryCheckpointSink::new());
+    let h = Harness::start(HarnessConfig::new(4).seed_from_env_or(74).checkpoint_sink(
+        std::sync::Arc::new(SlowSink {
+            inner: sink.clone(),
+            slow: hanzod::core::types::JobId(1),
+            delay: Duration::from_secs(30),
+        }),
+    ))
+    .await;
+    let mut spec = h.job_spec("doomed-later", 4, 3);
+    spec.min_nodes = 3;
+    let job = h.orch.submit_job(spec).await.unwrap();
+    assert_eq!(job.0, 1, "the slow sink slows job 1");
+    h.await_phase(job, 2 * MIN, "aggregating", |p| {
+        matches!(p, JobPhase::Aggregating { epoch: 0, .. })
+    })
+    .await
+    .unwrap();
+    let ring = h.orch.ring(job).await.unwrap().expect("a ring");
+    for id in &ring.members[..2] {
+        h.crash(h.index_of(id).expect("a harness node"));
+    }
+    let phase = h.await_end(job, 10 * MIN).await.unwrap();
+    assert!(
+        matches!(
+            phase,
+            JobPhase::Failed {
+                reason: FailReason::TooFewNodes { .. },
+                ..
+            }
+        ),
+        "{phase:?}"
+    );
+    let view = h.orch.job(job).await.unwrap();
+    assert_eq!(
+        view.checkpoints.len(),
+        1,
+        "the epoch published while the ring failed is the job's"
+    );
+    assert_eq!(view.checkpoints[0], sink.checkpoints(job)[0].1);
+}

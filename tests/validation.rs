@@ -319,7 +319,10 @@ async fn bad_deltas_are_rejected_with_their_reason_and_an_empty_epoch_keeps_the_
         .summary
         .expect("the training sink reports a summary");
     assert_eq!((summary.accepted, summary.rejected), (1, 3));
-    assert_eq!(summary.suspect as usize, r.suspect);
+    // The report's suspect count includes rejected deltas (they count towards the robust
+    // threshold); the summary's suspects are a subset of its accepted ones.
+    assert!(summary.suspect <= summary.accepted, "{summary:?}");
+    assert!(summary.suspect as usize <= r.suspect, "{summary:?}");
     assert_eq!(summary.outcome_line(), "advanced (median)");
     assert_eq!(
         (summary.loss_before, summary.loss_after),

@@ -50,6 +50,9 @@ pub struct JobState {
     children: Children<JobId>,
     /// The epoch whose publication task is running, if any: at most one at a time.
     publishing: Option<u32>,
+    /// A failure or cancel that arrived while a publication ran: applied once its outcome
+    /// is recorded ([`JobState::transition_or_hold`]).
+    held: Option<JobEvent>,
     root: ActorRef<OrchestratorMsg>,
     supervisor: ActorRef<JobSupervisorMsg>,
     deps: Deps,
@@ -57,6 +60,13 @@ pub struct JobState {
 
 /// The per-job actor.
 pub struct JobActor;
+
+/// Whether `event` waits for a running publication (`publishing`) before it is applied:
+/// a failure or a cancel would end the job while the sink may be publishing, paying for
+/// and recording its epoch, leaving a published, paid checkpoint the job never shows. Pure.
+pub fn holds_for_publication(publishing: bool, event: &JobEvent) -> bool {
+    publishing && matches!(event, JobEvent::Fail { .. } | JobEvent::Cancel)
+}
 
 impl JobState {
     fn view(&self) -> JobView {
@@ -315,7 +325,7 @@ impl JobState {
     /// with the `publish_deadline_ms` deadline; the outcome comes back as
     /// [`JobMsg::Published`]. The actor keeps answering meanwhile (status, ring, watch),
     /// and other jobs' actors are never held up by it; messages that would change the
-    /// phase wait for the outcome ([`JobMsg::waits_for_publication`]). Whether two jobs'
+    /// phase wait for the outcome ([`holds_for_publication`]). Whether two jobs'
     /// publications overlap is the sink's choice. The sink is idempotent per job and
     /// epoch, so a rebuilt actor may start it again.
     fn publish(&mut self, myself: &ActorRef<JobMsg>, epoch: u32) {
@@ -395,6 +405,33 @@ impl JobState {
         if let Err(e) = self.transition(myself, event).await {
             tracing::warn!(job = %self.job.id, error = %e, "could not record publication");
         }
+        if let Some(held) = self.held.take() {
+            if !self.job.phase.is_terminal() {
+                tracing::info!(job = %self.job.id, event = held.name(), "applying what arrived during the publication");
+                if let Err(e) = self.transition(myself, held).await {
+                    tracing::warn!(job = %self.job.id, error = %e, "could not apply a held event");
+                }
+            }
+        }
+    }
+
+    /// Applies `event`, unless it would end the job while an epoch's publication runs: the
+    /// sink may then be paying for and recording that epoch, so the job records the
+    /// outcome first and applies the event after ([`holds_for_publication`]).
+    async fn transition_or_hold(
+        &mut self,
+        myself: &ActorRef<JobMsg>,
+        event: JobEvent,
+    ) -> Result<(), JobRequestError> {
+        if holds_for_publication(self.publishing.is_some(), &event) {
+            tracing::info!(job = %self.job.id, event = event.name(), "held until the running publication ends");
+            // A cancel outranks a failure; otherwise the first one is kept.
+            if self.held.is_none() || matches!(event, JobEvent::Cancel) {
+                self.held = Some(event);
+            }
+            return Ok(());
+        }
+        self.transition(myself, event).await
     }
 
     async fn on_ring(&mut self, myself: &ActorRef<JobMsg>, ring: RingView) {
@@ -410,7 +447,7 @@ impl JobState {
         let size = ring.members.len() as u32;
         self.ring = Some(ring);
         let result = if let Some(fail) = self.job.ring_due(size) {
-            self.transition(myself, fail).await
+            self.transition_or_hold(myself, fail).await
         } else {
             self.on_new_ring(myself, version).await
         };
@@ -489,6 +526,7 @@ impl Actor for JobActor {
             ring_actor: None,
             children: Children::new(args.deps.cfg.supervision.clone()),
             publishing: None,
+            held: None,
             root: args.root,
             supervisor: args.supervisor,
             deps: args.deps,
@@ -581,7 +619,9 @@ impl Actor for JobActor {
             }
             JobMsg::PendingDeadline => state.pending_deadline(&myself).await,
             JobMsg::Cancel { reply } => {
-                let r = state.transition(&myself, JobEvent::Cancel).await;
+                // Accepted at once; applied after a running publication (which it does not
+                // undo: that epoch is published and paid).
+                let r = state.transition_or_hold(&myself, JobEvent::Cancel).await;
                 answer(reply, r);
             }
             JobMsg::Get { reply } => answer(reply, Ok(state.view())),
@@ -714,6 +754,21 @@ mod tests {
     use super::*;
     use crate::job::JobSpec;
     use crate::types::GymWei;
+
+    #[test]
+    fn only_failures_and_cancels_wait_for_a_running_publication() {
+        let fail = JobEvent::Fail {
+            reason: FailReason::TooFewNodes { alive: 1, min: 2 },
+        };
+        assert!(holds_for_publication(true, &fail));
+        assert!(holds_for_publication(true, &JobEvent::Cancel));
+        assert!(!holds_for_publication(false, &fail));
+        assert!(!holds_for_publication(false, &JobEvent::Cancel));
+        assert!(!holds_for_publication(
+            true,
+            &JobEvent::RingChanged { ring_version: 3 }
+        ));
+    }
 
     fn node(b: u8) -> NodeId {
         NodeId([b; 32])

@@ -185,6 +185,7 @@ pub fn progress(phase: &str, epoch: Option<u32>, epochs: u32, published: usize) 
         ("Running" | "Aggregating", Some(e)) => {
             format!("epoch {e}, {published}/{epochs} published")
         }
+        ("Published", _) => format!("{published}/{epochs} epochs"),
         _ if published > 0 => format!("{published}/{epochs} published"),
         _ => String::new(),
     }
@@ -300,7 +301,7 @@ mod tests {
             progress("Aggregating", Some(4), 5, 4),
             "epoch 4, 4/5 published"
         );
-        assert_eq!(progress("Published", None, 5, 5), "5/5 published");
+        assert_eq!(progress("Published", None, 5, 5), "5/5 epochs");
         assert_eq!(progress("Failed", None, 5, 3), "3/5 published");
         assert_eq!(progress("Pending", None, 5, 0), "");
     }

@@ -274,7 +274,14 @@ impl EpochReport {
             loss_before: self.loss_before,
             loss_after: self.loss_after,
             accepted: count(self.deltas.len() - rejected),
-            suspect: count(self.suspect),
+            // Of the accepted deltas (the report's `suspect` also counts rejected ones,
+            // which count towards the robust-merge threshold).
+            suspect: count(
+                self.deltas
+                    .iter()
+                    .filter(|d| d.suspect && d.rejected.is_none())
+                    .count(),
+            ),
             rejected: count(rejected),
             spot_checked: count(checks.clone().count()),
             spot_checks_failed: count(checks.filter(|c| !c.passed).count()),
