@@ -82,11 +82,19 @@ impl EpochSummary {
         matches!(self.outcome, EpochOutcome::Advanced { .. })
     }
 
-    /// The outcome in a few words: `advanced (weighted-mean)` or `kept: <reason>`.
+    /// The outcome in a few words ([`EpochOutcome`]'s display).
     pub fn outcome_line(&self) -> String {
-        match &self.outcome {
-            EpochOutcome::Advanced { aggregator } => format!("advanced ({aggregator})"),
-            EpochOutcome::Kept { reason } => format!("kept the previous checkpoint: {reason}"),
+        self.outcome.to_string()
+    }
+}
+
+/// `advanced (weighted-mean)` or `kept the previous checkpoint: <reason>`: the one
+/// wording of an epoch's outcome (the daemon's log, the demo and the CLI).
+impl std::fmt::Display for EpochOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EpochOutcome::Advanced { aggregator } => write!(f, "advanced ({aggregator})"),
+            EpochOutcome::Kept { reason } => write!(f, "kept the previous checkpoint: {reason}"),
         }
     }
 }

@@ -9,6 +9,7 @@ use hanzod_proto::v1::job_service_client::JobServiceClient;
 use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
 
+use crate::epochs::short;
 use hanzod_protocol::client::ClientOptions;
 
 /// A job spec file (TOML): the fields of `hanzod.v1.JobSpec` with defaults.
@@ -309,10 +310,6 @@ pub fn job_line(j: &JobOut) -> String {
 fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
-}
-
-fn short(hex_id: &str) -> &str {
-    &hex_id[..hex_id.len().min(8)]
 }
 
 /// A connected client of both the job and the admin service.

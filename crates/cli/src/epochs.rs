@@ -5,6 +5,7 @@
 //! the repo names (`…-epoch-4`), the publication records and the demo. Counts are counts:
 //! "2/5 published" while epoch 2 trains.
 
+use hanzod_actors::job::EpochOutcome;
 use hanzod_proto::v1 as pb;
 use hanzod_protocol::human::{duration, gym_str as gym};
 use serde::Serialize;
@@ -92,8 +93,11 @@ pub fn epoch_out(s: &pb::EpochSummary) -> EpochOut {
 /// ```
 pub fn epoch_lines(e: &EpochOut) -> Vec<String> {
     let outcome = match (&e.aggregator, &e.kept_reason) {
-        (Some(a), _) if e.outcome == "advanced" => format!("advanced ({a})"),
-        (_, Some(r)) => format!("kept the previous checkpoint: {r}"),
+        (Some(a), _) if e.outcome == "advanced" => EpochOutcome::Advanced {
+            aggregator: a.clone(),
+        }
+        .to_string(),
+        (_, Some(r)) => EpochOutcome::Kept { reason: r.clone() }.to_string(),
         _ => e.outcome.to_string(),
     };
     let mut lines = vec![
@@ -146,8 +150,12 @@ fn plural(n: u32) -> &'static str {
 
 /// The first 8 hex digits of a node id.
 pub fn short_id(id: &[u8]) -> String {
-    let h = hex::encode(id);
-    h[..h.len().min(8)].to_string()
+    short(&hex::encode(id)).to_string()
+}
+
+/// The first 8 characters of a hex node id.
+pub fn short(hex_id: &str) -> &str {
+    &hex_id[..hex_id.len().min(8)]
 }
 
 /// A ring change in `job watch`, from the change itself (the job's view may still show
