@@ -33,6 +33,7 @@
 pub mod catalog;
 mod data;
 mod mlp;
+pub mod qwen3;
 pub mod recipe;
 mod weights;
 

@@ -1,0 +1,476 @@
+//! Qwen3 causal language models (transformers' `Qwen3ForCausalLM`) on burn: the
+//! architecture from a Hugging Face `config.json` ([`Qwen3Config`]), weights in
+//! [`Weights`] with exactly the Hugging Face tensor names and `[out, in]` shapes (so
+//! `model.safetensors` loads and saves unchanged), the forward pass and its next-token
+//! cross-entropy, gradients by burn autodiff, and local training with AdamW ([`AdamW`]).
+//!
+//! Units: losses are mean next-token cross-entropy in **nats/token** (natural log);
+//! perplexity is `exp(loss)`.
+//!
+//! Device: burn's flex CPU backend, single-threaded (this crate does not enable burn's
+//! `rayon`), so the same inputs give bit-identical results on one machine. The computation
+//! is written against burn's device-generic `Tensor`, so a GPU device (burn's `cuda` or
+//! `wgpu` features) runs the same code; parameters and optimizer moments stay on the device
+//! across the local steps and come back to the host once per [`Qwen3::train`] call.
+
+mod config;
+mod model;
+
+use std::sync::Arc;
+
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use sha2::{Digest, Sha256};
+
+pub use config::{
+    ConfigError, Qwen3Config, MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS,
+    MAX_POSITIONS, MAX_VOCAB,
+};
+use model::ParamIdx;
+
+use crate::mlp::{device, read_any};
+use crate::weights::{Layout, Weights};
+use crate::TrainError;
+
+/// A Qwen3 model of one configuration: its layout and where each parameter sits. Cheap to
+/// clone (the layout is shared).
+#[derive(Debug, Clone)]
+pub struct Qwen3 {
+    cfg: Qwen3Config,
+    layout: Arc<Layout>,
+    idx: ParamIdx,
+}
+
+/// A batch of token sequences: `tokens` is `[batch, seq]` row-major, every id below the
+/// vocabulary size, `2 ≤ seq ≤ max_position_embeddings`.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// The token ids, `batch × seq` of them.
+    pub tokens: &'a [u32],
+    /// Number of sequences.
+    pub batch: usize,
+}
+
+/// A sum of next-token losses: `nll` nats over `tokens` predicted tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct NllSum {
+    /// Σ −ln p(next token), in nats, accumulated in f64 in token order.
+    pub nll: f64,
+    /// How many tokens were predicted (`batch × (seq − 1)` per batch).
+    pub tokens: u64,
+}
+
+impl NllSum {
+    /// The mean cross-entropy in nats/token (NaN for no tokens).
+    pub fn mean(&self) -> f64 {
+        self.nll / self.tokens as f64
+    }
+
+    /// Adds another sum (for a loss over several batches).
+    pub fn add(&mut self, other: NllSum) {
+        self.nll += other.nll;
+        self.tokens += other.tokens;
+    }
+}
+
+/// The AdamW optimizer of the local steps (I. Loshchilov, F. Hutter, "Decoupled Weight
+/// Decay Regularization", ICLR 2019), in PyTorch's `torch.optim.AdamW` form, per element in
+/// f32 at step `t` (1-based) with gradient `g`:
+/// `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`, `w ← w·(1 − lr·λ)` (matrices only: every
+/// 2-D weight, embeddings included; RMSNorm weights are not decayed), then
+/// `w ← w − (lr / (1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamW {
+    /// Learning rate `lr`.
+    pub lr: f64,
+    /// `β₁`, the first moment's decay.
+    pub beta1: f64,
+    /// `β₂`, the second moment's decay.
+    pub beta2: f64,
+    /// `ε`, added to the second moment's root.
+    pub eps: f64,
+    /// `λ`, the decoupled weight decay.
+    pub weight_decay: f64,
+}
+
+impl Default for AdamW {
+    /// PyTorch's defaults but the learning rate: `lr 1e-3, β (0.9, 0.999), ε 1e-8, λ 0.01`.
+    fn default() -> Self {
+        AdamW {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+impl AdamW {
+    /// [`TrainError::InvalidRecipe`] unless `lr > 0`, `0 ≤ β₁, β₂ < 1`, `ε > 0` and
+    /// `λ ≥ 0`, all finite in f32.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let f = |v: f64| (v as f32).is_finite();
+        let ok = f(self.lr)
+            && self.lr > 0.0
+            && f(self.beta1)
+            && (0.0..1.0).contains(&self.beta1)
+            && f(self.beta2)
+            && (0.0..1.0).contains(&self.beta2)
+            && f(self.eps)
+            && self.eps > 0.0
+            && f(self.weight_decay)
+            && self.weight_decay >= 0.0;
+        if ok {
+            Ok(())
+        } else {
+            Err(TrainError::InvalidRecipe(format!("adamw {self:?}")))
+        }
+    }
+}
+
+/// A node's AdamW state between local runs: the step count and both moments (layout of the
+/// model's weights). It is the node's own: it never leaves the node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdamState {
+    /// Steps taken so far (`t` of the bias corrections).
+    pub step: u64,
+    /// First moment `m`.
+    pub m: Weights,
+    /// Second moment `v`.
+    pub v: Weights,
+}
+
+/// What one [`Qwen3::train`] call produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LmRun {
+    /// The weights after the last step.
+    pub weights: Weights,
+    /// The optimizer state after the last step.
+    pub state: AdamState,
+    /// `losses[k]`: the mean cross-entropy (nats/token) of batch `k` under the weights before
+    /// its update (`losses[0]` is the start weights' loss on the first batch: what a node
+    /// claims).
+    pub losses: Vec<f64>,
+}
+
+impl Qwen3 {
+    /// The model of `cfg` (its layout from [`Qwen3Config::spec`]).
+    pub fn new(cfg: Qwen3Config) -> Result<Qwen3, TrainError> {
+        let layout = Arc::new(Layout::new(&cfg.spec())?);
+        let idx = ParamIdx::new(&cfg, &layout)?;
+        Ok(Qwen3 { cfg, layout, idx })
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> &Qwen3Config {
+        &self.cfg
+    }
+
+    /// The weights' layout (Hugging Face names, name order).
+    pub fn layout(&self) -> &Arc<Layout> {
+        &self.layout
+    }
+
+    /// Number of parameters (tied embeddings counted once).
+    pub fn param_count(&self) -> usize {
+        self.layout.len()
+    }
+
+    /// Initial weights, deterministic in `seed`: ChaCha20 seeded with
+    /// SHA-256(`"hanzod-qwen3-init-v1"` ‖ seed u64 LE) fills the layout in order, each
+    /// linear and embedding weight `N(0, initializer_range²)` by the Box–Muller transform of
+    /// two 24-bit uniforms (`u₁ ∈ (0, 1]`, `u₂ ∈ [0, 1)`: `√(−2 ln u₁)·cos(2πu₂)`,
+    /// computed in f64), as transformers' `_init_weights`; every RMSNorm weight 1.
+    pub fn init(&self, seed: u64) -> Weights {
+        let mut h = Sha256::new();
+        h.update(hanzod_actors::domain::QWEN3_INIT);
+        h.update(seed.to_le_bytes());
+        let mut rng = ChaCha20Rng::from_seed(h.finalize().into());
+        let std = self.cfg.initializer_range;
+        let mut w = Weights::zeros(self.layout.clone());
+        for e in self.layout.entries() {
+            let values = &mut w.data[e.offset..e.offset + e.len];
+            if e.shape.len() == 1 {
+                values.fill(1.0);
+                continue;
+            }
+            for v in values {
+                let u1 = 1.0 - f64::from(crate::unit_f32(&mut rng));
+                let u2 = f64::from(crate::unit_f32(&mut rng));
+                let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                *v = (z * std) as f32;
+            }
+        }
+        w
+    }
+
+    /// Checks `w` is this model's and finite, and `batch` well formed.
+    fn check(&self, w: &Weights, batch: &Batch<'_>) -> Result<usize, TrainError> {
+        if *w.layout != *self.layout {
+            return Err(TrainError::LayoutMismatch(format!(
+                "weights of {:?} ({} values) are not this qwen3's ({} values)",
+                w.layout.name(),
+                w.data.len(),
+                self.layout.len()
+            )));
+        }
+        w.check_finite()?;
+        self.seq_len(batch)
+    }
+
+    /// The sequence length of `batch`, or [`TrainError::InvalidRecipe`] when the batch is
+    /// empty, ragged, shorter than 2 tokens, longer than the model's positions, or holds a
+    /// token outside the vocabulary.
+    fn seq_len(&self, batch: &Batch<'_>) -> Result<usize, TrainError> {
+        let bad = |m: String| Err(TrainError::InvalidRecipe(m));
+        if batch.batch == 0
+            || batch.tokens.is_empty()
+            || !batch.tokens.len().is_multiple_of(batch.batch)
+        {
+            return bad(format!(
+                "{} tokens do not make {} equal sequences",
+                batch.tokens.len(),
+                batch.batch
+            ));
+        }
+        let seq = batch.tokens.len() / batch.batch;
+        if seq < 2 || seq > self.cfg.max_position_embeddings {
+            return bad(format!(
+                "sequence of {seq} tokens (2 to {})",
+                self.cfg.max_position_embeddings
+            ));
+        }
+        if let Some(t) = batch
+            .tokens
+            .iter()
+            .find(|&&t| t as usize >= self.cfg.vocab_size)
+        {
+            return bad(format!(
+                "token id {t} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            ));
+        }
+        Ok(seq)
+    }
+
+    /// Every parameter as a 2-D tensor on `device` (vectors as `[1, d]`), layout order.
+    fn upload(&self, w: &Weights, device: &Device) -> Vec<Tensor<2>> {
+        self.layout
+            .entries()
+            .iter()
+            .map(|e| {
+                let shape = match e.shape[..] {
+                    [rows, cols] => [rows, cols],
+                    _ => [1, e.len],
+                };
+                let v = w.data[e.offset..e.offset + e.len].to_vec();
+                Tensor::<2>::from_data(TensorData::new(v, shape), (device, DType::F32))
+            })
+            .collect()
+    }
+
+    /// Reads 2-D tensors in layout order back into one [`Weights`].
+    fn download(&self, tensors: Vec<Tensor<2>>) -> Result<Weights, TrainError> {
+        let mut data = Vec::with_capacity(self.layout.len());
+        for t in tensors {
+            data.extend(read_any(t)?);
+        }
+        Weights::from_vec(self.layout.clone(), data)
+    }
+
+    fn tokens(batch: &Batch<'_>, seq: usize, device: &Device) -> Tensor<2, Int> {
+        let ids: Vec<i64> = batch.tokens.iter().map(|&t| i64::from(t)).collect();
+        Tensor::<2, Int>::from_data(TensorData::new(ids, [batch.batch, seq]), device)
+    }
+
+    /// The logits of `batch` under `w`: `[batch, seq, vocab]` row-major, f32.
+    ///
+    /// Errors: weights not of this model or not finite, a malformed batch.
+    pub fn logits(&self, w: &Weights, batch: Batch<'_>) -> Result<Vec<f32>, TrainError> {
+        let seq = self.check(w, &batch)?;
+        let device = device();
+        let params = self.upload(w, &device);
+        let rope = model::rope_tables(&self.cfg, seq, &device);
+        let tokens = Self::tokens(&batch, seq, &device);
+        read_any(model::logits(
+            &self.cfg, &self.idx, &params, tokens, &rope, &device,
+        ))
+    }
+
+    /// The next-token loss of `batch` under `w` (forward only): what validation and the
+    /// spot-check compute. Per-token losses come back to the host and are summed in f64 in
+    /// token order, so the sum does not depend on a device's reduction order.
+    ///
+    /// Errors: as [`Qwen3::logits`], and [`TrainError::NonFinite`] for a non-finite loss.
+    pub fn nll(&self, w: &Weights, batch: Batch<'_>) -> Result<NllSum, TrainError> {
+        let seq = self.check(w, &batch)?;
+        let device = device();
+        let params = self.upload(w, &device);
+        let rope = model::rope_tables(&self.cfg, seq, &device);
+        let tokens = Self::tokens(&batch, seq, &device);
+        let logits = model::logits(
+            &self.cfg,
+            &self.idx,
+            &params,
+            tokens.clone(),
+            &rope,
+            &device,
+        );
+        nll_sum(model::next_token_nll(logits, tokens))
+    }
+
+    /// The mean next-token loss of `batch` (nats/token) and its gradient with respect to
+    /// every parameter (layout of `w`), by burn autodiff.
+    ///
+    /// Errors: as [`Qwen3::nll`]; [`TrainError::Backend`] when autodiff returns no gradient.
+    pub fn loss_and_grads(
+        &self,
+        w: &Weights,
+        batch: Batch<'_>,
+    ) -> Result<(f64, Weights), TrainError> {
+        let seq = self.check(w, &batch)?;
+        let device = device().autodiff();
+        let leaves: Vec<Tensor<2>> = self
+            .upload(w, &device)
+            .into_iter()
+            .map(Tensor::require_grad)
+            .collect();
+        let (loss, grads) = self.step_grads(&leaves, &batch, seq, &device)?;
+        Ok((loss.mean(), self.download(grads)?))
+    }
+
+    /// One forward and backward pass: the batch's loss and each leaf's gradient (plain,
+    /// non-autodiff tensors, layout order).
+    fn step_grads(
+        &self,
+        leaves: &[Tensor<2>],
+        batch: &Batch<'_>,
+        seq: usize,
+        device: &Device,
+    ) -> Result<(NllSum, Vec<Tensor<2>>), TrainError> {
+        let rope = model::rope_tables(&self.cfg, seq, device);
+        let tokens = Self::tokens(batch, seq, device);
+        let logits = model::logits(&self.cfg, &self.idx, leaves, tokens.clone(), &rope, device);
+        let nll = model::next_token_nll(logits, tokens);
+        let sum = nll_sum(nll.clone().inner())?;
+        let grads = nll.mean().backward();
+        let grads = leaves
+            .iter()
+            .map(|l| {
+                l.grad(&grads)
+                    .ok_or_else(|| TrainError::Backend("autodiff returned no gradient".into()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((sum, grads))
+    }
+
+    /// Local training from `start`: one AdamW step ([`AdamW`]) per batch of `batches`, in
+    /// order, continuing `state` (a fresh state when `None`). Parameters and moments stay on
+    /// the device for the whole run.
+    ///
+    /// Errors: an invalid optimizer, weights or state not of this model, a malformed batch,
+    /// a non-finite loss or weight (a diverging learning rate).
+    pub fn train<'a>(
+        &self,
+        start: &Weights,
+        state: Option<AdamState>,
+        opt: &AdamW,
+        batches: impl IntoIterator<Item = Batch<'a>>,
+    ) -> Result<LmRun, TrainError> {
+        opt.validate()?;
+        if *start.layout != *self.layout {
+            return Err(TrainError::LayoutMismatch(
+                "start weights are not this qwen3's".into(),
+            ));
+        }
+        start.check_finite()?;
+        let state = match state {
+            Some(s) if *s.m.layout == *self.layout && *s.v.layout == *self.layout => s,
+            Some(_) => {
+                return Err(TrainError::LayoutMismatch(
+                    "optimizer state is not this qwen3's".into(),
+                ))
+            }
+            None => AdamState {
+                step: 0,
+                m: Weights::zeros(self.layout.clone()),
+                v: Weights::zeros(self.layout.clone()),
+            },
+        };
+        let plain = device();
+        let ad = plain.clone().autodiff();
+        let mut w = self.upload(start, &plain);
+        let mut m = self.upload(&state.m, &plain);
+        let mut v = self.upload(&state.v, &plain);
+        let decayed: Vec<bool> = self
+            .layout
+            .entries()
+            .iter()
+            .map(|e| e.shape.len() == 2)
+            .collect();
+        let mut t = state.step;
+        let mut losses = Vec::new();
+        for batch in batches {
+            let seq = self.seq_len(&batch)?;
+            let leaves: Vec<Tensor<2>> = w
+                .iter()
+                .map(|p| p.clone().autodiff().require_grad())
+                .collect();
+            let (loss, grads) = self.step_grads(&leaves, &batch, seq, &ad)?;
+            let loss = loss.mean();
+            if !loss.is_finite() {
+                return Err(TrainError::NonFinite(format!(
+                    "loss {loss} at local step {}",
+                    losses.len()
+                )));
+            }
+            losses.push(loss);
+            t += 1;
+            let bc1 = 1.0 - opt.beta1.powf(t as f64);
+            let bc2 = 1.0 - opt.beta2.powf(t as f64);
+            for (i, g) in grads.into_iter().enumerate() {
+                m[i] = m[i].clone().mul_scalar(opt.beta1) + g.clone().mul_scalar(1.0 - opt.beta1);
+                v[i] = v[i].clone().mul_scalar(opt.beta2) + g.square().mul_scalar(1.0 - opt.beta2);
+                let mut p = w[i].clone();
+                if decayed[i] && opt.weight_decay > 0.0 {
+                    p = p.mul_scalar(1.0 - opt.lr * opt.weight_decay);
+                }
+                let denom = v[i]
+                    .clone()
+                    .sqrt()
+                    .div_scalar(bc2.sqrt())
+                    .add_scalar(opt.eps);
+                w[i] = p - m[i].clone().div(denom).mul_scalar(opt.lr / bc1);
+            }
+        }
+        let weights = self.download(w)?;
+        weights.check_finite()?;
+        Ok(LmRun {
+            weights,
+            state: AdamState {
+                step: t,
+                m: self.download(m)?,
+                v: self.download(v)?,
+            },
+            losses,
+        })
+    }
+}
+
+/// Reads per-token losses back and sums them in f64 in order.
+fn nll_sum(nll: Tensor<1>) -> Result<NllSum, TrainError> {
+    let v = read_any(nll)?;
+    let sum: f64 = v.iter().map(|&x| f64::from(x)).sum();
+    if !sum.is_finite() {
+        return Err(TrainError::NonFinite(format!("next-token loss sum {sum}")));
+    }
+    Ok(NllSum {
+        nll: sum,
+        tokens: v.len() as u64,
+    })
+}
+
+#[cfg(test)]
+mod parity;
