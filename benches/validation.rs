@@ -10,13 +10,16 @@
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use hanzod::core::job::TrainingSpec;
 use hanzod::core::ports::DeltaReceipt;
 use hanzod::core::types::JobId;
 use hanzod::delta::format::{payload_hash, sign_statement, DeltaView, Statement};
 use hanzod::delta::score::{EpochSecret, NormTracker};
 use hanzod::delta::validate::{validate, EpochContext, Submission, ValidationConfig};
 use hanzod::identity::Identity;
-use hanzod::train::{batch_loss, init, train_local, validation_loss, Dataset, Recipe, Weights};
+use hanzod::train::{
+    batch_loss, init, train_local, trainer_of, validation_loss, Dataset, Recipe, Weights,
+};
 use std::hint::black_box;
 
 fn validation(c: &mut Criterion) {
@@ -76,8 +79,7 @@ fn validation(c: &mut Criterion) {
     let context = |rate: f64| EpochContext {
         job: 1,
         epoch: 0,
-        recipe,
-        data: Arc::new(data.clone()),
+        trainer: trainer_of(&TrainingSpec::default(), JobId(recipe.job)).expect("trainer"),
         base: Arc::new(global.clone()),
         base_version: 0,
         loss_before: validation_loss(&global, &data).expect("loss"),

@@ -74,8 +74,8 @@ pub enum Event {
     JobSubmitted {
         /// Its id.
         job: JobId,
-        /// Its spec.
-        spec: JobSpec,
+        /// Its spec (boxed: the largest event by far).
+        spec: Box<JobSpec>,
         /// The checkpoints (CIDs) of the epochs already published, in epoch order, when
         /// the job is resumed rather than new: a job rebuilt from the chain's publication
         /// records by an orchestrator that lost its state store (paper §10, "full node

@@ -64,18 +64,23 @@ pub struct JobSpec {
 /// A job's training recipe (DESIGN §6): everything a node needs to train its share of an
 /// epoch and a validator needs to replay it. The core only carries it; the deltas pipeline
 /// resolves `model` and `dataset`.
+///
+/// The first seven fields serve every model; the rest are for language models
+/// (`qwen3-tiny`, `qwen3`) and keep their defaults for the `wine-mlp`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainingSpec {
-    /// The model: a built-in name (`wine-mlp`) whose tensors bound and check every delta.
+    /// The model: a built-in name (`wine-mlp`, `qwen3-tiny`), or `qwen3` with its
+    /// `architecture`; its tensors bound and check every delta.
     pub model: String,
-    /// The dataset: a built-in name (`wine-quality-red`).
+    /// The dataset: a built-in name (`wine-quality-red`, `austen`).
     pub dataset: String,
     /// Local steps per node per epoch, ≥ 1.
     pub local_steps: u32,
-    /// Samples per local step, ≥ 1.
+    /// Samples (sequences, for a language model) per local step, ≥ 1.
     pub batch_size: u32,
-    /// The nodes' local learning rate (finite, > 0).
+    /// The nodes' local learning rate (finite, > 0): SGD's for the MLP, AdamW's for a
+    /// language model.
     pub local_lr: f64,
     /// The outer learning rate applied to the merged delta (finite, > 0; 1.0 = plain
     /// averaging).
@@ -83,6 +88,28 @@ pub struct TrainingSpec {
     /// Seed of the initial weights and of every node's batch stream (training is
     /// deterministic for a given seed, so spot-checks can re-run it).
     pub seed: u64,
+    /// Language models: tokens each training sequence predicts (windows of `seq_len + 1`
+    /// tokens), ≥ 2.
+    pub seq_len: u32,
+    /// Language models: tokens of the held-out validation shard every delta is scored on
+    /// (nats/token before and after), ≥ `seq_len`; the daemon refuses a job whose
+    /// validation would exceed its budget.
+    pub validation_tokens: u64,
+    /// Language models: the local AdamW's hyper-parameters (its learning rate is
+    /// `local_lr`).
+    pub adamw: AdamWSpec,
+    /// Language models: train every parameter or a LoRA adapter.
+    pub mode: TrainMode,
+    /// Language models, `mode = "lora"`: the adapter.
+    pub lora: LoraSpec,
+    /// `model = "qwen3"`: the architecture, a Hugging Face `config.json` text (the CLI reads
+    /// a path or an inline `[training.architecture]` table into it).
+    pub architecture: Option<String>,
+    /// Start from a published checkpoint instead of the seed's initial weights: its CID,
+    /// fetched from the object store and checked against it.
+    pub base: Option<String>,
+    /// Element type of the uploaded deltas: `"f32"` or `"bf16"`.
+    pub delta_dtype: String,
 }
 
 impl Default for TrainingSpec {
@@ -95,6 +122,90 @@ impl Default for TrainingSpec {
             local_lr: 0.05,
             outer_lr: 1.0,
             seed: 0,
+            seq_len: 128,
+            validation_tokens: 4096,
+            adamw: AdamWSpec::default(),
+            mode: TrainMode::Full,
+            lora: LoraSpec::default(),
+            architecture: None,
+            base: None,
+            delta_dtype: "f32".into(),
+        }
+    }
+}
+
+/// What a language-model job trains.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainMode {
+    /// Every parameter; deltas carry the full model with Hugging Face names.
+    #[default]
+    Full,
+    /// A LoRA adapter on the base's linear layers (E. Hu et al., "LoRA", ICLR 2022);
+    /// deltas carry PEFT-named `lora_A`/`lora_B` factors.
+    Lora,
+}
+
+impl TrainMode {
+    /// `"full"` or `"lora"`, as the job spec spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrainMode::Full => "full",
+            TrainMode::Lora => "lora",
+        }
+    }
+}
+
+/// The local AdamW's hyper-parameters (I. Loshchilov, F. Hutter, "Decoupled Weight Decay
+/// Regularization", ICLR 2019; PyTorch's `AdamW` form). Defaults: PyTorch's.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdamWSpec {
+    /// β₁, in `[0, 1)` (0.9).
+    pub beta1: f64,
+    /// β₂, in `[0, 1)` (0.999).
+    pub beta2: f64,
+    /// ε, > 0 (1e-8).
+    pub eps: f64,
+    /// Decoupled weight decay λ, ≥ 0 (0.01).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWSpec {
+    fn default() -> Self {
+        AdamWSpec {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// A LoRA adapter (PEFT's `LoraConfig`): `ΔW = (alpha / rank) · B · A` on each target.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSpec {
+    /// The rank `r`, ≥ 1 (16).
+    pub rank: u32,
+    /// `lora_alpha`, finite and > 0 (32).
+    pub alpha: f64,
+    /// The adapted modules, PEFT `target_modules` names (`q_proj`, `k_proj`, `v_proj`,
+    /// `o_proj`).
+    pub target_modules: Vec<String>,
+    /// `lora_dropout`: must be 0 (training is deterministic so spot-checks can replay it).
+    pub dropout: f64,
+}
+
+impl Default for LoraSpec {
+    fn default() -> Self {
+        LoraSpec {
+            rank: 16,
+            alpha: 32.0,
+            target_modules: ["q_proj", "k_proj", "v_proj", "o_proj"]
+                .map(String::from)
+                .to_vec(),
+            dropout: 0.0,
         }
     }
 }

@@ -296,7 +296,12 @@ impl OrchestratorHandle {
     /// Accepts a job; returns its id.
     pub async fn submit_job(&self, spec: JobSpec) -> Result<JobId, OrchestratorError> {
         Ok(self
-            .ask(|reply| OrchestratorMsg::Jobs(JobSupervisorMsg::Submit { spec, reply }))
+            .ask(|reply| {
+                OrchestratorMsg::Jobs(JobSupervisorMsg::Submit {
+                    spec: Box::new(spec),
+                    reply,
+                })
+            })
             .await??)
     }
 

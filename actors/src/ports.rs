@@ -403,7 +403,7 @@ pub enum NodeCommand {
     /// Sent to every ring member when the epoch starts, to members joining mid-epoch, and
     /// again periodically to members that have not delivered (a node that reconnected
     /// learns its work); a node ignores an epoch it already trained.
-    EpochStart(crate::job::EpochAssignment),
+    EpochStart(Box<crate::job::EpochAssignment>),
 }
 
 /// Errors of a [`NodeLink`].

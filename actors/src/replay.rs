@@ -170,7 +170,7 @@ impl LogFold {
                 self.jobs.insert(
                     *job,
                     JobFold {
-                        job: Job::resume(*job, spec.clone(), r.at, resumed.clone()),
+                        job: Job::resume(*job, (**spec).clone(), r.at, resumed.clone()),
                         placed: None,
                         ring: None,
                         receipts: BTreeMap::new(),
@@ -367,7 +367,7 @@ mod tests {
                 1,
                 Event::JobSubmitted {
                     job: JobId(41),
-                    spec: spec(),
+                    spec: Box::new(spec()),
                     resumed: Vec::new(),
                 },
             ),
@@ -375,7 +375,7 @@ mod tests {
                 2,
                 Event::JobSubmitted {
                     job: JobId(42),
-                    spec: spec(),
+                    spec: Box::new(spec()),
                     resumed: Vec::new(),
                 },
             ),
@@ -432,7 +432,7 @@ mod tests {
                 1,
                 Event::JobSubmitted {
                     job,
-                    spec,
+                    spec: Box::new(spec),
                     resumed: vec![],
                 },
             ),
@@ -555,7 +555,7 @@ mod tests {
             }),
             job.clone().prop_map(move |job| Event::JobSubmitted {
                 job,
-                spec: spec.clone(),
+                spec: Box::new(spec.clone()),
                 resumed: vec![],
             }),
             (job.clone(), job_event).prop_map(|(job, event)| Event::Job { job, event }),
@@ -625,7 +625,7 @@ mod tests {
                 Timestamp(1),
                 Event::JobSubmitted {
                     job,
-                    spec,
+                    spec: Box::new(spec),
                     resumed: vec![],
                 },
             )

@@ -151,7 +151,7 @@ impl JobState {
             .iter()
             .filter(|m| !self.receipts.contains_key(*m) && only.is_none_or(|o| o == **m))
         {
-            let command = NodeCommand::EpochStart(assignment.clone());
+            let command = NodeCommand::EpochStart(Box::new(assignment.clone()));
             if let Err(e) = self.deps.link.send(m, command).await {
                 tracing::debug!(job = %self.job.id, epoch, node = %m, error = %e, "assignment not delivered; will resend");
             }

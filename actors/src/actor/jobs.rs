@@ -197,7 +197,7 @@ impl Actor for JobSupervisor {
                 // The job is durable from here: it is accepted even if its actor has to be
                 // started again later.
                 state.spawn_job(&myself, id).await;
-                let job = Job::new(id, spec, state.deps.now());
+                let job = Job::new(id, *spec, state.deps.now());
                 if let Some(p) = pending_of(&job) {
                     let _ = state
                         .root

@@ -313,7 +313,7 @@ pub enum JobSupervisorMsg {
     /// Accept a job.
     Submit {
         /// Its spec.
-        spec: JobSpec,
+        spec: Box<JobSpec>,
         /// Its id, or why it was refused.
         reply: RpcReplyPort<Result<JobId, SubmitError>>,
     },

@@ -227,8 +227,6 @@ pub struct Agent {
     registered: bool,
     /// Epochs trained or in progress (across sessions): an assignment resent is ignored.
     epochs: HashSet<(JobId, u32)>,
-    /// The training data, loaded at the first assignment.
-    data: Option<Arc<hanzod_train::Dataset>>,
     /// The live session, for work that outlives the session it started in.
     live: watch::Sender<Option<trainer::WorkerSession>>,
 }
@@ -294,7 +292,6 @@ impl Agent {
             endpoint_index: 0,
             registered: false,
             epochs: HashSet::new(),
-            data: None,
             live: watch::channel(None).0,
         }
     }
@@ -571,23 +568,12 @@ impl Agent {
                             if !self.epochs.insert((a.job, a.epoch)) {
                                 continue; // already trained or training
                             }
-                            let data = match &self.data {
-                                Some(d) => d.clone(),
-                                None => match hanzod_train::Dataset::wine_quality() {
-                                    Ok(d) => self.data.insert(Arc::new(d)).clone(),
-                                    Err(err) => {
-                                        self.epochs.remove(&(a.job, a.epoch));
-                                        self.emit(AgentEvent::EpochFailed { job: a.job.0, epoch: a.epoch, reason: format!("dataset: {err}") });
-                                        continue;
-                                    }
-                                },
-                            };
                             self.emit(AgentEvent::EpochAssigned { job: a.job.0, epoch: a.epoch, base: a.base.clone() });
                             let (tx, behaviour) = (work_tx.clone(), self.settings.behaviour);
                             let (live, clock) = (self.live.subscribe(), self.clock.clone());
                             let identity = self.identity.clone();
                             tokio::spawn(async move {
-                                let result = trainer::work_epoch(live, &identity, clock, &a, behaviour, data).await;
+                                let result = trainer::work_epoch(live, &identity, clock, &a, behaviour).await;
                                 let _ = tx.send((a.job, a.epoch, result)).await;
                             });
                         }

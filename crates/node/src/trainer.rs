@@ -4,7 +4,8 @@
 //! 1. Fetch the base checkpoint (`FetchCheckpoint`) and check its bytes against the
 //!    reference; in epoch 0 derive the recipe's initial weights from its seed instead.
 //! 2. Run the recipe's local steps on this node's batch stream with burn
-//!    ([`hanzod_train::train_local`], off the async runtime): deterministic for a given seed, job,
+//!    ([`hanzod_train::Trainer::train_local`]: SGD for the MLP, AdamW for a language model;
+//!    off the async runtime): deterministic for a given seed, job,
 //!    node and step, so a validator can re-run them.
 //! 3. Upload delta = local − global as an HZDL file, with the signed statement carrying the
 //!    claimed loss (the pre-delta weights' loss on the first step's batch).
@@ -25,7 +26,7 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use hanzod_protocol::identity::Identity;
-use hanzod_train::{self, Dataset, Weights};
+use hanzod_train::{self, Weights};
 
 /// How the node trains: honestly, or one of the attacks the validator must catch.
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
@@ -325,7 +326,8 @@ where
 
 /// Does `assignment`: fetch, train, upload (module docs), through the live session `live`
 /// (a session replaced meanwhile is followed, so finished work is not lost to a
-/// reconnect). `data` is the recipe's dataset; `clock` tells when the assignment's
+/// reconnect). The recipe's model and data are resolved here ([`hanzod_train::trainer_of`]);
+/// `clock` tells when the assignment's
 /// deadline passes (work past it is abandoned).
 ///
 /// Errors: see [`TrainError`]; the caller reports them and waits for the next assignment
@@ -336,20 +338,26 @@ pub async fn work_epoch(
     clock: Arc<dyn Clock>,
     assignment: &EpochAssignment,
     behaviour: Behaviour,
-    data: Arc<Dataset>,
 ) -> Result<EpochWork, TrainError> {
-    let recipe = hanzod_train::recipe::recipe_of(&assignment.training, assignment.job)
-        .map_err(TrainError::Recipe)?;
     let deadline = assignment.deadline;
     if clock.now() >= deadline {
         return Err(TrainError::Expired);
     }
+    let dtype =
+        hanzod_train::recipe::delta_dtype(&assignment.training).map_err(TrainError::Recipe)?;
+    // Resolving a language model's recipe tokenizes its corpus once per process (seconds):
+    // off the async runtime.
+    let (training, job) = (assignment.training.clone(), assignment.job);
+    let trainer = tokio::task::spawn_blocking(move || hanzod_train::trainer_of(&training, job))
+        .await
+        .map_err(|e| TrainError::Training(format!("the recipe thread died: {e}")))?
+        .map_err(TrainError::Recipe)?;
     let started = Instant::now();
     let base = match &assignment.base {
-        None => hanzod_train::init(&recipe),
+        None => trainer.init(),
         Some(reference) => {
             let bytes = fetch_with_retry(&mut live, &clock, deadline, reference).await?;
-            Weights::from_safetensors(&bytes, hanzod_train::layout(recipe.hidden)).map_err(|e| {
+            Weights::from_safetensors(&bytes, trainer.layout()).map_err(|e| {
                 TrainError::BadCheckpoint {
                     checkpoint: reference.clone(),
                     reason: e.to_string(),
@@ -362,7 +370,8 @@ pub async fn work_epoch(
     let node = identity.node_id().0;
     let (epoch, step) = (assignment.epoch, assignment.step);
     let (payload, claimed, last_loss) = tokio::task::spawn_blocking(move || {
-        let run = hanzod_train::train_local(&base, &data, &recipe, &node, step)
+        let run = trainer
+            .train_local(&base, &node, step)
             .map_err(|e| TrainError::Training(e.to_string()))?;
         let mut delta = run
             .weights
@@ -375,7 +384,7 @@ pub async fn work_epoch(
             Behaviour::LieLoss { factor } => claimed *= factor,
         }
         let payload = delta
-            .to_delta_bytes(u64::from(epoch))
+            .to_delta_bytes_as(u64::from(epoch), dtype)
             .map_err(|e| TrainError::Training(e.to_string()))?;
         let last = run.losses.last().copied().unwrap_or(run.claimed_loss);
         Ok::<_, TrainError>((payload, claimed, last))

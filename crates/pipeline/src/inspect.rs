@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use hanzod_protocol::hzdl::{payload_hash, DeltaView};
-use hanzod_protocol::model::check_against;
+use hanzod_protocol::model::check_layout;
 use hanzod_protocol::model::ModelSpec;
 
 /// One tensor of the report.
@@ -58,11 +58,12 @@ pub struct HeaderReport {
 
 /// Parses `bytes`, checks every value is finite and, with `spec`, that names, shapes,
 /// dtype and kind match the model. Never panics; a malformed file gives `valid: false` and
-/// the precise error.
+/// the precise error. The hash and the finite check are one pass over the bytes
+/// ([`DeltaView::hash_and_check_finite`]), the norms a second.
 pub fn inspect(bytes: &[u8], spec: Option<&ModelSpec>) -> InspectReport {
     let mut report = InspectReport {
         bytes: bytes.len() as u64,
-        sha256: hex::encode(payload_hash(bytes)),
+        sha256: String::new(),
         header: None,
         tensors: Vec::new(),
         total_l2_norm: None,
@@ -73,10 +74,13 @@ pub fn inspect(bytes: &[u8], spec: Option<&ModelSpec>) -> InspectReport {
     let view = match DeltaView::parse(bytes) {
         Ok(v) => v,
         Err(e) => {
+            report.sha256 = hex::encode(payload_hash(bytes));
             report.error = Some(e.to_string());
             return report;
         }
     };
+    let (sha256, finite) = view.hash_and_check_finite(bytes);
+    report.sha256 = hex::encode(sha256);
     let h = view.header;
     report.header = Some(HeaderReport {
         version: h.version,
@@ -95,10 +99,19 @@ pub fn inspect(bytes: &[u8], spec: Option<&ModelSpec>) -> InspectReport {
             l2_norm: view.l2_norm(t),
         })
         .collect();
-    report.total_l2_norm = Some(view.total_l2_norm());
+    // `DeltaView::total_l2_norm` from the norms just computed (same sum, same order).
+    report.total_l2_norm = Some(
+        report
+            .tensors
+            .iter()
+            .map(|t| t.l2_norm.powi(2))
+            .sum::<f64>()
+            .sqrt(),
+    );
+    // `check_against`'s order: the layout against the model, then the values.
     let verdict = match spec {
-        Some(spec) => check_against(&view, spec),
-        None => view.check_finite(),
+        Some(spec) => check_layout(&view, spec).and(finite),
+        None => finite,
     };
     match verdict {
         Ok(()) => report.valid = true,
@@ -187,5 +200,19 @@ mod tests {
         assert!(!magic.valid && magic.header.is_none(), "{magic}");
         assert!(!inspect(&fixture("tiny_truncated.hzdl"), None).valid);
         assert!(!inspect(&[], None).valid);
+    }
+
+    #[test]
+    fn hash_and_norms_are_the_multi_pass_ones() {
+        for name in ["tiny_f32.hzdl", "tiny_nan_f32.hzdl", "tiny_bad_magic.hzdl"] {
+            let bytes = fixture(name);
+            let r = inspect(&bytes, None);
+            assert_eq!(r.sha256, hex::encode(payload_hash(&bytes)), "{name}");
+            // Bits: the NaN fixture's norm is NaN.
+            let total = DeltaView::parse(&bytes)
+                .ok()
+                .map(|v| v.total_l2_norm().to_bits());
+            assert_eq!(r.total_l2_norm.map(f64::to_bits), total, "{name}");
+        }
     }
 }

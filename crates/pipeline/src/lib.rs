@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod inspect;
+pub mod lora;
 pub mod merge;
 pub mod publisher;
 pub mod recovery;

@@ -168,7 +168,7 @@ pub async fn rebuild(
                 at,
                 Event::JobSubmitted {
                     job,
-                    spec: spec.clone(),
+                    spec: Box::new(spec.clone()),
                     resumed: checkpoints.clone(),
                 },
             )
@@ -202,7 +202,7 @@ pub async fn rebuild(
         for event in [
             Event::JobSubmitted {
                 job,
-                spec: placeholder,
+                spec: Box::new(placeholder),
                 resumed: Vec::new(),
             },
             Event::Job {
@@ -325,7 +325,7 @@ mod tests {
             log[0].event,
             Event::JobSubmitted {
                 job: JobId(1),
-                spec: spec(),
+                spec: Box::new(spec()),
                 resumed: vec![c0, c1],
             }
         );

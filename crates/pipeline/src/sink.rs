@@ -77,7 +77,7 @@ use hanzod_store::blobs::BlobStore;
 use hanzod_store::registry::Location;
 use hanzod_store::{MemoryObjectStore, ModelCard, ModelRegistry, ModelUpload, ObjectStore};
 use hanzod_train::catalog::ModelCatalog;
-use hanzod_train::{self, Dataset, Recipe, Weights};
+use hanzod_train::{Trainer, Weights};
 
 /// Tunables of the sink.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -298,7 +298,7 @@ impl EpochReport {
 
 /// The model state of one job.
 struct JobModel {
-    recipe: Recipe,
+    trainer: Trainer,
     current: Arc<Weights>,
     current_ref: Option<String>,
     norms: NormTracker,
@@ -411,7 +411,6 @@ struct KeeperDeps {
     blobs: Arc<dyn BlobStore>,
     catalog: Arc<ModelCatalog>,
     pool: ValidatorPool,
-    data: Arc<Dataset>,
     seed: [u8; 32],
     config: SinkConfig,
     metrics: Arc<dyn Metrics>,
@@ -528,7 +527,7 @@ pub fn job_of_config(config_json: &[u8]) -> Option<(JobId, JobSpec)> {
     c.hanzod_job.map(|j| (JobId(j.id), j.spec))
 }
 
-pub use hanzod_train::recipe::{recipe_for, recipe_of, RecipeError};
+pub use hanzod_train::recipe::{recipe_of, trainer_for, trainer_of, RecipeError};
 
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
@@ -569,7 +568,7 @@ struct Merged {
 /// the job.
 fn merge_epoch(
     base: &Arc<Weights>,
-    data: &Dataset,
+    trainer: &Trainer,
     loss_before: f64,
     inputs: &[MergeInput],
     robust: bool,
@@ -618,7 +617,7 @@ fn merge_epoch(
         let mut next = (**base).clone();
         let loss = next
             .add_scaled(&out, outer_lr)
-            .and_then(|()| hanzod_train::validation_loss(&next, data));
+            .and_then(|()| trainer.validation_loss(&next));
         let limit = loss_before * (1.0 + SUSPECT_LOSS_RISE);
         match loss {
             Ok(l) if l <= limit => {
@@ -662,15 +661,15 @@ impl JobKeeperState {
         training: &TrainingSpec,
         base: Option<&str>,
     ) -> Result<&mut JobModel, CheckpointError> {
-        let model = self.deps.catalog.get(&training.model).map_err(failed)?;
-        let recipe = recipe_for(training, model, job).map_err(failed)?;
+        let model = self.deps.catalog.check_training(training).map_err(failed)?;
+        let trainer = trainer_for(training, &model, job).map_err(failed)?;
         let fresh = match &self.model {
-            Some(m) => m.current_ref.as_deref() != base || m.recipe != recipe,
+            Some(m) => m.current_ref.as_deref() != base || m.trainer != trainer,
             None => true,
         };
         if fresh {
             let current = match base {
-                None => hanzod_train::init(&recipe),
+                None => trainer.init(),
                 Some(r) => {
                     let bytes = self
                         .deps
@@ -679,13 +678,12 @@ impl JobKeeperState {
                         .get(r)
                         .await
                         .map_err(|e| failed(format!("checkpoint {r}: {e}")))?;
-                    let layout = hanzod_train::layout(recipe.hidden);
-                    Weights::from_safetensors(&bytes, layout).map_err(failed)?
+                    Weights::from_safetensors(&bytes, trainer.layout()).map_err(failed)?
                 }
             };
             let kept = self.model.take();
             self.model = Some(JobModel {
-                recipe,
+                trainer,
                 current: Arc::new(current),
                 current_ref: base.map(str::to_string),
                 // A continuation of the same job keeps its history; a reload starts it
@@ -815,28 +813,22 @@ impl JobKeeperState {
     ) -> Result<(Staged, Option<Arc<[u8]>>), CheckpointError> {
         let training = &spec.training;
         let d = &self.deps;
-        let (blobs, pool, data, config, seed) = (
-            d.blobs.clone(),
-            d.pool.clone(),
-            d.data.clone(),
-            d.config,
-            d.seed,
-        );
+        let (blobs, pool, config, seed) = (d.blobs.clone(), d.pool.clone(), d.config, d.seed);
         let outer_lr = training.outer_lr as f32;
         let model = self.model(job, training, base.as_deref()).await?;
         let base_weights = model.current.clone();
         let secret = EpochSecret::derive(&seed, job.0, epoch);
+        let trainer = model.trainer.clone();
         let loss_before = {
-            let (w, d) = (base_weights.clone(), data.clone());
-            blocking(move || hanzod_train::validation_loss(&w, &d))
+            let (w, t) = (base_weights.clone(), trainer.clone());
+            blocking(move || t.validation_loss(&w))
                 .await?
                 .map_err(failed)?
         };
         let ctx = Arc::new(EpochContext {
             job: job.0,
             epoch,
-            recipe: model.recipe,
-            data,
+            trainer,
             base: base_weights.clone(),
             base_version: u64::from(epoch),
             loss_before,
@@ -891,11 +883,11 @@ impl JobKeeperState {
             != WeightedMean.name();
         let rejected_all = !judged.is_empty() && inputs.is_empty();
         let merged = {
-            let (base, data) = (base_weights.clone(), ctx.data.clone());
+            let (base, ctx) = (base_weights.clone(), ctx.clone());
             blocking(move || {
                 merge_epoch(
                     &base,
-                    &data,
+                    &ctx.trainer,
                     loss_before,
                     &inputs,
                     robust,
@@ -1574,9 +1566,6 @@ impl std::fmt::Debug for KeeperMsg {
 /// Why a [`TrainingSink`] could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkStartError {
-    /// The built-in dataset could not be loaded.
-    #[error("the built-in dataset: {0}")]
-    Dataset(#[from] hanzod_train::TrainError),
     /// The validator pool's actors could not be spawned.
     #[error("the validator pool could not start: {0}")]
     Validators(ractor::SpawnErr),
@@ -1599,7 +1588,6 @@ impl TrainingSink {
         economics: Option<Economics>,
         publication: Publication,
     ) -> Result<TrainingSink, SinkStartError> {
-        let data = Arc::new(Dataset::wine_quality()?);
         let pool = ValidatorPool::start(config.workers, metrics.clone())
             .await
             .map_err(SinkStartError::Validators)?;
@@ -1610,7 +1598,6 @@ impl TrainingSink {
                 blobs,
                 catalog,
                 pool: pool.clone(),
-                data,
                 seed,
                 config,
                 metrics,

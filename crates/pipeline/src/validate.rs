@@ -40,7 +40,7 @@ use hanzod_protocol::hzdl::{
     payload_hash, verify_claimed_statement, DeltaDtype, DeltaView, Statement,
 };
 use hanzod_protocol::identity::verifying_key;
-use hanzod_train::{self, Dataset, Recipe, Weights};
+use hanzod_train::{Trainer, Weights};
 
 /// Tunables of the validator (DESIGN §6 defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -80,10 +80,9 @@ pub struct EpochContext {
     pub job: u64,
     /// The epoch, 0-based.
     pub epoch: u32,
-    /// The job's recipe (model width, local steps, batch, learning rate, seed).
-    pub recipe: Recipe,
-    /// The data set (training stream and validation shard).
-    pub data: Arc<Dataset>,
+    /// The job's training math (model, recipe and data: what the node ran and the
+    /// spot-check replays).
+    pub trainer: Trainer,
     /// The checkpoint the epoch trained from.
     pub base: Arc<Weights>,
     /// Its version: the number of checkpoints published before this epoch (= `epoch`).
@@ -105,7 +104,7 @@ impl EpochContext {
     /// The global step at which every node's local run of this epoch starts:
     /// `epoch × local_steps`.
     pub fn first_step(&self) -> u64 {
-        u64::from(self.epoch) * u64::from(self.recipe.local_steps)
+        u64::from(self.epoch) * u64::from(self.trainer.local_steps())
     }
 }
 
@@ -505,7 +504,10 @@ fn measure(ctx: &EpochContext, delta: &[f32]) -> Result<(f64, f64, QualityScore)
     let norm = l2_norm(delta).map_err(|e| quality(&e))?;
     let mut after = (*ctx.base).clone();
     after.add_scaled(delta, 1.0).map_err(|e| quality(&e))?;
-    let loss_after = hanzod_train::validation_loss(&after, &ctx.data).map_err(|e| quality(&e))?;
+    let loss_after = ctx
+        .trainer
+        .validation_loss(&after)
+        .map_err(|e| quality(&e))?;
     let convergence = crate::score::convergence(delta, ctx.last_merged.as_deref().map(|v| &v[..]))
         .map_err(|e| quality(&e))?;
     let score = QualityScore::evaluate(ctx.loss_before, loss_after, norm, &ctx.norms, convergence)
@@ -528,7 +530,7 @@ fn spot_check(
         replay_distance: None,
         passed: false,
     };
-    let measured = hanzod_train::batch_loss(&ctx.base, &ctx.data, &ctx.recipe, &r.node.0, r.step);
+    let measured = ctx.trainer.batch_loss(&ctx.base, &r.node.0, r.step);
     let measured = match measured {
         Ok(m) => m,
         Err(e) => return (check, Some(Rejection::Quality(e.to_string()))),
@@ -546,7 +548,9 @@ fn spot_check(
         );
     }
     if ctx.config.replay {
-        let rerun = hanzod_train::train_local(&ctx.base, &ctx.data, &ctx.recipe, &r.node.0, r.step)
+        let rerun = ctx
+            .trainer
+            .train_local(&ctx.base, &r.node.0, r.step)
             .and_then(|run| run.weights.sub(&ctx.base));
         let replayed = match rerun {
             Ok(w) => w.data,

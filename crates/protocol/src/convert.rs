@@ -3,7 +3,9 @@
 //! turn into `INVALID_ARGUMENT`.
 
 use hanzod_actors::actor::job::JobView;
-use hanzod_actors::job::{EpochAssignment, JobPhase, JobSpec, TrainingSpec};
+use hanzod_actors::job::{
+    AdamWSpec, EpochAssignment, JobPhase, JobSpec, LoraSpec, TrainMode, TrainingSpec,
+};
 use hanzod_actors::node::Heartbeat;
 use hanzod_actors::ports::RingView;
 use hanzod_actors::sched::NodeView;
@@ -194,24 +196,92 @@ pub fn job_spec(spec: Option<&pb::JobSpec>) -> Result<JobSpec, FieldError> {
     Ok(spec)
 }
 
+/// Longest `spec.training.architecture` accepted (a Hugging Face `config.json`), bytes.
+pub const MAX_ARCHITECTURE_BYTES: usize = 64 * 1024;
+
+/// Most LoRA target modules accepted.
+pub const MAX_LORA_TARGETS: usize = 16;
+
 /// A training recipe from the wire: each unset field takes [`TrainingSpec::default`]'s value.
+/// Every string is bounded before it is kept: names, the mode, the dtype and the base CID
+/// at 256 bytes without control characters, each LoRA target at 64 bytes
+/// ([`MAX_LORA_TARGETS`] of them), the architecture at [`MAX_ARCHITECTURE_BYTES`].
 fn training_spec(t: Option<&pb::TrainingSpec>) -> Result<TrainingSpec, FieldError> {
     let d = TrainingSpec::default();
     let Some(t) = t else { return Ok(d) };
+    let short = |field: &'static str, v: &str, max: usize| {
+        if v.len() > max || v.chars().any(char::is_control) {
+            Err(bad(
+                field,
+                format!("longer than {max} bytes or has control characters"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
     for (field, value) in [
         ("spec.training.model", &t.model),
         ("spec.training.dataset", &t.dataset),
+        ("spec.training.mode", &t.mode),
+        ("spec.training.base", &t.base),
+        ("spec.training.delta_dtype", &t.delta_dtype),
     ] {
-        if value
-            .as_ref()
-            .is_some_and(|v| v.len() > 256 || v.chars().any(char::is_control))
-        {
-            return Err(bad(
-                field,
-                "longer than 256 bytes or has control characters",
-            ));
+        if let Some(v) = value {
+            short(field, v, 256)?;
         }
     }
+    if t.architecture
+        .as_ref()
+        .is_some_and(|a| a.len() > MAX_ARCHITECTURE_BYTES)
+    {
+        return Err(bad(
+            "spec.training.architecture",
+            format!("longer than {MAX_ARCHITECTURE_BYTES} bytes"),
+        ));
+    }
+    let mode = match t.mode.as_deref() {
+        None => d.mode,
+        Some("full") => TrainMode::Full,
+        Some("lora") => TrainMode::Lora,
+        Some(other) => {
+            return Err(bad(
+                "spec.training.mode",
+                format!("{other:?} is not \"full\" or \"lora\""),
+            ))
+        }
+    };
+    let da = AdamWSpec::default();
+    let adamw = t.adamw.as_ref().map_or(da, |a| AdamWSpec {
+        beta1: a.beta1.unwrap_or(da.beta1),
+        beta2: a.beta2.unwrap_or(da.beta2),
+        eps: a.eps.unwrap_or(da.eps),
+        weight_decay: a.weight_decay.unwrap_or(da.weight_decay),
+    });
+    let dl = LoraSpec::default();
+    let lora = match &t.lora {
+        None => dl,
+        Some(l) => {
+            if l.target_modules.len() > MAX_LORA_TARGETS {
+                return Err(bad(
+                    "spec.training.lora.target_modules",
+                    format!("more than {MAX_LORA_TARGETS} modules"),
+                ));
+            }
+            for m in &l.target_modules {
+                short("spec.training.lora.target_modules", m, 64)?;
+            }
+            LoraSpec {
+                rank: l.rank.unwrap_or(dl.rank),
+                alpha: l.alpha.unwrap_or(dl.alpha),
+                target_modules: if l.target_modules.is_empty() {
+                    dl.target_modules
+                } else {
+                    l.target_modules.clone()
+                },
+                dropout: l.dropout.unwrap_or(dl.dropout),
+            }
+        }
+    };
     Ok(TrainingSpec {
         model: t.model.clone().unwrap_or(d.model),
         dataset: t.dataset.clone().unwrap_or(d.dataset),
@@ -220,6 +290,14 @@ fn training_spec(t: Option<&pb::TrainingSpec>) -> Result<TrainingSpec, FieldErro
         local_lr: t.local_lr.unwrap_or(d.local_lr),
         outer_lr: t.outer_lr.unwrap_or(d.outer_lr),
         seed: t.seed.unwrap_or(d.seed),
+        seq_len: t.seq_len.unwrap_or(d.seq_len),
+        validation_tokens: t.validation_tokens.unwrap_or(d.validation_tokens),
+        adamw,
+        mode,
+        lora,
+        architecture: t.architecture.clone(),
+        base: t.base.clone(),
+        delta_dtype: t.delta_dtype.clone().unwrap_or(d.delta_dtype),
     })
 }
 
@@ -249,6 +327,24 @@ pub fn training_spec_to_wire(t: &TrainingSpec) -> pb::TrainingSpec {
         local_lr: Some(t.local_lr),
         outer_lr: Some(t.outer_lr),
         seed: Some(t.seed),
+        seq_len: Some(t.seq_len),
+        validation_tokens: Some(t.validation_tokens),
+        adamw: Some(pb::AdamW {
+            beta1: Some(t.adamw.beta1),
+            beta2: Some(t.adamw.beta2),
+            eps: Some(t.adamw.eps),
+            weight_decay: Some(t.adamw.weight_decay),
+        }),
+        mode: Some(t.mode.as_str().to_string()),
+        lora: Some(pb::LoraAdapter {
+            rank: Some(t.lora.rank),
+            alpha: Some(t.lora.alpha),
+            target_modules: t.lora.target_modules.clone(),
+            dropout: Some(t.lora.dropout),
+        }),
+        architecture: t.architecture.clone(),
+        base: t.base.clone(),
+        delta_dtype: Some(t.delta_dtype.clone()),
     }
 }
 

@@ -321,8 +321,15 @@ impl ModelSpec {
 /// tensor name belongs to the spec, every shape matches, every spec tensor is present
 /// (full deltas cover every parameter, LoRA deltas exactly the adapter tensors), and no
 /// value is NaN or Inf. (Dtype against header and offsets are checked by
-/// [`DeltaView::parse`].)
+/// [`DeltaView::parse`].) [`check_layout`] then [`DeltaView::check_finite`]; an intake
+/// that also hashes the payload does both in one pass with [`crate::hzdl::intake`].
 pub fn check_against(view: &DeltaView<'_>, spec: &ModelSpec) -> Result<(), DeltaError> {
+    check_layout(view, spec)?;
+    view.check_finite()
+}
+
+/// [`check_against`] without reading a value: kind, names, shapes, nothing missing.
+pub fn check_layout(view: &DeltaView<'_>, spec: &ModelSpec) -> Result<(), DeltaError> {
     if view.header.kind != spec.kind() {
         return Err(DeltaError::KindMismatch {
             expected: spec.kind(),
@@ -350,7 +357,7 @@ pub fn check_against(view: &DeltaView<'_>, spec: &ModelSpec) -> Result<(), Delta
             });
         }
     }
-    view.check_finite()
+    Ok(())
 }
 
 #[cfg(test)]

@@ -58,13 +58,20 @@ pub struct DemoArgs {
     /// half the measured loss) or `mixed` (alternate) [default: mixed].
     #[arg(long)]
     pub attack: Option<Attack>,
-    /// Local steps per node per epoch [default: 20].
+    /// The model: `wine-mlp` (an MLP on the Wine Quality table, seconds) or `qwen3-tiny`
+    /// (a 1 M-parameter Qwen3 language model on Jane Austen's novels, minutes)
+    /// [default: wine-mlp].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Local steps per node per epoch [default: 20; qwen3-tiny 8].
     #[arg(long)]
     pub local_steps: Option<u32>,
-    /// Samples per local step [default: 32].
+    /// Samples (sequences of 64 tokens, for qwen3-tiny) per local step [default: 32;
+    /// qwen3-tiny 8].
     #[arg(long)]
     pub batch_size: Option<u32>,
-    /// The nodes' learning rate [default: 0.05].
+    /// The nodes' learning rate (SGD's, AdamW's for qwen3-tiny) [default: 0.05; qwen3-tiny
+    /// 0.003].
     #[arg(long, allow_negative_numbers = true)]
     pub local_lr: Option<f64>,
     /// Fraction of deltas spot-checked (the daemon's default is 0.1; the demo checks more so
@@ -126,6 +133,8 @@ pub struct DemoPlan {
     pub byzantine: usize,
     /// Their attack.
     pub attack: Attack,
+    /// The model (`wine-mlp` or `qwen3-tiny`).
+    pub model: String,
     /// Local steps per epoch.
     pub local_steps: u32,
     /// Batch size.
@@ -212,6 +221,12 @@ impl DemoArgs {
             }
         };
         let epochs = self.epochs.or(file.epochs).unwrap_or(5);
+        let model = self
+            .model
+            .clone()
+            .or(file.model)
+            .unwrap_or_else(|| hanzod_train::MODEL_NAME.to_string());
+        let lm = model == hanzod_train::lm::QWEN3_TINY;
         let plan = DemoPlan {
             nodes: self.nodes.or(file.nodes).unwrap_or(8),
             epochs,
@@ -222,9 +237,19 @@ impl DemoArgs {
                 .unwrap_or(if epochs > 1 { 1 } else { 0 }),
             byzantine: self.byzantine.or(file.byzantine).unwrap_or(0),
             attack: self.attack.or(file.attack).unwrap_or(Attack::Mixed),
-            local_steps: self.local_steps.or(file.local_steps).unwrap_or(20),
-            batch_size: self.batch_size.or(file.batch_size).unwrap_or(32),
-            local_lr: self.local_lr.or(file.local_lr).unwrap_or(0.05),
+            model: model.clone(),
+            local_steps: self
+                .local_steps
+                .or(file.local_steps)
+                .unwrap_or(if lm { 8 } else { 20 }),
+            batch_size: self
+                .batch_size
+                .or(file.batch_size)
+                .unwrap_or(if lm { 8 } else { 32 }),
+            local_lr: self
+                .local_lr
+                .or(file.local_lr)
+                .unwrap_or(if lm { 3e-3 } else { 0.05 }),
             spot_check_rate: self.spot_check_rate.or(file.spot_check_rate).unwrap_or(0.5),
             seed: self.seed.or(file.seed).unwrap_or(1),
             out: self
@@ -303,16 +328,41 @@ impl DemoPlan {
                 return bad("--chain-outage-s must be at least 1".into());
             }
         }
-        let recipe = TrainingSpec {
+        if ![hanzod_train::MODEL_NAME, hanzod_train::lm::QWEN3_TINY].contains(&self.model.as_str())
+        {
+            return bad(format!(
+                "--model must be {} or {}, got {:?}",
+                hanzod_train::MODEL_NAME,
+                hanzod_train::lm::QWEN3_TINY,
+                self.model
+            ));
+        }
+        hanzod_train::trainer_of(&self.training(), JobId(1))
+            .map_err(|e| DemoError::Usage(format!("training recipe: {e}")))?;
+        Ok(())
+    }
+
+    /// The job's training recipe: the plan's model, steps, batch, learning rate and seed;
+    /// for `qwen3-tiny`, sequences of 64 tokens and a validation shard of 2,048 tokens
+    /// (the rest of [`TrainingSpec::default`]).
+    pub fn training(&self) -> TrainingSpec {
+        let lm = self.model == hanzod_train::lm::QWEN3_TINY;
+        let d = TrainingSpec::default();
+        TrainingSpec {
+            model: self.model.clone(),
+            dataset: if lm {
+                hanzod_train::text::AUSTEN.into()
+            } else {
+                d.dataset.clone()
+            },
             local_steps: self.local_steps,
             batch_size: self.batch_size,
             local_lr: self.local_lr,
             seed: self.seed,
-            ..TrainingSpec::default()
-        };
-        hanzod_train::recipe::recipe_of(&recipe, JobId(1))
-            .map_err(|e| DemoError::Usage(format!("training recipe: {e}")))?;
-        Ok(())
+            seq_len: if lm { 64 } else { d.seq_len },
+            validation_tokens: if lm { 2048 } else { d.validation_tokens },
+            ..d
+        }
     }
 
     /// The node roles: index → behaviour, and the indices killed, drawn from the seed.
@@ -887,11 +937,12 @@ async fn await_registered(
     Ok(())
 }
 
-/// The demo's job: the built-in wine-mlp with the plan's recipe, on every node, surviving
-/// the nodes the plan kills.
+/// The demo's job: the plan's built-in model and recipe, on every node, surviving the nodes
+/// the plan kills.
 fn demo_spec(plan: &DemoPlan) -> JobSpec {
+    let training = plan.training();
     JobSpec {
-        name: "demo: wine-mlp on Wine Quality (red)".into(),
+        name: format!("demo: {} on {}", training.model, training.dataset),
         epochs: plan.epochs,
         min_nodes: (plan.nodes - plan.kill).max(1) as u32,
         max_nodes: plan.nodes as u32,
@@ -900,13 +951,7 @@ fn demo_spec(plan: &DemoPlan) -> JobSpec {
         epoch_deadline_ms: 60_000,
         utility: 1.0,
         submitter_stake: GymWei::gym(100_000),
-        training: TrainingSpec {
-            local_steps: plan.local_steps,
-            batch_size: plan.batch_size,
-            local_lr: plan.local_lr,
-            seed: plan.seed,
-            ..TrainingSpec::default()
-        },
+        training,
     }
 }
 
@@ -1418,9 +1463,8 @@ async fn finished_report(
 }
 
 fn initial_loss(training: &TrainingSpec, job: JobId) -> Option<f64> {
-    let recipe = hanzod_train::recipe::recipe_of(training, job).ok()?;
-    let data = hanzod_train::Dataset::wine_quality().ok()?;
-    hanzod_train::validation_loss(&hanzod_train::init(&recipe), &data).ok()
+    let trainer = hanzod_train::trainer_of(training, job).ok()?;
+    trainer.validation_loss(&trainer.init()).ok()
 }
 
 fn behaviour_flag(b: &Behaviour) -> String {

@@ -13,11 +13,14 @@ use hanzod_actors::job::TrainingSpec;
 
 use hanzod_protocol::model::ModelSpec;
 
-/// The models built into this crate ([`crate::builtin_model`]).
-pub const BUILTIN_MODELS: &[&str] = &["wine-mlp"];
+/// The models built into this crate ([`crate::builtin_model`]): the `wine-mlp` and
+/// `qwen3-tiny` ([`crate::lm::qwen3_tiny`]). A job may also name `qwen3` with its own
+/// architecture (a `config.json` in `training.architecture`).
+pub const BUILTIN_MODELS: &[&str] = &["wine-mlp", crate::lm::QWEN3_TINY];
 
-/// The datasets built into this crate (the UCI red-wine quality data, [`crate::Dataset::wine_quality`]).
-pub const BUILTIN_DATASETS: &[&str] = &["wine-quality-red"];
+/// The datasets built into this crate: the UCI red-wine quality data
+/// ([`crate::Dataset::wine_quality`]) and Jane Austen's six novels ([`crate::text`]).
+pub const BUILTIN_DATASETS: &[&str] = &["wine-quality-red", crate::text::AUSTEN];
 
 /// A name the catalog does not hold.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,6 +33,9 @@ pub enum CatalogError {
         /// Every model the catalog holds, sorted.
         known: Vec<String>,
     },
+    /// `model = "qwen3"` with an architecture that is missing or not a Qwen3 `config.json`.
+    #[error("{0}")]
+    Architecture(String),
     /// No dataset of this name.
     #[error("unknown dataset {name:?} (known: {})", known.join(", "))]
     UnknownDataset {
@@ -100,9 +106,18 @@ impl ModelCatalog {
         }
     }
 
-    /// Checks a job's training recipe: its model, then its dataset; returns the model.
-    pub fn check_training(&self, training: &TrainingSpec) -> Result<&ModelSpec, CatalogError> {
-        let model = self.get(&training.model)?;
+    /// Checks a job's training recipe: its model, then its dataset; returns the model's
+    /// parameters. `qwen3` is resolved from the spec's `architecture`
+    /// ([`crate::recipe::lm_config`]) unless the catalog holds a model of that name.
+    pub fn check_training(&self, training: &TrainingSpec) -> Result<ModelSpec, CatalogError> {
+        let model = match self.get(&training.model) {
+            Ok(m) => m.clone(),
+            Err(e) if training.model == crate::lm::QWEN3 => crate::recipe::lm_config(training)
+                .map_err(|e| CatalogError::Architecture(e.to_string()))?
+                .map(|c| c.spec())
+                .ok_or(e)?,
+            Err(e) => return Err(e),
+        };
         self.dataset(&training.dataset)?;
         Ok(model)
     }
@@ -130,8 +145,15 @@ mod tests {
         assert_eq!(m, &crate::builtin_model("wine-mlp").unwrap());
         assert!(m.max_delta_bytes(DeltaDtype::F32) > 24);
         c.dataset("wine-quality-red").unwrap();
-        assert_eq!(c.models().collect::<Vec<_>>(), ["wine-mlp"]);
-        assert_eq!(c.datasets().collect::<Vec<_>>(), ["wine-quality-red"]);
+        assert_eq!(c.models().collect::<Vec<_>>(), ["qwen3-tiny", "wine-mlp"]);
+        assert_eq!(
+            c.datasets().collect::<Vec<_>>(),
+            ["austen", "wine-quality-red"]
+        );
+        assert_eq!(
+            c.get("qwen3-tiny").unwrap().params,
+            crate::lm::qwen3_tiny().spec().params
+        );
         assert!(c.check_training(&TrainingSpec::default()).is_ok());
     }
 
@@ -143,14 +165,17 @@ mod tests {
             e,
             CatalogError::UnknownModel {
                 name: "gpt-5".into(),
-                known: vec!["wine-mlp".into()]
+                known: vec!["qwen3-tiny".into(), "wine-mlp".into()]
             }
         );
-        assert_eq!(e.to_string(), "unknown model \"gpt-5\" (known: wine-mlp)");
+        assert_eq!(
+            e.to_string(),
+            "unknown model \"gpt-5\" (known: qwen3-tiny, wine-mlp)"
+        );
         let e = c.dataset("imagenet").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "unknown dataset \"imagenet\" (known: wine-quality-red)"
+            "unknown dataset \"imagenet\" (known: austen, wine-quality-red)"
         );
         let t = TrainingSpec {
             dataset: "imagenet".into(),
@@ -175,7 +200,7 @@ mod tests {
             .is_ok());
         assert_eq!(
             c.get("nope").unwrap_err().to_string(),
-            "unknown model \"nope\" (known: tiny, wine-mlp)"
+            "unknown model \"nope\" (known: qwen3-tiny, tiny, wine-mlp)"
         );
         assert!(ModelCatalog::empty().get("wine-mlp").is_err());
     }

@@ -32,9 +32,11 @@
 
 pub mod catalog;
 mod data;
+pub mod lm;
 mod mlp;
 pub mod qwen3;
 pub mod recipe;
+pub mod text;
 mod weights;
 
 use std::sync::Arc;
@@ -47,7 +49,7 @@ use hanzod_protocol::hzdl::DeltaError;
 use hanzod_protocol::model::ModelSpec;
 
 pub use data::{Dataset, FEATURES};
-pub use recipe::{recipe_for, recipe_of, RecipeError};
+pub use recipe::{recipe_of, trainer_for, trainer_of, RecipeError, Trainer};
 pub use weights::{Layout, LayoutEntry, Weights};
 
 use mlp::{BurnLinear, LayerTensors};
@@ -157,10 +159,12 @@ impl Recipe {
 }
 
 /// A model built into this crate, by name: `"wine-mlp"` ([`MODEL_NAME`]) is
-/// [`model_spec`]`(32)` (the default recipe's hidden width); `None` for any other name.
+/// [`model_spec`]`(32)` (the default recipe's hidden width), `"qwen3-tiny"` is
+/// [`lm::qwen3_tiny`]; `None` for any other name.
 pub fn builtin_model(name: &str) -> Option<ModelSpec> {
     match name {
         MODEL_NAME => Some(model_spec(32)),
+        lm::QWEN3_TINY => Some(lm::qwen3_tiny().spec()),
         _ => None,
     }
 }

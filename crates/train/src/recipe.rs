@@ -1,18 +1,26 @@
-//! From a job's training spec to the [`Recipe`] a node runs and the validator replays
-//! (DESIGN §5, §6).
+//! From a job's training spec to the [`Trainer`] a node runs and the validator replays
+//! (DESIGN §5, §6): the `wine-mlp` on Wine Quality ([`Recipe`], SGD) or a Qwen3 language
+//! model on a text corpus ([`LmTask`], AdamW).
 
-use hanzod_actors::job::TrainingSpec;
+use std::sync::{Arc, OnceLock};
+
+use hanzod_actors::job::{TrainMode, TrainingSpec};
 use hanzod_actors::types::JobId;
+use hanzod_protocol::hzdl::DeltaDtype;
 use hanzod_protocol::model::ModelSpec;
 
-use crate::{Recipe, TrainError};
+use crate::lm::{self, LmRecipe, LmTask};
+use crate::qwen3::{AdamW, Qwen3Config};
+use crate::text::{self, TextData};
+use crate::weights::{Layout, Weights};
+use crate::{Dataset, LocalRun, Recipe, TrainError};
 
-/// Why a job's training spec has no recipe here.
+/// Why a job's training spec has no trainer here.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RecipeError {
     /// The model is not one this trainer can run.
     #[error(
-        "model {model:?} has no trainer here (hanzod trains {}-style MLPs)",
+        "model {model:?} has no trainer here (hanzod trains {}-style MLPs and qwen3 language models)",
         crate::MODEL_NAME
     )]
     NoTrainer {
@@ -25,32 +33,246 @@ pub enum RecipeError {
         /// The model named by the spec.
         model: String,
     },
-    /// The dataset is not one this trainer reads.
-    #[error("dataset {dataset:?} has no trainer here (known: {WINE_QUALITY})")]
+    /// The dataset is not one this model's trainer reads.
+    #[error("dataset {dataset:?} has no trainer for model {model:?} (it reads {expected})")]
     UnknownDataset {
         /// The dataset named by the spec.
         dataset: String,
+        /// The model named by the spec.
+        model: String,
+        /// The dataset that model's trainer reads.
+        expected: &'static str,
     },
     /// The outer learning rate is not a positive f32.
     #[error("outer_lr {0} is not a positive f32")]
     OuterLr(f64),
-    /// The recipe is out of its bounds ([`Recipe::validate`]).
+    /// `delta_dtype` is not `f32` or `bf16`.
+    #[error("delta_dtype {0:?} is not \"f32\" or \"bf16\"")]
+    DeltaDtype(String),
+    /// A language-model field given to a model that has none (the MLP trains with SGD,
+    /// full-parameter, from its seed).
+    #[error("{field} does not apply to model {model:?}")]
+    NotApplicable {
+        /// The field.
+        field: &'static str,
+        /// The model.
+        model: String,
+    },
+    /// `model = "qwen3"` without a valid `architecture` (a Hugging Face config.json).
+    #[error("architecture: {0}")]
+    Architecture(String),
+    /// The LoRA adapter is not trainable here.
+    #[error("lora: {0}")]
+    Lora(String),
+    /// The recipe is out of its bounds ([`Recipe::validate`], [`LmRecipe::validate`]).
     #[error("{0}")]
     Invalid(TrainError),
 }
 
-/// The trainer recipe of `job`'s training spec, whose model the catalog resolved to
-/// `model`: the model must be a `wine-mlp` of some hidden width (the trainer hanzod ships,
-/// [`crate::model_spec`]) and the dataset `wine-quality-red`; the recipe must pass
-/// [`Recipe::validate`] (bounded steps and batch, learning rates finite in f32).
+/// The architecture a language-model spec names: `qwen3-tiny` ([`lm::qwen3_tiny`]) or
+/// `qwen3` with its `architecture` text; `Ok(None)` for a model that is not a language
+/// model.
+pub fn lm_config(training: &TrainingSpec) -> Result<Option<Qwen3Config>, RecipeError> {
+    match training.model.as_str() {
+        lm::QWEN3_TINY => match &training.architecture {
+            None => Ok(Some(lm::qwen3_tiny())),
+            Some(_) => Err(RecipeError::NotApplicable {
+                field: "architecture",
+                model: training.model.clone(),
+            }),
+        },
+        lm::QWEN3 => {
+            let text = training.architecture.as_deref().ok_or_else(|| {
+                RecipeError::Architecture(
+                    "model \"qwen3\" needs its config.json (training.architecture)".into(),
+                )
+            })?;
+            Qwen3Config::from_json(text)
+                .map(Some)
+                .map_err(|e| RecipeError::Architecture(e.to_string()))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The element type a job's deltas are uploaded in.
+pub fn delta_dtype(training: &TrainingSpec) -> Result<DeltaDtype, RecipeError> {
+    match training.delta_dtype.as_str() {
+        "f32" => Ok(DeltaDtype::F32),
+        "bf16" => Ok(DeltaDtype::Bf16),
+        other => Err(RecipeError::DeltaDtype(other.to_string())),
+    }
+}
+
+/// The `wine-mlp`'s training math: its recipe and the Wine Quality data.
+#[derive(Debug, Clone)]
+pub struct MlpTask {
+    /// The recipe.
+    pub recipe: Recipe,
+    data: Arc<Dataset>,
+}
+
+/// A job's training math, resolved from its spec by [`trainer_for`]: what a node trains
+/// and a validator replays. Every method is deterministic on one machine.
+#[derive(Debug, Clone)]
+pub enum Trainer {
+    /// The `wine-mlp` (SGD, mean squared error in standardised-target units).
+    Mlp(MlpTask),
+    /// A Qwen3 language model (AdamW, cross-entropy in nats/token).
+    Lm(LmTask),
+}
+
+impl PartialEq for Trainer {
+    /// Same model, same recipe (the data are the built-in ones each trainer names).
+    fn eq(&self, other: &Trainer) -> bool {
+        match (self, other) {
+            (Trainer::Mlp(a), Trainer::Mlp(b)) => a.recipe == b.recipe,
+            (Trainer::Lm(a), Trainer::Lm(b)) => {
+                a.model().config() == b.model().config() && a.recipe() == b.recipe()
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The shared Wine Quality data (loaded once per process).
+fn wine_quality() -> Result<Arc<Dataset>, TrainError> {
+    static DATA: OnceLock<Result<Arc<Dataset>, TrainError>> = OnceLock::new();
+    DATA.get_or_init(|| Dataset::wine_quality().map(Arc::new))
+        .clone()
+}
+
+impl Trainer {
+    /// The weights' layout (every tensor of the model, name order).
+    pub fn layout(&self) -> Arc<Layout> {
+        match self {
+            Trainer::Mlp(t) => crate::layout(t.recipe.hidden),
+            Trainer::Lm(t) => t.layout(),
+        }
+    }
+
+    /// The initial weights of the recipe's seed.
+    pub fn init(&self) -> Weights {
+        match self {
+            Trainer::Mlp(t) => crate::init(&t.recipe),
+            Trainer::Lm(t) => t.init(),
+        }
+    }
+
+    /// Local steps per epoch.
+    pub fn local_steps(&self) -> u32 {
+        match self {
+            Trainer::Mlp(t) => t.recipe.local_steps,
+            Trainer::Lm(t) => t.recipe().local_steps,
+        }
+    }
+
+    /// `node`'s local run of an epoch from `global`, steps `first_step ..` (see
+    /// [`crate::train_local`] and [`LmTask::train_local`]).
+    pub fn train_local(
+        &self,
+        global: &Weights,
+        node: &[u8; 32],
+        first_step: u64,
+    ) -> Result<LocalRun, TrainError> {
+        match self {
+            Trainer::Mlp(t) => crate::train_local(global, &t.data, &t.recipe, node, first_step),
+            Trainer::Lm(t) => t.train_local(global, node, first_step),
+        }
+    }
+
+    /// The loss of `w` on `node`'s batch of `step`: what the spot-check compares with a
+    /// claimed loss.
+    pub fn batch_loss(&self, w: &Weights, node: &[u8; 32], step: u64) -> Result<f64, TrainError> {
+        match self {
+            Trainer::Mlp(t) => crate::batch_loss(w, &t.data, &t.recipe, node, step),
+            Trainer::Lm(t) => t.batch_loss(w, node, step),
+        }
+    }
+
+    /// The held-out loss of `w` (the quality score's input).
+    pub fn validation_loss(&self, w: &Weights) -> Result<f64, TrainError> {
+        match self {
+            Trainer::Mlp(t) => crate::validation_loss(w, &t.data),
+            Trainer::Lm(t) => t.validation_loss(w),
+        }
+    }
+
+    /// The unit of [`Trainer::validation_loss`] and [`Trainer::batch_loss`], for messages.
+    pub fn loss_unit(&self) -> &'static str {
+        match self {
+            Trainer::Mlp(_) => "MSE, standardised units",
+            Trainer::Lm(_) => "nats/token",
+        }
+    }
+}
+
+/// The trainer of `job`'s training spec, whose model the catalog resolved to `model`:
+/// - a `wine-mlp` of some hidden width ([`crate::model_spec`]) on `wine-quality-red`,
+///   SGD, full-parameter, from its seed (no language-model field set);
+/// - `qwen3-tiny`, or `qwen3` with its `architecture`, on `austen`, AdamW, full-parameter
+///   (LoRA is refused until the node trains adapters).
+///
+/// The recipe must pass its bounds (bounded steps, batch and validation shard, learning
+/// rates finite in f32), the outer learning rate be a positive f32, and `delta_dtype` be
+/// `f32` or `bf16`.
 ///
 /// Errors: [`RecipeError`], for `INVALID_ARGUMENT` at SubmitJob and for a failed
 /// publication should a job get past that.
-pub fn recipe_for(
+pub fn trainer_for(
     training: &TrainingSpec,
     model: &ModelSpec,
     job: JobId,
-) -> Result<Recipe, RecipeError> {
+) -> Result<Trainer, RecipeError> {
+    let outer = training.outer_lr as f32;
+    if !(outer.is_finite() && outer > 0.0) {
+        return Err(RecipeError::OuterLr(training.outer_lr));
+    }
+    delta_dtype(training)?;
+    if let Some(cfg) = lm_config(training)? {
+        if training.dataset != text::AUSTEN {
+            return Err(RecipeError::UnknownDataset {
+                dataset: training.dataset.clone(),
+                model: training.model.clone(),
+                expected: text::AUSTEN,
+            });
+        }
+        if cfg.spec().params != model.params {
+            return Err(RecipeError::NoTrainer {
+                model: training.model.clone(),
+            });
+        }
+        if training.mode == TrainMode::Lora {
+            return Err(RecipeError::Lora(
+                "LoRA training is not available yet: use mode = \"full\"".into(),
+            ));
+        }
+        if training.base.is_some() {
+            return Err(RecipeError::NotApplicable {
+                field: "base",
+                model: training.model.clone(),
+            });
+        }
+        let a = &training.adamw;
+        let recipe = LmRecipe {
+            seed: training.seed,
+            job: job.0,
+            seq_len: training.seq_len,
+            batch_size: training.batch_size,
+            local_steps: training.local_steps,
+            adamw: AdamW {
+                lr: training.local_lr,
+                beta1: a.beta1,
+                beta2: a.beta2,
+                eps: a.eps,
+                weight_decay: a.weight_decay,
+            },
+            validation_tokens: training.validation_tokens,
+        };
+        return LmTask::new(cfg, recipe, TextData::austen())
+            .map(Trainer::Lm)
+            .map_err(RecipeError::Invalid);
+    }
     let hidden = model
         .params
         .get("fc1.bias")
@@ -65,11 +287,24 @@ pub fn recipe_for(
     if training.dataset != WINE_QUALITY {
         return Err(RecipeError::UnknownDataset {
             dataset: training.dataset.clone(),
+            model: training.model.clone(),
+            expected: WINE_QUALITY,
         });
     }
-    let outer = training.outer_lr as f32;
-    if !(outer.is_finite() && outer > 0.0) {
-        return Err(RecipeError::OuterLr(training.outer_lr));
+    let d = TrainingSpec::default();
+    for (field, set) in [
+        ("mode", training.mode != d.mode),
+        ("lora", training.lora != d.lora),
+        ("adamw", training.adamw != d.adamw),
+        ("architecture", training.architecture.is_some()),
+        ("base", training.base.is_some()),
+    ] {
+        if set {
+            return Err(RecipeError::NotApplicable {
+                field,
+                model: training.model.clone(),
+            });
+        }
     }
     let recipe = Recipe {
         seed: training.seed,
@@ -80,16 +315,33 @@ pub fn recipe_for(
         hidden,
     };
     recipe.validate().map_err(RecipeError::Invalid)?;
-    Ok(recipe)
+    Ok(Trainer::Mlp(MlpTask {
+        recipe,
+        data: wine_quality().map_err(RecipeError::Invalid)?,
+    }))
 }
 
-/// [`recipe_for`] with the built-in model named by `training.model`.
+/// [`trainer_for`] with the model the spec names resolved by the built-in catalog
+/// ([`crate::catalog::ModelCatalog::builtin`]).
+pub fn trainer_of(training: &TrainingSpec, job: JobId) -> Result<Trainer, RecipeError> {
+    let model = crate::catalog::ModelCatalog::builtin()
+        .check_training(training)
+        .map_err(|_| RecipeError::NotBuiltIn {
+            model: training.model.clone(),
+        })?;
+    trainer_for(training, &model, job)
+}
+
+/// The `wine-mlp` recipe of a spec ([`trainer_of`]'s MLP case); [`RecipeError::NoTrainer`]
+/// for a language model.
 pub fn recipe_of(training: &TrainingSpec, job: JobId) -> Result<Recipe, RecipeError> {
-    let model = crate::builtin_model(&training.model).ok_or_else(|| RecipeError::NotBuiltIn {
-        model: training.model.clone(),
-    })?;
-    recipe_for(training, &model, job)
+    match trainer_of(training, job)? {
+        Trainer::Mlp(t) => Ok(t.recipe),
+        Trainer::Lm(_) => Err(RecipeError::NoTrainer {
+            model: training.model.clone(),
+        }),
+    }
 }
 
-/// The dataset the trainer reads.
+/// The dataset the MLP trainer reads.
 const WINE_QUALITY: &str = "wine-quality-red";

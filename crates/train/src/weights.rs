@@ -256,6 +256,16 @@ impl Weights {
     /// This buffer as an HZDL full-parameter delta in f32 (DESIGN §6) against checkpoint
     /// `base_version`; read back with [`DeltaView::parse`] and [`Weights::from_delta_view`].
     pub fn to_delta_bytes(&self, base_version: u64) -> Result<Vec<u8>, DeltaError> {
+        self.to_delta_bytes_as(base_version, DeltaDtype::F32)
+    }
+
+    /// [`Weights::to_delta_bytes`] with the values stored as `dtype` (f16 and bf16 round
+    /// to nearest even, as [`write_delta`] does).
+    pub fn to_delta_bytes_as(
+        &self,
+        base_version: u64,
+        dtype: DeltaDtype,
+    ) -> Result<Vec<u8>, DeltaError> {
         if self.data.len() != self.layout.len() {
             return Err(DeltaError::WrongShape {
                 tensor: String::new(),
@@ -263,12 +273,7 @@ impl Weights {
                 found: vec![self.data.len()],
             });
         }
-        write_delta(
-            DeltaKind::Full,
-            base_version,
-            DeltaDtype::F32,
-            &self.parts(),
-        )
+        write_delta(DeltaKind::Full, base_version, dtype, &self.parts())
     }
 
     /// Reads a parsed delta of kind full (any dtype, converted to f32) into `layout`: runs

@@ -90,6 +90,7 @@ impl JobService for JobServiceImpl {
         let model = self.catalog.check_training(&spec.training).map_err(|e| {
             let field = match e {
                 CatalogError::UnknownModel { .. } => "spec.training.model",
+                CatalogError::Architecture(_) => "spec.training.architecture",
                 CatalogError::UnknownDataset { .. } => "spec.training.dataset",
             };
             refused(
@@ -99,7 +100,7 @@ impl JobService for JobServiceImpl {
         })?;
         // And one the validator could not replay (no trainer for the model, steps or batch
         // beyond the bounds that keep a spot-check cheap, rates that are not f32).
-        hanzod_train::recipe::recipe_for(&spec.training, model, JobId(0)).map_err(|e| {
+        hanzod_train::recipe::trainer_for(&spec.training, &model, JobId(0)).map_err(|e| {
             refused(
                 &self.core,
                 Status::invalid_argument(format!("invalid spec.training: {e}")),

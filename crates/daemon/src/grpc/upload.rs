@@ -587,7 +587,7 @@ fn admit(
             )),
         ));
     }
-    let model = catalog.get(&view.spec.training.model).map_err(|e| {
+    let model = catalog.check_training(&view.spec.training).map_err(|e| {
         refusal(
             "unknown_model",
             Status::failed_precondition(format!(
@@ -1067,7 +1067,7 @@ mod tests {
         let node = NodeId([1; 32]);
         let view = running_view(2, &[node, NodeId([2; 32])]);
         let model = admit(&header_for(&view, 2, 1_000), node, &view, &catalog).unwrap();
-        assert_eq!(&model, catalog.get(&view.spec.training.model).unwrap());
+        assert_eq!(model, catalog.check_training(&view.spec.training).unwrap());
     }
 
     #[test]

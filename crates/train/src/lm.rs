@@ -1,0 +1,370 @@
+//! Language-model jobs: a [`Qwen3`] trained on a text corpus ([`TextData`]) with AdamW,
+//! each node on its own replayable batch stream, validated by held-out cross-entropy.
+//!
+//! Units: every loss is the mean next-token cross-entropy in **nats/token**.
+//!
+//! The recipe ([`LmRecipe`]) fixes everything a run depends on besides the node key and the
+//! step, so a validator can replay it:
+//! - node `n`'s batch at global step `s`: the windows [`text::batch_windows`]`(seed, job,
+//!   n, s, batch_size, seq_len, train_len)` of `seq_len + 1` tokens;
+//! - the validation shard: [`text::validation_windows`]`(validation_len, seq_len,
+//!   validation_tokens)`, the same for every node and validator;
+//! - local training: `local_steps` AdamW steps ([`AdamW`]) from the epoch's checkpoint,
+//!   **starting from zero moments every epoch**. The moments are the node's own and never
+//!   leave it; resetting them makes a node's whole local run a function of (checkpoint,
+//!   recipe, node, step), so the spot-check can re-execute it (DESIGN §6). Keeping them
+//!   across epochs (as DiLoCo does) would leave nothing to replay against.
+
+use std::sync::Arc;
+
+use crate::qwen3::{AdamW, Batch, NllSum, Qwen3, Qwen3Config};
+use crate::text::{self, TextData};
+use crate::weights::{Layout, Weights};
+use crate::{LocalRun, TrainError};
+
+/// The built-in language model's name ([`qwen3_tiny`]).
+pub const QWEN3_TINY: &str = "qwen3-tiny";
+
+/// The model name of a Qwen3 whose architecture the job spec gives (a `config.json`).
+pub const QWEN3: &str = "qwen3";
+
+/// Longest sequence a recipe may ask for, tokens.
+pub const MAX_SEQ_LEN: u32 = 8192;
+
+/// Most sequences per step a recipe may ask for.
+pub const MAX_LM_BATCH: u32 = 1024;
+
+/// Most validation tokens a recipe may ask for (the daemon's budget is usually lower).
+pub const MAX_VALIDATION_TOKENS: u64 = 1 << 24;
+
+/// Sequences per forward pass when scoring the validation shard (bounds the logits held:
+/// `VALIDATION_CHUNK × seq_len × vocab` floats).
+const VALIDATION_CHUNK: usize = 8;
+
+/// `qwen3-tiny`: a 4-layer Qwen3 of 1.05 M parameters for the built-in tokenizer
+/// (vocabulary [`text::AUSTEN_VOCAB`] = 2,048): hidden 128, MLP 384, 4 query heads and 2
+/// key/value heads of 32, tied embeddings, RMSNorm ε 1e-6, rotary θ 1,000,000 (Qwen3's),
+/// 512 positions, initial std 0.02. Small enough to train visibly on two CPU cores.
+pub fn qwen3_tiny() -> Qwen3Config {
+    let tokenizer = text::Tokenizer::austen();
+    Qwen3Config {
+        vocab_size: text::AUSTEN_VOCAB,
+        hidden_size: 128,
+        intermediate_size: 384,
+        num_hidden_layers: 4,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 32,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        max_position_embeddings: 512,
+        tie_word_embeddings: true,
+        initializer_range: 0.02,
+        bos_token_id: None,
+        eos_token_id: Some(tokenizer.eos_id()),
+    }
+}
+
+/// A language-model job's recipe.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LmRecipe {
+    /// Seeds the initial weights and every node's batch stream.
+    pub seed: u64,
+    /// The job id, salting every node's batch stream.
+    pub job: u64,
+    /// Tokens each sequence predicts (windows are `seq_len + 1` tokens).
+    pub seq_len: u32,
+    /// Sequences per local step.
+    pub batch_size: u32,
+    /// AdamW steps per epoch.
+    pub local_steps: u32,
+    /// The local optimizer.
+    pub adamw: AdamW,
+    /// Tokens of the validation shard ([`text::validation_windows`]).
+    pub validation_tokens: u64,
+}
+
+impl LmRecipe {
+    /// [`TrainError::InvalidRecipe`] unless `1 ≤ local_steps ≤ MAX_LOCAL_STEPS`,
+    /// `1 ≤ batch_size ≤ MAX_LM_BATCH`, `2 ≤ seq_len ≤ min(MAX_SEQ_LEN, positions)`,
+    /// `seq_len ≤ validation_tokens ≤ MAX_VALIDATION_TOKENS`, and the optimizer is valid.
+    pub fn validate(&self, cfg: &Qwen3Config) -> Result<(), TrainError> {
+        let bad = |m: String| Err(TrainError::InvalidRecipe(m));
+        if self.local_steps == 0 || self.local_steps > crate::MAX_LOCAL_STEPS {
+            return bad(format!(
+                "local_steps {} (1 to {})",
+                self.local_steps,
+                crate::MAX_LOCAL_STEPS
+            ));
+        }
+        if self.batch_size == 0 || self.batch_size > MAX_LM_BATCH {
+            return bad(format!(
+                "batch_size {} (1 to {MAX_LM_BATCH})",
+                self.batch_size
+            ));
+        }
+        let max_seq =
+            MAX_SEQ_LEN.min(u32::try_from(cfg.max_position_embeddings).unwrap_or(u32::MAX));
+        if self.seq_len < 2 || self.seq_len > max_seq {
+            return bad(format!("seq_len {} (2 to {max_seq})", self.seq_len));
+        }
+        if self.validation_tokens < u64::from(self.seq_len)
+            || self.validation_tokens > MAX_VALIDATION_TOKENS
+        {
+            return bad(format!(
+                "validation_tokens {} ({} to {MAX_VALIDATION_TOKENS})",
+                self.validation_tokens, self.seq_len
+            ));
+        }
+        self.adamw.validate()
+    }
+}
+
+/// A language-model job's training math: the model, its recipe and its corpus.
+#[derive(Debug, Clone)]
+pub struct LmTask {
+    model: Qwen3,
+    recipe: LmRecipe,
+    data: &'static TextData,
+}
+
+fn text_error(e: text::TextError) -> TrainError {
+    TrainError::Dataset(e.to_string())
+}
+
+impl LmTask {
+    /// The task of `recipe` on `cfg` over `data`. Errors: an invalid recipe, a model whose
+    /// vocabulary does not cover the tokenizer's, a corpus too short for one window.
+    pub fn new(
+        cfg: Qwen3Config,
+        recipe: LmRecipe,
+        data: &'static TextData,
+    ) -> Result<LmTask, TrainError> {
+        recipe.validate(&cfg)?;
+        if data.tokenizer().vocab_size() > cfg.vocab_size {
+            return Err(TrainError::LayoutMismatch(format!(
+                "the tokenizer has {} tokens, the model's vocabulary {}",
+                data.tokenizer().vocab_size(),
+                cfg.vocab_size
+            )));
+        }
+        text::validation_windows(
+            data.validation_len(),
+            recipe.seq_len,
+            recipe.validation_tokens,
+        )
+        .map_err(text_error)?;
+        Ok(LmTask {
+            model: Qwen3::new(cfg)?,
+            recipe,
+            data,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Qwen3 {
+        &self.model
+    }
+
+    /// The recipe.
+    pub fn recipe(&self) -> &LmRecipe {
+        &self.recipe
+    }
+
+    /// The corpus.
+    pub fn data(&self) -> &'static TextData {
+        self.data
+    }
+
+    /// The weights' layout.
+    pub fn layout(&self) -> Arc<Layout> {
+        self.model.layout().clone()
+    }
+
+    /// The initial weights ([`Qwen3::init`] of the recipe's seed).
+    pub fn init(&self) -> Weights {
+        self.model.init(self.recipe.seed)
+    }
+
+    /// `node`'s batch at global step `step`: `[batch_size, seq_len + 1]` token ids.
+    pub fn batch(&self, node: &[u8; 32], step: u64) -> Result<Vec<u32>, TrainError> {
+        let r = &self.recipe;
+        let starts = text::batch_windows(
+            r.seed,
+            r.job,
+            node,
+            step,
+            r.batch_size,
+            r.seq_len,
+            self.data.train_len(),
+        )
+        .map_err(text_error)?;
+        text::batch_tokens(self.data.train(), &starts, r.seq_len).map_err(text_error)
+    }
+
+    /// The loss (nats/token) of `w` on `node`'s batch of `step`: what the spot-check
+    /// recomputes against a node's claimed loss.
+    pub fn batch_loss(&self, w: &Weights, node: &[u8; 32], step: u64) -> Result<f64, TrainError> {
+        let tokens = self.batch(node, step)?;
+        let sum = self.model.nll(
+            w,
+            Batch {
+                tokens: &tokens,
+                batch: self.recipe.batch_size as usize,
+            },
+        )?;
+        Ok(sum.mean())
+    }
+
+    /// The held-out loss of `w` on the job's validation shard (nats/token), scored
+    /// [`VALIDATION_CHUNK`] sequences per forward pass and summed in f64 in shard order.
+    pub fn validation_loss(&self, w: &Weights) -> Result<f64, TrainError> {
+        let r = &self.recipe;
+        let starts =
+            text::validation_windows(self.data.validation_len(), r.seq_len, r.validation_tokens)
+                .map_err(text_error)?;
+        let mut total = NllSum::default();
+        for chunk in starts.chunks(VALIDATION_CHUNK) {
+            let tokens =
+                text::batch_tokens(self.data.validation(), chunk, r.seq_len).map_err(text_error)?;
+            total.add(self.model.nll(
+                w,
+                Batch {
+                    tokens: &tokens,
+                    batch: chunk.len(),
+                },
+            )?);
+        }
+        Ok(total.mean())
+    }
+
+    /// Runs steps `first_step .. first_step + local_steps` from `global` with AdamW from zero
+    /// moments (module docs). `claimed_loss` is the loss of `global` on the first batch
+    /// (under the autodiff forward; [`LmTask::batch_loss`] recomputes it equal to f32
+    /// rounding).
+    pub fn train_local(
+        &self,
+        global: &Weights,
+        node: &[u8; 32],
+        first_step: u64,
+    ) -> Result<LocalRun, TrainError> {
+        let r = &self.recipe;
+        let last_step = first_step
+            .checked_add(u64::from(r.local_steps) - 1)
+            .ok_or_else(|| TrainError::InvalidRecipe("step range passes u64::MAX".into()))?;
+        let batches = (first_step..=last_step)
+            .map(|s| self.batch(node, s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let run = self.model.train(
+            global,
+            None,
+            &r.adamw,
+            batches.iter().map(|t| Batch {
+                tokens: t,
+                batch: r.batch_size as usize,
+            }),
+        )?;
+        Ok(LocalRun {
+            weights: run.weights,
+            claimed_loss: run.losses[0],
+            last_step,
+            losses: run.losses,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recipe() -> LmRecipe {
+        LmRecipe {
+            seed: 3,
+            job: 1,
+            seq_len: 32,
+            batch_size: 4,
+            local_steps: 3,
+            adamw: AdamW {
+                lr: 3e-3,
+                ..AdamW::default()
+            },
+            validation_tokens: 256,
+        }
+    }
+
+    #[test]
+    fn qwen3_tiny_is_about_a_million_parameters() {
+        let m = Qwen3::new(qwen3_tiny()).unwrap();
+        assert!(
+            (1_000_000..1_100_000).contains(&m.param_count()),
+            "{}",
+            m.param_count()
+        );
+    }
+
+    #[test]
+    fn local_training_lowers_the_loss_and_replays() {
+        let task = LmTask::new(qwen3_tiny(), recipe(), TextData::austen()).unwrap();
+        let w0 = task.init();
+        let node = [7u8; 32];
+        let before = task.validation_loss(&w0).unwrap();
+        // An untrained model is near uniform over 2,048 tokens.
+        assert!((before - (2048f64).ln()).abs() < 0.1, "{before}");
+        let run = task.train_local(&w0, &node, 10).unwrap();
+        assert_eq!(run.last_step, 12);
+        assert_eq!(run.losses.len(), 3);
+        let claimed = task.batch_loss(&w0, &node, 10).unwrap();
+        assert!((claimed - run.claimed_loss).abs() <= 1e-5 * claimed);
+        let after = task.validation_loss(&run.weights).unwrap();
+        assert!(after < before - 0.05, "{before} → {after}");
+        // Replayable: the same inputs give the same weights.
+        assert_eq!(
+            task.train_local(&w0, &node, 10).unwrap().weights,
+            run.weights
+        );
+        // Another node trains on other batches.
+        assert_ne!(
+            task.batch(&node, 10).unwrap(),
+            task.batch(&[8; 32], 10).unwrap()
+        );
+    }
+
+    #[test]
+    fn refuses_recipes_out_of_bounds() {
+        let cfg = qwen3_tiny();
+        for bad in [
+            LmRecipe {
+                local_steps: 0,
+                ..recipe()
+            },
+            LmRecipe {
+                batch_size: 0,
+                ..recipe()
+            },
+            LmRecipe {
+                seq_len: 1,
+                ..recipe()
+            },
+            LmRecipe {
+                seq_len: 513,
+                ..recipe()
+            },
+            LmRecipe {
+                validation_tokens: 8,
+                ..recipe()
+            },
+            LmRecipe {
+                adamw: AdamW {
+                    beta2: 1.0,
+                    ..AdamW::default()
+                },
+                ..recipe()
+            },
+        ] {
+            assert!(
+                matches!(bad.validate(&cfg), Err(TrainError::InvalidRecipe(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}
