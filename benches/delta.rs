@@ -106,7 +106,8 @@ fn intake_bench(c: &mut Criterion) {
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(8));
-    let cases: [(&str, fn() -> (ModelSpec, Vec<u8>)); 2] = [
+    type Case = (&'static str, fn() -> (ModelSpec, Vec<u8>));
+    let cases: [Case; 2] = [
         ("lora-qwen3-0.6b-r16", lora_qwen3),
         ("full-1GB", || full_of(1 << 30)),
     ];

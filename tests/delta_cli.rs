@@ -138,7 +138,7 @@ fn an_unknown_model_lists_the_built_in_models() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("not a built-in model (wine-mlp)"),
+        stderr.contains("not a built-in model (wine-mlp, qwen3-tiny)"),
         "{stderr}"
     );
 }

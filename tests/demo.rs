@@ -39,9 +39,11 @@ async fn run(plan: DemoPlan) -> DemoSummary {
 }
 
 /// `hanzod verify` on every published epoch: each verifies against the demo's exported
-/// ledger records and key (exit 0); a copy with one flipped byte in any of its three files
-/// fails (exit 1), naming the check; an unknown signer fails; a missing records file cannot
-/// be verified (exit 2).
+/// ledger records and key (exit 0); a copy with one flipped byte in any of its files (the
+/// three core ones, and a language model's tokenizer and generation files, which its card
+/// declares) fails (exit 1), naming the check; a copy without one of them, or with an
+/// undeclared file more, fails the `files` check naming it; an unknown signer fails; a
+/// missing records file cannot be verified (exit 2).
 fn verify_cli(s: &DemoSummary) {
     // The README's quick start trusts the demo orchestrator's key of the default seed.
     if s.plan.seed
@@ -100,43 +102,100 @@ fn verify_cli(s: &DemoSummary) {
         );
     }
     let dir = PathBuf::from(s.epochs[0].published.as_ref().expect("published"));
-    for (file, check) in [
+    // The repo holds the files its card declares: the three core ones, and for a language
+    // model its tokenizer and generation files, so that transformers loads it.
+    let card = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    let card = hanzod::publish::ModelCard::parse(&card).unwrap();
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, card.repo_files());
+    let lm = [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ];
+    if s.plan.model == "qwen3-tiny" {
+        assert_eq!(files.len(), 6, "{files:?}");
+        for f in lm {
+            assert_eq!(
+                card.files[f],
+                hanzod::publish::cid_of(&std::fs::read(dir.join(f)).unwrap()).to_string()
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(dir.join("tokenizer.json")).unwrap(),
+            train::text::Tokenizer::austen().to_json()
+        );
+    } else {
+        assert_eq!(files.len(), 3, "{files:?}");
+    }
+    let copy_of = |name: String| {
+        let copy = s.out.join(name);
+        let _ = std::fs::remove_dir_all(&copy);
+        std::fs::create_dir_all(&copy).unwrap();
+        for f in &files {
+            std::fs::copy(dir.join(f), copy.join(f)).unwrap();
+        }
+        copy
+    };
+    let checks = [
         ("model.safetensors", "weights CID"),
         ("config.json", "record: config"),
         ("README.md", "record: card"),
-    ] {
-        let copy = s.out.join(format!("tampered-{file}"));
-        let _ = std::fs::remove_dir_all(&copy);
-        std::fs::create_dir_all(&copy).unwrap();
-        for f in ["model.safetensors", "config.json", "README.md"] {
-            std::fs::copy(dir.join(f), copy.join(f)).unwrap();
-        }
+        ("tokenizer.json", "tokenizer.json CID"),
+        ("tokenizer_config.json", "tokenizer_config.json CID"),
+        ("generation_config.json", "generation_config.json CID"),
+    ];
+    for (file, check) in checks
+        .into_iter()
+        .filter(|(f, _)| files.iter().any(|g| g == f))
+    {
+        let copy = copy_of(format!("tampered-{file}"));
         let mut bytes = std::fs::read(copy.join(file)).unwrap();
         let at = bytes.len() / 2;
         bytes[at] ^= 0x01;
         std::fs::write(copy.join(file), bytes).unwrap();
         let (code, text) = verify(&copy, &s.orchestrator, &records);
         assert_eq!(code, Some(1), "{file}: {text}");
-        assert!(
-            text.contains("NOT VERIFIED") && text.contains(check),
-            "{file}: {text}"
-        );
+        let verdict = text
+            .lines()
+            .find(|l| l.starts_with("NOT VERIFIED: "))
+            .unwrap_or_default();
+        assert!(verdict.contains(check), "{file}: {text}");
     }
-    // A copy without its config.json, or with a file more, is not the published repo.
-    for (name, change) in [("missing", "rm"), ("extra", "add")] {
-        let copy = s.out.join(format!("files-{name}"));
-        let _ = std::fs::remove_dir_all(&copy);
-        std::fs::create_dir_all(&copy).unwrap();
-        for f in ["model.safetensors", "config.json", "README.md"] {
-            std::fs::copy(dir.join(f), copy.join(f)).unwrap();
-        }
-        match change {
-            "rm" => std::fs::remove_file(copy.join("config.json")).unwrap(),
-            _ => std::fs::write(copy.join("pytorch_model.bin"), b"unsigned").unwrap(),
+    // A copy without its config.json (or its tokenizer), or with a file more, is not the
+    // published repo: the `files` check names what differs.
+    let mut changes = vec![
+        ("missing-config", "config.json", "(missing config.json)"),
+        (
+            "extra",
+            "pytorch_model.bin",
+            "(undeclared extra file pytorch_model.bin)",
+        ),
+    ];
+    if files.iter().any(|f| f == "tokenizer.json") {
+        changes.push((
+            "missing-tokenizer",
+            "tokenizer.json",
+            "(missing tokenizer.json)",
+        ));
+    }
+    for (name, file, why) in changes {
+        let copy = copy_of(format!("files-{name}"));
+        match copy.join(file) {
+            path if path.exists() => std::fs::remove_file(path).unwrap(),
+            path => std::fs::write(path, b"unsigned").unwrap(),
         }
         let (code, text) = verify(&copy, &s.orchestrator, &records);
         assert_eq!(code, Some(1), "{name}: {text}");
-        assert!(text.contains("FAIL files"), "{name}: {text}");
+        assert!(
+            text.contains("FAIL files") && text.contains(why),
+            "{name}: {text}"
+        );
     }
     let stranger = "ab".repeat(32);
     let (code, text) = verify(&dir, &stranger, &records);
@@ -471,4 +530,80 @@ fn two_demos_into_one_folder_are_refused() {
     assert!(again.is_ok(), "{again:?}");
     drop(again);
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The language-model job end to end: `hanzod demo --model qwen3-tiny` with three node
+/// processes. The held-out cross-entropy (nats/token) falls every epoch from the untrained
+/// model's ≈ ln 2048; every published repo folder is a Hugging Face Qwen3 checkpoint
+/// (config.json of model_type qwen3, model.safetensors with Hugging Face names) whose loss
+/// the validator recomputes exactly; the federated run ends near a single process that
+/// trains the same tokens (module docs of the test for the tolerance).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_language_model_job_trains_qwen3_tiny_on_the_corpus() {
+    let out = std::env::temp_dir().join(format!("hanzod-demo-test-lm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let args = DemoArgs {
+        model: Some("qwen3-tiny".into()),
+        nodes: Some(3),
+        epochs: Some(3),
+        out: Some(out),
+        timeout_s: Some(300),
+        ..DemoArgs::default()
+    };
+    let mut p = args
+        .plan(PathBuf::from(env!("CARGO_BIN_EXE_hanzod")))
+        .expect("a valid plan");
+    p.progress = false;
+    let s = run(p.clone()).await;
+    assert!(s.succeeded(), "{:?}", s.failure);
+    let initial = s.initial_loss.expect("initial loss");
+    assert!((initial - 2048f64.ln()).abs() < 0.1, "{initial}");
+    let trainer = train::trainer_of(&p.training(), JobId(s.job)).unwrap();
+    let mut last = initial;
+    for e in &s.epochs {
+        assert_eq!(e.loss_before, last, "epoch {}", e.epoch);
+        assert!(
+            e.loss_after < e.loss_before,
+            "epoch {}: {} → {}",
+            e.epoch,
+            e.loss_before,
+            e.loss_after
+        );
+        assert_eq!((e.accepted, e.rejected), (3, 0), "epoch {}", e.epoch);
+        let dir = PathBuf::from(e.published.as_ref().expect("published as a repo folder"));
+        assert!(dir.ends_with(format!(
+            "hanzo-gym/qwen3-tiny-job-{}-epoch-{}",
+            s.job, e.epoch
+        )));
+        let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let cfg = train::qwen3::Qwen3Config::from_json(&config).expect("a Qwen3 config.json");
+        assert_eq!(cfg, train::lm::qwen3_tiny());
+        let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let w = train::Weights::from_safetensors(&weights, trainer.layout()).unwrap();
+        assert!(w.tensor("model.layers.3.self_attn.q_norm.weight").is_some());
+        assert_eq!(trainer.validation_loss(&w).unwrap(), e.loss_after);
+        last = e.loss_after;
+    }
+    verify_cli(&s);
+    // One process training the same tokens: `epochs × local_steps` AdamW steps on batches
+    // of `nodes × batch_size` sequences (synchronous data parallelism).
+    let single = {
+        let t = TrainingSpec {
+            local_steps: p.local_steps * p.epochs,
+            batch_size: p.batch_size * p.nodes as u32,
+            ..p.training()
+        };
+        let single = train::trainer_of(&t, JobId(s.job)).unwrap();
+        let run = single.train_local(&single.init(), &[0; 32], 0).unwrap();
+        single.validation_loss(&run.weights).unwrap()
+    };
+    let gap = (last - single) / single;
+    eprintln!(
+        "federated {last:.4} vs single-process {single:.4} nats/token: {:+.2} %",
+        gap * 100.0
+    );
+    assert!(
+        gap.abs() <= 0.10,
+        "federated {last} vs single-process {single}"
+    );
 }

@@ -1,6 +1,7 @@
 //! The Hugging Face Hub adapter (`hanzod::publish::hub`) against the fake Hub
 //! (`hanzod::publish::fake_hub::FakeHub`, a test double following the Hub's published API):
-//! one commit of the three files with the weights through LFS, idempotent republication,
+//! one commit of the three files with the weights through LFS (a language model's six,
+//! with its tokenizer and generation files), idempotent republication,
 //! conflicts, retried 429/503 bursts, bounded failures, bad tokens, a crash between the LFS
 //! upload and the commit, and streamed downloads. Then the download path against a real
 //! Hub-compatible server: olah (PyPI `olah==0.5.4`) serving a git mirror offline. Without
@@ -17,7 +18,10 @@ use hanzod::publish::fake_hub::{
 use hanzod::publish::hub::{
     git_blob_oid, sha256_hex, HubClient, HubOptions, HubRegistry, RetryPolicy,
 };
-use hanzod::publish::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
+use hanzod::publish::registry::{
+    CARD_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+    WEIGHTS_FILE,
+};
 use hanzod::publish::{cid_of, Location, ModelCard, ModelRegistry, ModelUpload, RegistryError};
 use rand::{Rng, SeedableRng};
 
@@ -47,7 +51,9 @@ fn upload(weights: &[u8], epoch: u32) -> ModelUpload {
             license: "apache-2.0".into(),
             model: "gpt2-small".into(),
             dataset: "wikitext-2".into(),
+            files: Default::default(),
         },
+        files: Default::default(),
     }
 }
 
@@ -154,6 +160,67 @@ async fn publish_makes_one_commit_with_the_weights_through_lfs() {
     );
     let lfs = entry(WEIGHTS_FILE).lfs.unwrap();
     assert_eq!((lfs.oid.as_str(), lfs.size), (oid.as_str(), 300_000));
+}
+
+/// A language model's repo: the tokenizer and generation files go in the same one commit,
+/// as regular blobs, and a republication finds them there (no second commit).
+#[tokio::test]
+async fn a_language_models_tokenizer_and_generation_files_go_in_the_one_commit() {
+    let hub = FakeHub::start().await.unwrap();
+    let weights = random_bytes(100_000, "weights");
+    let mut up = upload(&weights, 0);
+    let tokenizer = random_bytes(120_000, "tokenizer.json")
+        .iter()
+        .map(|b| b'a' + b % 26)
+        .collect::<Vec<u8>>();
+    up.files = [
+        (TOKENIZER_FILE, tokenizer),
+        (
+            TOKENIZER_CONFIG_FILE,
+            br#"{"model_max_length": 512}"#.to_vec(),
+        ),
+        (GENERATION_CONFIG_FILE, br#"{"eos_token_id": 0}"#.to_vec()),
+    ]
+    .into_iter()
+    .map(|(n, b)| (n.to_string(), Arc::from(b)))
+    .collect();
+    up.card.files = up
+        .files
+        .iter()
+        .map(|(n, b)| (n.clone(), cid_of(b).to_string()))
+        .collect();
+    let reg = registry(&hub);
+    reg.publish(&up).await.unwrap();
+    assert_eq!(hub.commits(&up.repo), 1);
+    let head = hub.head_files(&up.repo).unwrap();
+    assert_eq!(
+        head.keys().map(String::as_str).collect::<Vec<_>>(),
+        vec![
+            ".gitattributes",
+            CARD_FILE,
+            CONFIG_FILE,
+            GENERATION_CONFIG_FILE,
+            WEIGHTS_FILE,
+            TOKENIZER_FILE,
+            TOKENIZER_CONFIG_FILE
+        ]
+    );
+    for (name, bytes) in &up.files {
+        assert!(!head[name.as_str()].lfs, "{name} is a regular blob");
+        assert_eq!(head[name.as_str()].bytes, &bytes[..], "{name}");
+    }
+    assert_eq!(hub.lfs_uploads(), 1, "the weights only");
+    // Again: the tree holds all six, nothing is committed.
+    reg.publish(&up).await.unwrap();
+    assert_eq!(hub.commits(&up.repo), 1);
+    // The same repo without the tokenizer files is another publication: a conflict.
+    let core = upload(&weights, 0);
+    assert_eq!(
+        reg.publish(&core).await,
+        Err(RegistryError::Conflict {
+            repo: up.repo.clone()
+        })
+    );
 }
 
 #[tokio::test]

@@ -1,8 +1,10 @@
 //! The publication ports (DESIGN §7): Kubo-identical CIDs against reference vectors (of
 //! [`pattern`]), the object-store conformance suite
 //! ([`hanzod::publish::objects::conformance`]) on both embedded stores, and the folder model
-//! registry.
+//! registry (a repo of the three core files, and a language model's with the tokenizer and
+//! generation files its card declares).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,7 +12,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use hanzod::publish::cid::{CHUNK_SIZE, MAX_LINKS};
 use hanzod::publish::objects::conformance::{self, pattern};
-use hanzod::publish::registry::{validate_repo, CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
+use hanzod::publish::registry::{
+    validate_file_name, validate_repo, CARD_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
+};
 use hanzod::publish::{
     cid_of, dag, FolderRegistry, FsObjectStore, Location, MemoryObjectStore, ModelCard,
     ModelRegistry, ModelUpload, ObjectError, ObjectStore, RegistryError,
@@ -225,6 +230,7 @@ fn card(weights: &[u8], epoch: u32) -> ModelCard {
         license: "apache-2.0".into(),
         model: "gpt2-small".into(),
         dataset: "wikitext-2".into(),
+        files: BTreeMap::new(),
     }
 }
 
@@ -234,6 +240,7 @@ fn upload(weights: &[u8], epoch: u32) -> ModelUpload {
         weights: Arc::from(weights),
         config_json: br#"{"n_layer": 2}"#.to_vec(),
         card: card(weights, epoch),
+        files: BTreeMap::new(),
     }
 }
 
@@ -303,8 +310,9 @@ proptest! {
         license in "\\PC{1,30}",
         model in "\\PC{1,40}",
         dataset in "\\PC{1,40}",
+        files in proptest::collection::btree_map("[a-z][a-z0-9._-]{0,30}", "[a-z2-7]{1,60}", 0..4),
     ) {
-        let card = ModelCard { cid, epoch, job, quality, base_model, license, model, dataset };
+        let card = ModelCard { cid, epoch, job, quality, base_model, license, model, dataset, files };
         prop_assert_eq!(ModelCard::parse(&card.render()), Ok(card));
     }
 }
@@ -368,6 +376,146 @@ async fn folder_registry_publishes_the_hub_layout_idempotently() {
     let next = upload(&pattern(10), 4);
     let p4 = registry.publish(&next).await.expect("epoch 4");
     assert_eq!(p4.repo, "hanzo/gpt2-small-epoch-4");
+}
+
+/// A language model's upload: the three core files and the tokenizer and generation files,
+/// each declared by the card with its CID.
+fn lm_upload(weights: &[u8], epoch: u32) -> ModelUpload {
+    let files: BTreeMap<String, Arc<[u8]>> = [
+        (TOKENIZER_FILE, &br#"{"model": {"type": "BPE"}}"#[..]),
+        (TOKENIZER_CONFIG_FILE, br#"{"model_max_length": 512}"#),
+        (GENERATION_CONFIG_FILE, br#"{"eos_token_id": 0}"#),
+    ]
+    .into_iter()
+    .map(|(n, b)| (n.to_string(), Arc::from(b)))
+    .collect();
+    let mut up = upload(weights, epoch);
+    up.card.files = files
+        .iter()
+        .map(|(n, b)| (n.clone(), cid_of(b).to_string()))
+        .collect();
+    up.files = files;
+    up
+}
+
+#[test]
+fn a_card_declares_the_repos_other_files_by_cid() {
+    let up = lm_upload(&pattern(100), 2);
+    let readme = up.card.render();
+    let declared = format!(
+        "  model: gpt2-small\n  files:\n    generation_config.json: {}\n    \
+         tokenizer.json: {}\n    tokenizer_config.json: {}\n---\n",
+        up.card.files[GENERATION_CONFIG_FILE],
+        up.card.files[TOKENIZER_FILE],
+        up.card.files[TOKENIZER_CONFIG_FILE]
+    );
+    assert!(readme.contains(&declared), "{readme}");
+    assert!(
+        readme.contains("`tokenizer.json`"),
+        "the body names them: {readme}"
+    );
+    assert_eq!(ModelCard::parse(&readme), Ok(up.card.clone()));
+    assert_eq!(
+        up.card.repo_files(),
+        [
+            CARD_FILE,
+            CONFIG_FILE,
+            GENERATION_CONFIG_FILE,
+            WEIGHTS_FILE,
+            TOKENIZER_FILE,
+            TOKENIZER_CONFIG_FILE
+        ]
+    );
+    // A card without the list (a wine-mlp's, or any published before it existed) declares
+    // the three core files only, and renders without the key.
+    let core = card(&pattern(100), 2);
+    assert!(!core.render().contains("files:"));
+    assert_eq!(core.repo_files(), [CARD_FILE, CONFIG_FILE, WEIGHTS_FILE]);
+    // Names a repo cannot hold at its root are refused.
+    for bad in [
+        "",
+        "../x.json",
+        "a/b.json",
+        ".gitattributes",
+        "config.json",
+        "README.md",
+        "model.safetensors",
+        "tokenizer json",
+    ] {
+        assert!(
+            matches!(
+                validate_file_name(bad),
+                Err(RegistryError::BadCard { reason: _ })
+            ),
+            "{bad:?} accepted"
+        );
+    }
+    assert!(validate_file_name("special_tokens_map.json").is_ok());
+}
+
+#[tokio::test]
+async fn folder_registry_publishes_the_files_the_card_declares() {
+    let dir = TempDir::new("registry-lm");
+    let registry = FolderRegistry::new(&dir.0);
+    let up = lm_upload(&pattern(1000), 1);
+    let published = registry.publish(&up).await.expect("publish");
+    let Location::Path(repo_dir) = &published.location else {
+        panic!("a folder")
+    };
+    let mut names: Vec<String> = std::fs::read_dir(repo_dir)
+        .expect("repo")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, up.card.repo_files());
+    for (name, bytes) in &up.files {
+        assert_eq!(
+            std::fs::read(repo_dir.join(name)).expect("file"),
+            &bytes[..]
+        );
+    }
+    assert_eq!(registry.publish(&up).await, Ok(published.clone()));
+    // Another tokenizer for the same repo (card and file agreeing): a conflict.
+    let mut other = lm_upload(&pattern(1000), 1);
+    other
+        .files
+        .insert(TOKENIZER_FILE.into(), Arc::from(&b"{}"[..]));
+    other
+        .card
+        .files
+        .insert(TOKENIZER_FILE.into(), cid_of(b"{}").to_string());
+    assert!(matches!(
+        registry.publish(&other).await,
+        Err(RegistryError::Conflict { repo: _ })
+    ));
+
+    // Files and card must agree: a file of another CID, an undeclared file, a declared file
+    // not given are refused before anything is written.
+    let registry = FolderRegistry::new(dir.0.join("other-root"));
+    let mut wrong = lm_upload(&pattern(10), 2);
+    wrong
+        .files
+        .insert(TOKENIZER_FILE.into(), Arc::from(&b"{ }"[..]));
+    let mut undeclared = lm_upload(&pattern(10), 2);
+    undeclared
+        .files
+        .insert("vocab.txt".into(), Arc::from(&b"a b"[..]));
+    let mut missing = lm_upload(&pattern(10), 2);
+    missing.files.remove(GENERATION_CONFIG_FILE);
+    for (what, up) in [
+        ("wrong", wrong),
+        ("undeclared", undeclared),
+        ("missing", missing),
+    ] {
+        assert!(
+            matches!(
+                registry.publish(&up).await,
+                Err(RegistryError::BadCard { reason: _ })
+            ),
+            "{what} accepted"
+        );
+    }
+    assert!(!dir.0.join("other-root").exists());
 }
 
 #[tokio::test]

@@ -104,6 +104,7 @@ impl CheckpointSink for PublishingSink {
                     epoch,
                     weights: Bytes::from(weights.into_bytes()),
                     config_json: br#"{"model_type": "made-up"}"#.to_vec(),
+                    files: Default::default(),
                     card: ModelCard {
                         cid: String::new(),
                         epoch,
@@ -113,6 +114,7 @@ impl CheckpointSink for PublishingSink {
                         license: "apache-2.0".into(),
                         model: "made-up".into(),
                         dataset: "none".into(),
+                        files: Default::default(),
                     },
                     repo: Some(format!("org/made-up-job-{}-epoch-{epoch}", job.0)),
                     report: serde_json::json!({ "nonce": nonce }),

@@ -683,6 +683,7 @@ async fn a_publication_staged_before_a_crash_is_adopted_not_merged_again() {
             epoch: 0,
             weights: staged_weights.to_safetensors().into(),
             config_json: b"{}".to_vec(),
+            files: Default::default(),
             card: hanzod::publish::ModelCard {
                 cid: String::new(),
                 epoch: 0,
@@ -692,6 +693,7 @@ async fn a_publication_staged_before_a_crash_is_adopted_not_merged_again() {
                 license: "apache-2.0".into(),
                 model: spec().training.model,
                 dataset: spec().training.dataset,
+                files: Default::default(),
             },
             repo: None,
             report: serde_json::json!({

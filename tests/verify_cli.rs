@@ -2,7 +2,8 @@
 //! a test double following the Hub's published API) and to a local object store, its
 //! signed record on a running daemon's ledger; the binary downloads the repo (or reads the
 //! CID), asks the daemon for the record over gRPC (`AdminService.ListPublications`) and
-//! gives its verdict and exit code.
+//! gives its verdict and exit code. Then a language model's repo (qwen3-tiny, as the sink
+//! publishes it): its six files, each checked, from a folder and from the Hub.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -90,6 +91,7 @@ async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
             epoch: 4,
             weights: Bytes::from(weights),
             config_json: br#"{"model_type": "wine-mlp"}"#.to_vec(),
+            files: Default::default(),
             card: ModelCard {
                 cid: String::new(),
                 epoch: 4,
@@ -99,6 +101,7 @@ async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
                 license: "apache-2.0".into(),
                 model: "wine-mlp".into(),
                 dataset: "wine-quality-red".into(),
+                files: Default::default(),
             },
             repo: Some(REPO.into()),
             report: serde_json::json!({}),
@@ -237,4 +240,215 @@ async fn verify_reads_the_hub_or_the_object_store_and_the_daemons_ledger() {
 
     daemon.stop().await;
     let _ = std::fs::remove_dir_all(&objects_dir);
+}
+
+/// Copies the repo folder `dir` to a fresh folder `name` beside it.
+fn copy_repo(dir: &Path, to: &Path) -> PathBuf {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    to.to_path_buf()
+}
+
+/// A language model's checkpoint, staged as the sink stages it (`config.json` its Hugging
+/// Face config plus `hanzod_job`, the tokenizer and generation files beside it), published
+/// to a folder and to the Hub: `hanzod verify` checks all six files of either, refuses a
+/// tampered or deleted tokenizer naming it, and names an undeclared extra file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_checks_every_file_of_a_language_models_repo() {
+    use hanzod::delta::sink::{model_config_json, repo_files_of, repo_of, trainer_of};
+    use hanzod::publish::registry::{
+        GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+    };
+    use hanzod::publish::{FolderRegistry, Location};
+    use hanzod_actors::job::{JobSpec, TrainingSpec};
+
+    let job = JobId(12);
+    let training = TrainingSpec {
+        model: "qwen3-tiny".into(),
+        dataset: "austen".into(),
+        local_lr: 3e-3,
+        seq_len: 32,
+        validation_tokens: 256,
+        ..TrainingSpec::default()
+    };
+    let spec = JobSpec {
+        name: "austen".into(),
+        epochs: 2,
+        min_nodes: 1,
+        max_nodes: 2,
+        min_vram_bytes: 0,
+        pending_deadline_ms: 60_000,
+        epoch_deadline_ms: 60_000,
+        utility: 1.0,
+        submitter_stake: hanzod_actors::types::GymWei::gym(100_000),
+        training: training.clone(),
+    };
+    let trainer = trainer_of(&training, job).unwrap();
+    let model = hanzod::delta::catalog::ModelCatalog::builtin()
+        .check_training(&training)
+        .unwrap();
+    let hf = hanzod::train::recipe::lm_config(&training)
+        .unwrap()
+        .unwrap()
+        .to_json();
+    let scratch_dir = scratch("lm");
+    let hub = FakeHub::start().await.expect("fake hub");
+    let key = Identity::from_seed([33; 32]);
+    let trusted = hex::encode(key.node_id().0);
+    let repo = repo_of("hanzo-gym", "qwen3-tiny", job, 0);
+    let publisher = Publisher {
+        objects: Arc::new(
+            FsObjectStore::open(scratch_dir.join("objects"))
+                .await
+                .unwrap(),
+        ),
+        registry: Some(Arc::new(
+            HubRegistry::new(HubOptions {
+                endpoint: hub.url(),
+                token: Some(hub.token().to_string()),
+                ..HubOptions::default()
+            })
+            .unwrap(),
+        )),
+        journal: Arc::new(MemoryStateStore::new()),
+        signer: key.clone(),
+        clock: Arc::new(SystemClock),
+    };
+    let (staged, _) = publisher
+        .stage(Checkpoint {
+            job,
+            epoch: 0,
+            weights: Bytes::from(trainer.init().to_safetensors()),
+            config_json: model_config_json(&training.model, &model, Some(&hf), Some((job, &spec))),
+            files: repo_files_of(&trainer),
+            card: ModelCard {
+                cid: String::new(),
+                epoch: 0,
+                job: job.0,
+                quality: 7.5,
+                base_model: None,
+                license: "apache-2.0".into(),
+                model: training.model.clone(),
+                dataset: training.dataset.clone(),
+                files: Default::default(),
+            },
+            repo: Some(repo.clone()),
+            report: serde_json::json!({}),
+        })
+        .await
+        .unwrap();
+    let weights = publisher.weights(&staged).await.unwrap();
+    let pushed = publisher.complete(&staged, weights.clone()).await.unwrap();
+    assert!(matches!(pushed, Some(Ok(_))), "{pushed:?}");
+    // The same publication completed into a folder registry.
+    let to_folder = Publisher {
+        registry: Some(Arc::new(FolderRegistry::new(scratch_dir.join("models")))),
+        ..publisher.clone()
+    };
+    let Some(Ok(published)) = to_folder.complete(&staged, weights).await.unwrap() else {
+        panic!("published to the folder")
+    };
+    let Location::Path(dir) = published.location else {
+        panic!("a folder")
+    };
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            CARD_FILE,
+            "config.json",
+            GENERATION_CONFIG_FILE,
+            "model.safetensors",
+            TOKENIZER_FILE,
+            TOKENIZER_CONFIG_FILE
+        ]
+    );
+    // The Hub holds the same six (and the Hub's .gitattributes).
+    let head = hub.head_files(&repo).unwrap();
+    for name in &names {
+        assert_eq!(
+            head[name.as_str()].bytes,
+            std::fs::read(dir.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    let records = scratch_dir.join("records.json");
+    std::fs::write(
+        &records,
+        serde_json::to_vec(std::slice::from_ref(&staged.publication)).unwrap(),
+    )
+    .unwrap();
+    let records = records.display().to_string();
+    let args = |target: &str| -> Vec<String> {
+        [
+            target,
+            "--records",
+            &records,
+            "--orchestrator",
+            &trusted,
+            "--hf-endpoint",
+            &hub.url(),
+        ]
+        .map(str::to_string)
+        .to_vec()
+    };
+
+    // The folder and the Hub repo verify, every file checked.
+    for target in [dir.display().to_string(), repo.clone()] {
+        let (code, text) = verify(&args(&target)).await;
+        assert_eq!(code, Some(0), "{target}: {text}");
+        for check in [
+            "tokenizer.json CID",
+            "tokenizer_config.json CID",
+            "generation_config.json CID",
+            "record: card",
+            "record: config",
+        ] {
+            assert!(text.contains(&format!("ok   {check}")), "{check}: {text}");
+        }
+        assert!(text.contains("VERIFIED"), "{text}");
+    }
+
+    // A tampered tokenizer: its CID is not the one the signed card declares.
+    let tampered = copy_repo(&dir, &scratch_dir.join("tampered"));
+    flip_a_byte(&tampered.join(TOKENIZER_FILE));
+    let (code, text) = verify(&args(&tampered.display().to_string())).await;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("FAIL tokenizer.json CID"), "{text}");
+    assert!(
+        text.contains("NOT VERIFIED: tokenizer.json CID failed"),
+        "{text}"
+    );
+    // A deleted tokenizer: the repo lacks a declared file.
+    let deleted = copy_repo(&dir, &scratch_dir.join("deleted"));
+    std::fs::remove_file(deleted.join(TOKENIZER_FILE)).unwrap();
+    let (code, text) = verify(&args(&deleted.display().to_string())).await;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("FAIL files"), "{text}");
+    assert!(text.contains("(missing tokenizer.json)"), "{text}");
+    assert!(text.contains("NOT VERIFIED: files failed"), "{text}");
+    // An extra file nobody declared (nor signed) is reported by name.
+    let extra = copy_repo(&dir, &scratch_dir.join("extra"));
+    std::fs::write(extra.join("pytorch_model.bin"), b"unsigned").unwrap();
+    let (code, text) = verify(&args(&extra.display().to_string())).await;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("(undeclared extra file pytorch_model.bin)"),
+        "{text}"
+    );
+    // The Hub copy with another tokenizer pushed over it fails the same way.
+    hub.seed(&repo, &[(TOKENIZER_FILE, b"{}")]);
+    let (code, text) = verify(&args(&repo)).await;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("FAIL tokenizer.json CID"), "{text}");
+
+    let _ = std::fs::remove_dir_all(&scratch_dir);
 }

@@ -11,8 +11,9 @@
 //!    it exists;
 //! 2. `GET /api/models/{repo}/tree/main` (pages followed through `Link: <…>; rel="next"`):
 //!    entries `{"type","path","oid" (git blob sha1),"size","lfs":{"oid" (sha256),"size"}}`;
-//!    when main already holds exactly the three files with the same content, the
-//!    publication is done (no new commit); other content is a [`RegistryError::Conflict`];
+//!    when main already holds exactly the publication's files (the three core files and
+//!    those the card declares) with the same content, the publication is done (no new
+//!    commit); other content is a [`RegistryError::Conflict`];
 //! 3. `POST /api/models/{repo}/preupload/main` `{"files":[{"path","size","sample"}]}`
 //!    (`sample`: base64 of the first 512 bytes) answers each file's `uploadMode`
 //!    (`"lfs"` or `"regular"`);
@@ -23,7 +24,7 @@
 //!    `POST` `{"oid","size"}` to `actions.verify.href` when there is one;
 //! 5. `POST /api/models/{repo}/commit/main` (`application/x-ndjson`): a `header` line
 //!    (`summary`, `description`), a `file` line (base64 content) per regular file and an
-//!    `lfsFile` line (`path`, `algo: sha256`, `oid`, `size`) per LFS file: all three files
+//!    `lfsFile` line (`path`, `algo: sha256`, `oid`, `size`) per LFS file: all the files
 //!    in one commit, so the repo holds all of them or none.
 //!
 //! Reading: `GET /{repo}/resolve/main/{file}` (redirects followed: the Hub sends LFS files
@@ -1116,16 +1117,16 @@ impl HubClient {
 /// A file of a publication with its local ids.
 #[derive(Debug, Clone)]
 struct LocalFile {
-    path: &'static str,
+    path: String,
     bytes: Bytes,
     sha256: String,
     blob_oid: String,
 }
 
 impl LocalFile {
-    fn new(path: &'static str, bytes: Bytes) -> LocalFile {
+    fn new(path: impl Into<String>, bytes: Bytes) -> LocalFile {
         LocalFile {
-            path,
+            path: path.into(),
             sha256: sha256_hex(&bytes),
             blob_oid: git_blob_oid(&bytes),
             bytes,
@@ -1250,7 +1251,7 @@ impl HubRegistry {
         let step = Step::new("preuploading to", repo, Method::POST, &url);
         let body = serde_json::json!({
             "files": files.iter().map(|f| serde_json::json!({
-                "path": f.path,
+                "path": &f.path,
                 "size": f.bytes.len(),
                 "sample": base64::engine::general_purpose::STANDARD
                     .encode(&f.bytes[..f.bytes.len().min(SAMPLE_LEN)]),
@@ -1520,13 +1521,13 @@ impl HubRegistry {
             .map(|(f, &lfs)| {
                 if lfs {
                     CommitFile::Lfs {
-                        path: f.path,
+                        path: &f.path,
                         oid: &f.sha256,
                         size: f.bytes.len() as u64,
                     }
                 } else {
                     CommitFile::Regular {
-                        path: f.path,
+                        path: &f.path,
                         content: &f.bytes[..],
                     }
                 }
@@ -1590,8 +1591,9 @@ impl HubRegistry {
 #[async_trait::async_trait]
 impl ModelRegistry for HubRegistry {
     /// Publishes `upload` (see the module docs for the calls in order). Idempotent: a repo
-    /// whose `main` already holds exactly the three files returns [`Published`] without a
-    /// new commit. Errors: those of [`ModelRegistry::publish`], plus
+    /// whose `main` already holds exactly the upload's files (`model.safetensors`,
+    /// `config.json`, `README.md` and `upload.files`) returns [`Published`] without a new
+    /// commit. Errors: those of [`ModelRegistry::publish`], plus
     /// [`RegistryError::Unauthorized`] (401/403: `HF_TOKEN`) and
     /// [`RegistryError::NotFound`]; [`RegistryError::Io`] once a request's retries are
     /// spent (transient: calling again resumes).
@@ -1606,12 +1608,19 @@ impl ModelRegistry for HubRegistry {
         let weights = Arc::clone(&upload.weights);
         let config = Bytes::from(upload.config_json.clone());
         let card = Bytes::from(upload.card.render().into_bytes());
+        let others = upload.files.clone();
         let files = tokio::task::spawn_blocking(move || {
-            vec![
+            let mut files = vec![
                 LocalFile::new(WEIGHTS_FILE, Bytes::from_owner(weights)),
                 LocalFile::new(CONFIG_FILE, config),
                 LocalFile::new(CARD_FILE, card),
-            ]
+            ];
+            files.extend(
+                others
+                    .into_iter()
+                    .map(|(name, bytes)| LocalFile::new(name, Bytes::from_owner(bytes))),
+            );
+            files
         })
         .await
         .map_err(|e| RegistryError::Io {
@@ -1894,37 +1903,56 @@ mod tests {
         );
         let same = vec![
             attrs.clone(),
-            entry(w.path, "pointer-sha1", Some((&w.sha256, 7))),
-            entry(c.path, &c.blob_oid, None),
+            entry(&w.path, "pointer-sha1", Some((&w.sha256, 7))),
+            entry(&c.path, &c.blob_oid, None),
         ];
         assert_eq!(compare_tree(&same, &files), TreeState::Same);
         // The weights as a regular blob count too.
         let regular = vec![
-            entry(w.path, &w.blob_oid, None),
-            entry(c.path, &c.blob_oid, None),
+            entry(&w.path, &w.blob_oid, None),
+            entry(&c.path, &c.blob_oid, None),
         ];
         assert_eq!(compare_tree(&regular, &files), TreeState::Same);
         let other = vec![
-            entry(w.path, "p", Some((&w.sha256, 7))),
-            entry(c.path, "0000", None),
+            entry(&w.path, "p", Some((&w.sha256, 7))),
+            entry(&c.path, "0000", None),
         ];
         assert!(matches!(
             compare_tree(&other, &files),
             TreeState::Different(_)
         ));
         let extra = [same.clone(), vec![entry("x.txt", "1", None)]].concat();
-        assert!(matches!(
+        assert_eq!(
             compare_tree(&extra, &files),
-            TreeState::Different(_)
-        ));
-        let missing = vec![entry(c.path, &c.blob_oid, None)];
+            TreeState::Different("it holds \"x.txt\"".into())
+        );
+        // A publication with a declared file (a tokenizer) is the same only with it.
+        let with_tokenizer = [
+            files.clone(),
+            vec![LocalFile::new(
+                "tokenizer.json",
+                Bytes::from_static(b"{\"model\": {}}"),
+            )],
+        ]
+        .concat();
+        let t = &with_tokenizer[2];
+        assert_eq!(
+            compare_tree(&same, &with_tokenizer),
+            TreeState::Different("it lacks \"tokenizer.json\"".into())
+        );
+        let same_with_tokenizer = [same.clone(), vec![entry(&t.path, &t.blob_oid, None)]].concat();
+        assert_eq!(
+            compare_tree(&same_with_tokenizer, &with_tokenizer),
+            TreeState::Same
+        );
+        let missing = vec![entry(&c.path, &c.blob_oid, None)];
         assert!(matches!(
             compare_tree(&missing, &files),
             TreeState::Different(_)
         ));
         let wrong_size = vec![
-            entry(w.path, "p", Some((&w.sha256, 8))),
-            entry(c.path, &c.blob_oid, None),
+            entry(&w.path, "p", Some((&w.sha256, 8))),
+            entry(&c.path, &c.blob_oid, None),
         ];
         assert!(matches!(
             compare_tree(&wrong_size, &files),

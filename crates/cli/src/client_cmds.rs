@@ -736,4 +736,27 @@ mod tests {
         let err = toml::from_str::<JobSpecFile>("name = \"x\"\nepoch = 3\n").unwrap_err();
         assert!(err.to_string().contains("epoch"), "{err}");
     }
+
+    #[test]
+    fn language_model_example_parses_round_trips_and_has_a_trainer() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/job.lm.example.toml");
+        let file = JobSpecFile::load(&path).unwrap();
+        let spec = hanzod_protocol::convert::job_spec(Some(&file.to_wire())).unwrap();
+        assert_eq!(spec.training, file.training);
+        let t = &spec.training;
+        assert_eq!(
+            (t.model.as_str(), t.dataset.as_str()),
+            ("qwen3-tiny", "austen")
+        );
+        assert_eq!((t.seq_len, t.validation_tokens), (64, 2048));
+        assert_eq!(t.mode, hanzod_actors::job::TrainMode::Full);
+        let trainer =
+            hanzod_train::trainer_of(t, hanzod_actors::types::JobId(1)).expect("a trainer");
+        assert_eq!(trainer.loss_unit(), "nats/token");
+        let err = toml::from_str::<JobSpecFile>(
+            "name = \"x\"\n[training.lora]\nrank = 8\nalpha = 16.0\nranks = 3\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("ranks"), "{err}");
+    }
 }

@@ -7,6 +7,7 @@ pub(crate) mod delta;
 #[cfg(feature = "testkit")]
 pub(crate) mod demo;
 pub(crate) mod job;
+pub(crate) mod lm;
 pub(crate) mod node;
 pub(crate) mod serve;
 #[cfg(feature = "testkit")]

@@ -215,6 +215,20 @@ Examples:
   hanzod verify hanzo-gym/wine-mlp-job-1-epoch-2 --orchestrator <hex key>   from the Hub, records from the daemon
   hanzod verify bafybei… --ipfs-url http://127.0.0.1:5001                  weights by CID from IPFS")]
     Verify(cmd::verify::VerifyArgs),
+    /// Score a language-model checkpoint on a text: mean next-token cross-entropy
+    /// (nats/token) and perplexity, with the checkpoint's own tokenizer.
+    #[command(after_help = "\
+Examples:
+  hanzod eval hanzod-demo/models/hanzo-gym/qwen3-tiny-job-1-epoch-4 --text crates/train/data/austen/persuasion.txt
+  hanzod eval <folder> --text notes.txt --max-tokens 4096 --json")]
+    Eval(cmd::lm::EvalArgs),
+    /// Continue a prompt with a language-model checkpoint (greedy, or sampled with
+    /// --temperature and --seed).
+    #[command(after_help = "\
+Examples:
+  hanzod generate hanzod-demo/models/hanzo-gym/qwen3-tiny-job-1-epoch-4 --prompt \"It is a truth universally acknowledged\"
+  hanzod generate <folder> --prompt \"Emma\" --max-tokens 100 --temperature 0.8 --seed 7")]
+    Generate(cmd::lm::GenerateArgs),
     /// Set up a chain for `hanzod serve` (DESIGN §8): the orchestrator's account, deploying
     /// the contracts, staking and binding node keys.
     #[command(subcommand)]
@@ -316,6 +330,8 @@ pub fn main() -> ExitCode {
     match cli.command {
         #[cfg(feature = "testkit")]
         Command::Demo { .. } => ExitCode::SUCCESS,
+        Command::Eval(args) => cmd::lm::run_eval(args),
+        Command::Generate(args) => cmd::lm::run_generate(args),
         Command::Verify(args) => match runtime() {
             Ok(rt) => rt.block_on(cmd::verify::run_verify(&cfg, args)),
             Err(e) => fail(e),

@@ -7,9 +7,10 @@
 //!
 //! | check | passes when |
 //! |---|---|
-//! | `files` | a repo target (folder or Hub repo) holds exactly `README.md`, `config.json` and `model.safetensors` (the Hub's `.gitattributes` aside) |
-//! | `card` | `README.md` parses as a hanzod model card and is byte for byte the card those fields render to |
+//! | `files` | a repo target (folder or Hub repo) holds exactly its declared files: `README.md`, `config.json`, `model.safetensors` and those the card declares under `hanzod.files` (the Hub's `.gitattributes` aside); `found` names each file missing and each undeclared one |
+//! | `card` | `README.md` parses as a hanzod model card, is byte for byte the card those fields render to, and declares only files a repo can hold |
 //! | `weights CID` | the CID of `model.safetensors` equals the card's `hanzod.cid` |
+//! | `tokenizer.json CID`, … | the CID of each declared file the target holds equals the one the card declares (`{file} CID`: `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`; `declared file CID` for any other name) |
 //! | `record` | the ledger holds a record for these weights |
 //! | `signature` | the record's Ed25519 signature verifies (and its signer is the trusted orchestrator key, when one is given) |
 //! | `record: weights` | the record's `cid` equals the weights' CID |
@@ -18,14 +19,21 @@
 //! | `record: card fields` | the record's job, epoch and quality equal the card's |
 //! | `record: repo` | the record's `hf_repo` equals the repo the files came from (Hub targets) |
 //!
-//! Every file is covered by a CID in the signed record, so one flipped byte anywhere fails
-//! at least one check.
+//! Every file is covered by a CID in the signed record, itself or through the card (whose
+//! CID the record names, and which declares the CIDs of the files beyond the three core
+//! ones), so one flipped byte anywhere fails at least one check. A repo of the three core
+//! files (the wine-mlp's, and every repo published before cards declared files) declares
+//! nothing more, and verifies as it always did.
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use hanzod_protocol::cid::cid_of;
 use hanzod_protocol::record::{check_signature, SignedPublication};
-use hanzod_store::registry::ModelCard;
+use hanzod_store::registry::{
+    validate_file_name, ModelCard, GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+};
 
 /// The files of a published checkpoint, as fetched or read.
 #[derive(Debug, Clone, Default)]
@@ -41,9 +49,14 @@ pub struct Files {
     /// Every file the target holds (a folder's entries, a Hub repo's tree, less the Hub's
     /// `.gitattributes`), when the target is a repo; `None` for a CID.
     pub listing: Option<Vec<String>>,
+    /// The bytes of the files the card declares beyond the three core ones
+    /// ([`ModelCard::files`]), by name, for those the target holds (empty for a CID).
+    pub others: BTreeMap<String, Vec<u8>>,
 }
 
-/// The files of a published repo, sorted: `README.md`, `config.json`, `model.safetensors`.
+/// The files of a published repo of the three core files (a wine-mlp's), sorted:
+/// `README.md`, `config.json`, `model.safetensors`. A card that declares more files
+/// extends the list ([`ModelCard::repo_files`]).
 pub fn repo_files() -> Vec<String> {
     use hanzod_store::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
     let mut files = vec![
@@ -131,6 +144,63 @@ fn compare(name: &'static str, expected: &str, found: &str) -> Check {
     }
 }
 
+/// The `files` check: `listing` against `declared` (both file names), naming each declared
+/// file missing and each file not declared.
+fn files_check(declared: &[String], listing: &[String]) -> Check {
+    let mut found = listing.to_vec();
+    found.sort();
+    let missing: Vec<&str> = declared
+        .iter()
+        .filter(|d| !found.contains(d))
+        .map(String::as_str)
+        .collect();
+    let undeclared: Vec<&str> = found
+        .iter()
+        .filter(|f| !declared.contains(f))
+        .map(String::as_str)
+        .collect();
+    let mut text = found.join(", ");
+    let mut why = Vec::new();
+    if !missing.is_empty() {
+        why.push(format!("missing {}", missing.join(", ")));
+    }
+    if !undeclared.is_empty() {
+        why.push(format!(
+            "undeclared extra file{} {}",
+            if undeclared.len() == 1 { "" } else { "s" },
+            undeclared.join(", ")
+        ));
+    }
+    if !why.is_empty() {
+        text = format!("{text} ({})", why.join("; "));
+    }
+    Check {
+        name: "files",
+        passed: missing.is_empty() && undeclared.is_empty(),
+        expected: Some(declared.join(", ")),
+        found: text,
+    }
+}
+
+/// The name of the check of declared file `name`'s CID: `{name} CID` for the files hanzod
+/// publishes, `declared file CID` for any other.
+fn file_check_name(name: &str) -> Option<&'static str> {
+    match name {
+        TOKENIZER_FILE => Some("tokenizer.json CID"),
+        TOKENIZER_CONFIG_FILE => Some("tokenizer_config.json CID"),
+        GENERATION_CONFIG_FILE => Some("generation_config.json CID"),
+        _ => None,
+    }
+}
+
+/// The names a card declares that a repo can hold ([`validate_file_name`]): the files a
+/// reader may fetch or open.
+fn declared_names(card: &ModelCard) -> impl Iterator<Item = &String> {
+    card.files
+        .keys()
+        .filter(|name| validate_file_name(name).is_ok())
+}
+
 /// Runs the checks of the module table on `files` against `record` (the ledger's record for
 /// these weights: `Ok(None)` when it holds none, `Err` when it could not be asked, with the
 /// reason). `cid` is the weights' CID ([`cid_of`] of `files.weights`, computed once by the
@@ -144,15 +214,6 @@ pub fn check(
 ) -> Verdict {
     let cid = cid.to_string();
     let mut checks = Vec::new();
-    if let Some(listing) = &files.listing {
-        let mut found = listing.clone();
-        found.sort();
-        checks.push(compare(
-            "files",
-            &repo_files().join(", "),
-            &found.join(", "),
-        ));
-    }
     let card = files
         .readme
         .as_ref()
@@ -162,8 +223,19 @@ pub fn check(
             if card.render().as_bytes() != readme.as_slice() {
                 return Err("README.md differs from the card its front matter renders to".into());
             }
+            for name in card.files.keys() {
+                validate_file_name(name).map_err(|e| e.to_string())?;
+            }
             Ok(card)
         });
+    if let Some(listing) = &files.listing {
+        // The files the card declares (the three core ones when there is no card to read).
+        let declared = match &card {
+            Some(Ok(card)) => card.repo_files(),
+            _ => repo_files(),
+        };
+        checks.push(files_check(&declared, listing));
+    }
     match &card {
         None => {}
         Some(Ok(card)) => {
@@ -172,6 +244,21 @@ pub fn check(
                 format!("job {}, epoch {}", card.job, card.epoch),
             ));
             checks.push(compare("weights CID", &card.cid, &cid));
+            // A declared file the target lacks is the `files` check's to report.
+            for (name, declared) in &card.files {
+                let Some(bytes) = files.others.get(name) else {
+                    continue;
+                };
+                let found = cid_of(bytes).to_string();
+                checks.push(match file_check_name(name) {
+                    Some(check) => compare(check, declared, &found),
+                    None => compare(
+                        "declared file CID",
+                        &format!("{name} {declared}"),
+                        &format!("{name} {found}"),
+                    ),
+                });
+            }
         }
         Some(Err(why)) => checks.push(fail("card", why.clone())),
     }
@@ -258,8 +345,9 @@ pub fn check(
 /// What `hanzod verify` was pointed at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
-    /// A folder of a published repo: `model.safetensors`, `config.json`, `README.md` (the
-    /// last two are checked when present).
+    /// A folder of a published repo: `model.safetensors`, `config.json`, `README.md` and
+    /// the files the card declares (all but the weights are checked when present; the
+    /// `files` check reports those missing).
     Folder(std::path::PathBuf),
     /// A Hugging Face repo id, `{org}/{name}`, downloaded from the Hub.
     Repo(String),
@@ -347,7 +435,8 @@ pub enum FetchError {
 }
 
 /// The files of the published repo in `dir`: `model.safetensors` is required, `config.json`
-/// and `README.md` are read when present.
+/// and `README.md` are read when present, and so are the files the card declares
+/// ([`ModelCard::files`], names a repo can hold only).
 pub async fn read_folder(dir: &std::path::Path) -> Result<Files, FetchError> {
     use hanzod_store::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
     let read = |name: &str, required: bool| {
@@ -373,18 +462,34 @@ pub async fn read_folder(dir: &std::path::Path) -> Result<Files, FetchError> {
             path: dir.display().to_string(),
             source,
         })?;
+    let readme = read(CARD_FILE, false).await?;
+    let mut others = BTreeMap::new();
+    if let Some(card) = readme.as_deref().and_then(parse_card) {
+        for name in declared_names(&card).filter(|n| listing.contains(n)) {
+            if let Some(bytes) = read(name, false).await? {
+                others.insert(name.clone(), bytes);
+            }
+        }
+    }
     Ok(Files {
         weights: read(WEIGHTS_FILE, true).await?.unwrap_or_default(),
         config: read(CONFIG_FILE, false).await?,
-        readme: read(CARD_FILE, false).await?,
+        readme,
         repo: None,
         listing: Some(listing),
+        others,
     })
 }
 
+/// `readme` as a model card, if it is one.
+fn parse_card(readme: &[u8]) -> Option<ModelCard> {
+    ModelCard::parse(std::str::from_utf8(readme).ok()?).ok()
+}
+
 /// Lists Hub repo `repo` and downloads its files into `dir` (the weights streamed to disk,
-/// with a progress bar on `progress`), then reads them. A missing `config.json` or
-/// `README.md` is left to the `files` check; missing weights are an error.
+/// with a progress bar on `progress`), then reads them: the core files and those the card
+/// declares. A missing `config.json`, `README.md` or declared file is left to the `files`
+/// check; missing weights are an error.
 pub async fn fetch_repo(
     hub: &hanzod_adapters::hub::HubClient,
     repo: &str,
@@ -408,6 +513,12 @@ pub async fn fetch_repo(
         true => Some(hub.fetch_small(repo, CARD_FILE).await?),
         false => None,
     };
+    let mut others = BTreeMap::new();
+    if let Some(card) = readme.as_deref().and_then(parse_card) {
+        for name in declared_names(&card).filter(|n| has(n)) {
+            others.insert(name.clone(), hub.fetch_small(repo, name).await?);
+        }
+    }
     let weights_path = dir.join(WEIGHTS_FILE);
     hub.download(repo, WEIGHTS_FILE, &weights_path, progress)
         .await?;
@@ -423,6 +534,7 @@ pub async fn fetch_repo(
         readme,
         repo: Some(repo.to_string()),
         listing: Some(listing),
+        others,
     })
 }
 
@@ -441,7 +553,7 @@ pub async fn fetch_cid(
 /// The job and epoch a model card names, if `readme` is one (to find the record of a
 /// checkpoint whose weights no record names).
 pub fn card_epoch(readme: &[u8]) -> Option<(u64, u32)> {
-    let card = ModelCard::parse(std::str::from_utf8(readme).ok()?).ok()?;
+    let card = parse_card(readme)?;
     Some((card.job, card.epoch))
 }
 
@@ -530,6 +642,32 @@ mod tests {
     const REPO: &str = "org/wine-job-3-epoch-2";
 
     fn published(weights: &[u8]) -> (Files, SignedPublication, [u8; 32]) {
+        published_with(weights, BTreeMap::new())
+    }
+
+    /// A language model's other files (small stand-ins).
+    fn lm_files() -> BTreeMap<String, Vec<u8>> {
+        [
+            (
+                TOKENIZER_FILE,
+                br#"{"model": {"type": "BPE", "vocab": {}}}"#.to_vec(),
+            ),
+            (
+                TOKENIZER_CONFIG_FILE,
+                br#"{"model_max_length": 512}"#.to_vec(),
+            ),
+            (GENERATION_CONFIG_FILE, br#"{"eos_token_id": 0}"#.to_vec()),
+        ]
+        .into_iter()
+        .map(|(n, b)| (n.to_string(), b))
+        .collect()
+    }
+
+    /// A publication whose card declares `others` beside the three core files.
+    fn published_with(
+        weights: &[u8],
+        others: BTreeMap<String, Vec<u8>>,
+    ) -> (Files, SignedPublication, [u8; 32]) {
         let key = Identity::from_seed([7; 32]);
         let card = ModelCard {
             cid: cid_of(weights).to_string(),
@@ -540,6 +678,10 @@ mod tests {
             license: "apache-2.0".into(),
             model: "wine".into(),
             dataset: "wine-quality-red".into(),
+            files: others
+                .iter()
+                .map(|(n, b)| (n.clone(), cid_of(b).to_string()))
+                .collect(),
         };
         let readme = card.render().into_bytes();
         let config = br#"{"model_type": "wine"}"#.to_vec();
@@ -558,9 +700,148 @@ mod tests {
             config: Some(config),
             readme: Some(readme),
             repo: Some(REPO.into()),
-            listing: Some(repo_files()),
+            listing: Some(card.repo_files()),
+            others,
         };
         (files, sign(record, &key), key.node_id().0)
+    }
+
+    fn failed(v: &Verdict) -> Vec<&'static str> {
+        v.failures().map(|c| c.name).collect()
+    }
+
+    #[test]
+    fn a_language_models_declared_files_are_each_checked() {
+        let (files, record, key) = published_with(&[1, 2, 3], lm_files());
+        let cid = cid_of(&files.weights).to_string();
+        let v = check(&files, &cid, Ok(Some(record.clone())), Some(key));
+        assert!(v.verified(), "{v:#?}");
+        assert_eq!(v.checks.len(), 13);
+        assert_eq!(
+            v.checks[0].expected.as_deref(),
+            Some(
+                "README.md, config.json, generation_config.json, model.safetensors, \
+                 tokenizer.json, tokenizer_config.json"
+            )
+        );
+        for name in lm_files().keys() {
+            let check = format!("{name} CID");
+            assert!(
+                v.checks.iter().any(|c| c.name == check && c.passed),
+                "{name}"
+            );
+        }
+
+        // A tampered tokenizer: its CID is not the declared one.
+        let mut tampered = files.clone();
+        tampered.others.get_mut(TOKENIZER_FILE).expect("tokenizer")[3] ^= 1;
+        let v = check(&tampered, &cid, Ok(Some(record.clone())), Some(key));
+        assert_eq!(failed(&v), ["tokenizer.json CID"]);
+        assert!(v.refuted());
+
+        // A deleted tokenizer: the repo lacks a declared file.
+        let mut deleted = files.clone();
+        deleted.others.remove(TOKENIZER_FILE);
+        deleted
+            .listing
+            .as_mut()
+            .expect("listing")
+            .retain(|f| f != TOKENIZER_FILE);
+        let v = check(&deleted, &cid, Ok(Some(record.clone())), Some(key));
+        assert_eq!(failed(&v), ["files"]);
+        assert!(
+            v.checks[0].found.ends_with("(missing tokenizer.json)"),
+            "{v:#?}"
+        );
+        assert!(v.refuted());
+
+        // An undeclared file beside them is reported by name.
+        let mut extra = files.clone();
+        extra
+            .listing
+            .as_mut()
+            .expect("listing")
+            .extend(["vocab.txt".to_string(), "merges.txt".to_string()]);
+        let v = check(&extra, &cid, Ok(Some(record.clone())), Some(key));
+        assert_eq!(failed(&v), ["files"]);
+        assert!(
+            v.checks[0]
+                .found
+                .ends_with("(undeclared extra files merges.txt, vocab.txt)"),
+            "{v:#?}"
+        );
+
+        // The card of the three core files does not cover the tokenizer files: a repo that
+        // holds them beside an older card's three is not that publication.
+        let (core, core_record, _) = published(&[1, 2, 3]);
+        let mut listing = core.listing.clone().expect("listing");
+        listing.push(TOKENIZER_FILE.into());
+        let v = check(
+            &Files {
+                listing: Some(listing),
+                ..core
+            },
+            &cid,
+            Ok(Some(core_record)),
+            Some(key),
+        );
+        assert_eq!(failed(&v), ["files"]);
+        assert!(v.checks[0]
+            .found
+            .contains("undeclared extra file tokenizer.json"));
+    }
+
+    #[test]
+    fn a_file_of_another_name_is_checked_by_name_and_a_bad_name_fails_the_card() {
+        let others: BTreeMap<String, Vec<u8>> =
+            [("special_tokens_map.json".to_string(), b"{}".to_vec())].into();
+        let (mut files, record, key) = published_with(&[9], others);
+        let cid = cid_of(&files.weights).to_string();
+        assert!(check(&files, &cid, Ok(Some(record.clone())), Some(key)).verified());
+        files
+            .others
+            .insert("special_tokens_map.json".into(), b"{ }".to_vec());
+        let v = check(&files, &cid, Ok(Some(record)), Some(key));
+        assert_eq!(failed(&v), ["declared file CID"]);
+        let c = v.failures().next().expect("a failure");
+        assert!(c.found.starts_with("special_tokens_map.json "), "{c:?}");
+
+        // A card declaring a path outside the repo is refused, and nothing is read for it.
+        let traversal: BTreeMap<String, Vec<u8>> =
+            [("../secret".to_string(), b"x".to_vec())].into();
+        let (files, record, key) = published_with(&[9], traversal);
+        let v = check(&files, &cid, Ok(Some(record)), Some(key));
+        assert!(failed(&v).contains(&"card"), "{v:#?}");
+        assert!(v.refuted());
+    }
+
+    #[tokio::test]
+    async fn a_folder_is_read_with_the_files_its_card_declares() {
+        let dir = std::env::temp_dir().join(format!("hanzod-verify-folder-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (files, record, key) = published_with(&[4, 5, 6], lm_files());
+        std::fs::write(dir.join("model.safetensors"), &files.weights).expect("write");
+        std::fs::write(
+            dir.join("config.json"),
+            files.config.as_ref().expect("config"),
+        )
+        .expect("write");
+        std::fs::write(dir.join("README.md"), files.readme.as_ref().expect("card")).expect("write");
+        for (name, bytes) in &files.others {
+            std::fs::write(dir.join(name), bytes).expect("write");
+        }
+        let read = read_folder(&dir).await.expect("read");
+        assert_eq!(read.others, files.others);
+        let cid = cid_of(&read.weights).to_string();
+        let v = check(&read, &cid, Ok(Some(record.clone())), Some(key));
+        assert!(v.verified(), "{v:#?}");
+        std::fs::remove_file(dir.join(TOKENIZER_FILE)).expect("rm");
+        let read = read_folder(&dir).await.expect("read");
+        assert!(!read.others.contains_key(TOKENIZER_FILE));
+        let v = check(&read, &cid, Ok(Some(record)), Some(key));
+        assert_eq!(failed(&v), ["files"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -600,6 +881,10 @@ mod tests {
         };
         let v = check(&without_config, &cid, Ok(Some(record.clone())), Some(key));
         assert_eq!(v.failures().map(|c| c.name).collect::<Vec<_>>(), ["files"]);
+        assert!(
+            v.checks[0].found.ends_with("(missing config.json)"),
+            "{v:#?}"
+        );
         assert!(v.refuted());
         let mut listing = repo_files();
         listing.push("pytorch_model.bin".into());
@@ -609,6 +894,12 @@ mod tests {
         };
         let v = check(&extra, &cid, Ok(Some(record)), Some(key));
         assert_eq!(v.failures().map(|c| c.name).collect::<Vec<_>>(), ["files"]);
+        assert!(
+            v.checks[0]
+                .found
+                .ends_with("(undeclared extra file pytorch_model.bin)"),
+            "{v:#?}"
+        );
     }
 
     #[test]
@@ -733,20 +1024,24 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
-        /// One flipped bit in any byte of any file, or of the record's signature, fails.
+        /// One flipped bit in any byte of any file (a language model's six), or of the
+        /// record's signature, fails.
         #[test]
         fn one_flipped_byte_anywhere_fails(
             len in 1usize..600_000,
-            file in 0usize..4,
+            file in 0usize..7,
             at in any::<prop::sample::Index>(),
             bit in 0u8..8,
         ) {
             let weights: Vec<u8> = (0..len).map(|i| (i * 7 + i / 13) as u8).collect();
-            let (mut files, mut record, key) = published(&weights);
+            let (mut files, mut record, key) = published_with(&weights, lm_files());
             let target: &mut Vec<u8> = match file {
                 0 => &mut files.weights,
                 1 => files.config.as_mut().expect("config"),
                 2 => files.readme.as_mut().expect("readme"),
+                3 => files.others.get_mut(TOKENIZER_FILE).expect("tokenizer"),
+                4 => files.others.get_mut(TOKENIZER_CONFIG_FILE).expect("tokenizer config"),
+                5 => files.others.get_mut(GENERATION_CONFIG_FILE).expect("generation config"),
                 _ => {
                     let i = at.index(64);
                     record.signature[i] ^= 1 << bit;

@@ -9,6 +9,9 @@
 //!   commit–reveal spot-check selection;
 //! - [`merge`]: the aggregators (weighted mean by score, coordinate median, trimmed mean)
 //!   and the policy that picks one;
+//! - [`lora`]: merging LoRA deltas on each node's effective update ΔW = (α/r)·B·A per
+//!   module (never on the factors), streamed module by module, and applying the merge to
+//!   the base weights;
 //! - [`sink`]: the [`CheckpointSink`](hanzod_actors::ports::CheckpointSink) that runs an
 //!   epoch end to end (the model keeper owns each job's weights), and settles it on the
 //!   ledger (rewards by score, slashes for failed spot-checks);

@@ -5,13 +5,14 @@
 //! on the ledger (the chain). A crash can fall between any two. The [`Publisher`] makes the
 //! sequence safe to repeat by staging it in a journal first:
 //!
-//! 1. **Stage** ([`Publisher::stage`]): the weights are added to the object store (unpinned,
-//!    as `ipfs add --pin=false`), the model card and the signed [`PublicationRecord`] are
-//!    made, and all of it (with the caller's epoch report) is written to the journal under
+//! 1. **Stage** ([`Publisher::stage`]): the weights, `config.json`, the repo's other files
+//!    (a language model's tokenizer and generation files) and the card are added to the
+//!    object store (unpinned, as `ipfs add --pin=false`), the model card (declaring the
+//!    other files by CID) and the signed [`PublicationRecord`] are made, and all of it (with the caller's epoch report) is written to the journal under
 //!    `publication/{job}/{epoch}` in the [`StateStore`]. The first staging of an epoch wins:
 //!    a later one (a resumed epoch whose merge came out different, say) returns the staged
 //!    one instead.
-//! 2. **Complete** ([`Publisher::complete`]): pin the weights, publish the repo. Both are
+//! 2. **Complete** ([`Publisher::complete`]): pin every file, publish the repo. Both are
 //!    idempotent for the same bytes, so a completion retried after a crash writes nothing
 //!    twice.
 //! 3. The caller records the signed publication on its ledger (idempotent per job and
@@ -23,6 +24,7 @@
 //! that crashed before staging left at most an unpinned object, which a garbage collection
 //! may drop, and is redone.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,10 +34,13 @@ use hanzod_actors::ports::{Clock, Snapshot, StateStore, StoreError};
 use hanzod_actors::types::JobId;
 use serde::{Deserialize, Serialize};
 
+use hanzod_protocol::cid::cid_of;
 use hanzod_protocol::identity::Identity;
 use hanzod_protocol::record::{sign, PublicationRecord, SignedPublication};
 use hanzod_store::objects::{ObjectError, ObjectStore};
-use hanzod_store::registry::{ModelCard, ModelRegistry, ModelUpload, Published, RegistryError};
+use hanzod_store::registry::{
+    validate_file_name, ModelCard, ModelRegistry, ModelUpload, Published, RegistryError,
+};
 
 /// Retries of a transient object-store, journal or registry failure: exponential from
 /// 100 ms, 4 retries (≈ 1.5 s in all).
@@ -56,7 +61,8 @@ pub enum PublishError {
     #[error("publication journal: {0}")]
     Journal(#[from] StoreError),
     /// A journal entry does not decode, or the checkpoint cannot be staged as given (a
-    /// `config.json` that is not UTF-8). Carries the reason.
+    /// `config.json` or other file that is not UTF-8, a file name a repo cannot hold).
+    /// Carries the reason.
     #[error("publication journal entry {key}: {why}")]
     Invalid {
         /// The journal key.
@@ -77,7 +83,11 @@ pub struct Checkpoint {
     pub weights: Bytes,
     /// The bytes of `config.json` (UTF-8 JSON).
     pub config_json: Vec<u8>,
-    /// The model card; its `cid` is set by the publisher.
+    /// The repo's other files, by name (UTF-8 text each, names as
+    /// [`validate_file_name`] allows): a language model's `tokenizer.json`,
+    /// `tokenizer_config.json` and `generation_config.json`; empty for the wine-mlp.
+    pub files: BTreeMap<String, Vec<u8>>,
+    /// The model card; its `cid` and `files` are set by the publisher.
     pub card: ModelCard,
     /// The Hugging Face repo id, or `None` to publish by CID only.
     pub repo: Option<String>,
@@ -94,6 +104,11 @@ pub struct Staged {
     pub config_json: String,
     /// The model card, `README.md`, as rendered.
     pub readme: String,
+    /// The repo's other files, by name, as published (the card declares each one's CID).
+    /// Absent from entries staged before repos held other files: those publish the three
+    /// core files only.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, String>,
     /// The caller's report.
     pub report: serde_json::Value,
 }
@@ -105,9 +120,15 @@ impl Staged {
     }
 }
 
-/// The journal entry's format version; entries of another version are refused, not
+/// The journal entry's format version, for an entry with other files
+/// ([`Staged::files`]); entries of a version this build does not read are refused, not
 /// guessed at.
-const JOURNAL_VERSION: u64 = 1;
+const JOURNAL_VERSION: u64 = 2;
+
+/// The format version of an entry without other files: the format of version 1, which
+/// builds that predate other files read too (they refuse a version 2 entry rather than
+/// publish part of its repo).
+const JOURNAL_VERSION_CORE: u64 = 1;
 
 /// Stages and completes publications (module docs).
 #[derive(Debug, Clone)]
@@ -143,11 +164,12 @@ impl Publisher {
         let Some(entry) = entry else {
             return Ok(None);
         };
-        if entry.seq != JOURNAL_VERSION {
+        if !(JOURNAL_VERSION_CORE..=JOURNAL_VERSION).contains(&entry.seq) {
             return Err(PublishError::Invalid {
                 key,
                 why: format!(
-                    "format version {} (this build reads {JOURNAL_VERSION})",
+                    "format version {} (this build reads {JOURNAL_VERSION_CORE} to \
+                     {JOURNAL_VERSION})",
                     entry.seq
                 ),
             });
@@ -165,7 +187,8 @@ impl Publisher {
     /// whose weights, card and record are the ones to publish).
     ///
     /// Errors: [`PublishError::Objects`] / [`PublishError::Journal`] after retries;
-    /// [`PublishError::Invalid`] for a `config.json` that is not UTF-8.
+    /// [`PublishError::Invalid`] for a `config.json` or other file that is not UTF-8, or
+    /// another file whose name [`validate_file_name`] refuses.
     pub async fn stage(&self, checkpoint: Checkpoint) -> Result<(Staged, bool), PublishError> {
         let key = journal_key(checkpoint.job, checkpoint.epoch);
         if let Some(staged) = self.staged(checkpoint.job, checkpoint.epoch).await? {
@@ -176,14 +199,33 @@ impl Publisher {
                 key: key.clone(),
                 why: format!("config.json is not UTF-8: {e}"),
             })?;
+        let mut files = BTreeMap::new();
+        for (name, bytes) in checkpoint.files {
+            validate_file_name(&name).map_err(|e| PublishError::Invalid {
+                key: key.clone(),
+                why: e.to_string(),
+            })?;
+            let text = String::from_utf8(bytes).map_err(|e| PublishError::Invalid {
+                key: key.clone(),
+                why: format!("{name} is not UTF-8: {e}"),
+            })?;
+            files.insert(name, text);
+        }
         let weights = checkpoint.weights;
         let cid = (|| self.objects.put(weights.clone()))
             .retry(store_backoff())
             .when(|e| matches!(e, ObjectError::Io { message: _ }))
             .notify(|e, d| tracing::warn!(job = %checkpoint.job, epoch = checkpoint.epoch, error = %e, retry_in = ?d, "storing the checkpoint"))
             .await?;
+        // The other files go to the object store too, and the card declares each one's CID
+        // (the record signs the card's CID, so every file is covered by the signature).
+        let mut declared = BTreeMap::new();
+        for (name, text) in &files {
+            declared.insert(name.clone(), self.put(Bytes::from(text.clone())).await?);
+        }
         let card = ModelCard {
             cid: cid.clone(),
+            files: declared,
             ..checkpoint.card
         };
         let readme = card.render();
@@ -206,6 +248,7 @@ impl Publisher {
             publication: sign(record, &self.signer),
             config_json,
             readme,
+            files,
             report: checkpoint.report,
         };
         let state = serde_json::to_vec(&staged).map_err(|e| PublishError::Invalid {
@@ -213,7 +256,11 @@ impl Publisher {
             why: e.to_string(),
         })?;
         let snapshot = Snapshot {
-            seq: JOURNAL_VERSION,
+            seq: if staged.files.is_empty() {
+                JOURNAL_VERSION_CORE
+            } else {
+                JOURNAL_VERSION
+            },
             state,
         };
         (|| self.journal.put_snapshot(&key, snapshot.clone()))
@@ -280,8 +327,8 @@ impl Publisher {
         }
     }
 
-    /// Completes `staged` (module docs, step 2): pins the weights, config.json and card,
-    /// then publishes the repo
+    /// Completes `staged` (module docs, step 2): pins the weights, config.json, the other
+    /// files and the card, then publishes the repo
     /// when the record names one and a registry is set. Returns the registry's outcome
     /// (`None` when there is no repo or no registry), which is returned, not raised, since
     /// the checkpoint is published by CID either way: the caller retries a transient failure
@@ -302,6 +349,10 @@ impl Publisher {
         self.pin_or_add(&record.cid, &weights).await?;
         self.pin_or_add(&record.config_cid, staged.config_json.as_bytes())
             .await?;
+        for text in staged.files.values() {
+            let cid = cid_of(text.as_bytes()).to_string();
+            self.pin_or_add(&cid, text.as_bytes()).await?;
+        }
         self.pin_or_add(&record.card_cid, staged.readme.as_bytes())
             .await?;
         let record = &staged.publication.record;
@@ -321,6 +372,11 @@ impl Publisher {
             weights,
             config_json: staged.config_json.clone().into_bytes(),
             card,
+            files: staged
+                .files
+                .iter()
+                .map(|(name, text)| (name.clone(), Arc::from(text.as_bytes())))
+                .collect(),
         };
         Ok(Some(registry.publish(&upload).await))
     }
@@ -342,7 +398,6 @@ mod tests {
     }
     use hanzod_actors::ports::memory::MemoryStateStore;
     use hanzod_actors::types::Timestamp;
-    use hanzod_protocol::cid::cid_of;
     use hanzod_protocol::record::check_signature;
     use hanzod_store::{FolderRegistry, MemoryObjectStore};
 
@@ -360,6 +415,7 @@ mod tests {
             epoch: 1,
             weights: Bytes::copy_from_slice(weights),
             config_json: br#"{"model_type":"wine"}"#.to_vec(),
+            files: BTreeMap::new(),
             card: ModelCard {
                 cid: String::new(),
                 epoch: 1,
@@ -369,6 +425,7 @@ mod tests {
                 license: "apache-2.0".into(),
                 model: "wine".into(),
                 dataset: "wine-quality-red".into(),
+                files: BTreeMap::new(),
             },
             repo: Some("org/wine-job-4-epoch-1".into()),
             report: serde_json::json!({"epoch": 1}),
@@ -475,5 +532,138 @@ mod tests {
             p.stage(checkpoint(b"w")).await,
             Err(PublishError::Invalid { .. })
         ));
+    }
+
+    fn lm_files() -> BTreeMap<String, Vec<u8>> {
+        [
+            ("tokenizer.json", br#"{"model": {"type": "BPE"}}"#.to_vec()),
+            (
+                "tokenizer_config.json",
+                br#"{"eos_token": "<|endoftext|>"}"#.to_vec(),
+            ),
+            ("generation_config.json", br#"{"eos_token_id": 0}"#.to_vec()),
+        ]
+        .into_iter()
+        .map(|(n, b)| (n.to_string(), b))
+        .collect()
+    }
+
+    #[tokio::test]
+    async fn other_files_are_stored_declared_by_the_card_and_published() {
+        let dir =
+            std::env::temp_dir().join(format!("hanzod-publisher-files-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let journal = Arc::new(MemoryStateStore::new());
+        let p = publisher(&dir, journal.clone(), 1_000);
+        let (staged, fresh) = p
+            .stage(Checkpoint {
+                files: lm_files(),
+                ..checkpoint(b"lm weights")
+            })
+            .await
+            .expect("stage");
+        assert!(fresh);
+        // The card declares every other file by its CID; the record signs the card.
+        let card = ModelCard::parse(&staged.readme).expect("card");
+        let expected: BTreeMap<String, String> = lm_files()
+            .iter()
+            .map(|(n, b)| (n.clone(), cid_of(b).to_string()))
+            .collect();
+        assert_eq!(card.files, expected);
+        assert_eq!(
+            staged.publication.record.card_cid,
+            cid_of(staged.readme.as_bytes()).to_string()
+        );
+        for (name, bytes) in lm_files() {
+            assert_eq!(staged.files[&name].as_bytes(), &bytes[..]);
+        }
+        // The entry carries the files: version 2, which builds without them refuse.
+        let entry = journal
+            .get_snapshot(&journal_key(JobId(4), 1))
+            .await
+            .expect("get")
+            .expect("staged");
+        assert_eq!(entry.seq, JOURNAL_VERSION);
+        assert_eq!(p.staged(JobId(4), 1).await, Ok(Some(staged.clone())));
+
+        let weights = p.weights(&staged).await.expect("weights");
+        let outcome = p.complete(&staged, weights).await.expect("complete");
+        let Some(Ok(published)) = outcome else {
+            panic!("{outcome:?}")
+        };
+        for cid in expected.values() {
+            assert!(p.objects.is_pinned(cid).await.expect("pinned"), "{cid}");
+        }
+        let hanzod_store::registry::Location::Path(repo) = published.location else {
+            panic!("a folder")
+        };
+        let mut names: Vec<String> = std::fs::read_dir(&repo)
+            .expect("repo")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, card.repo_files());
+        assert_eq!(names.len(), 6);
+        for (name, bytes) in lm_files() {
+            assert_eq!(std::fs::read(repo.join(&name)).expect("file"), bytes);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_core_only_entry_stays_version_1_and_entries_without_files_read() {
+        let dir = std::env::temp_dir().join(format!("hanzod-publisher-v1-{}", std::process::id()));
+        let journal = Arc::new(MemoryStateStore::new());
+        let p = publisher(&dir, journal.clone(), 1);
+        let (staged, _) = p.stage(checkpoint(b"w")).await.expect("stage");
+        let key = journal_key(JobId(4), 1);
+        let entry = journal
+            .get_snapshot(&key)
+            .await
+            .expect("get")
+            .expect("entry");
+        assert_eq!(entry.seq, JOURNAL_VERSION_CORE);
+        // Byte for byte what a build without other files wrote: no `files` key.
+        let json: serde_json::Value = serde_json::from_slice(&entry.state).expect("json");
+        assert!(json.get("files").is_none(), "{json}");
+        assert!(staged.files.is_empty());
+        // An entry such a build staged reads back, with no other files.
+        journal
+            .put_snapshot(
+                &journal_key(JobId(5), 0),
+                Snapshot {
+                    seq: 1,
+                    state: entry.state.clone(),
+                },
+            )
+            .await
+            .expect("put");
+        let back = p.staged(JobId(5), 0).await.expect("read").expect("entry");
+        assert!(back.files.is_empty());
+        assert_eq!(back.publication, staged.publication);
+    }
+
+    #[tokio::test]
+    async fn a_file_a_repo_cannot_hold_is_refused_at_staging() {
+        let dir = std::env::temp_dir().join(format!("hanzod-publisher-bad-{}", std::process::id()));
+        let p = publisher(&dir, Arc::new(MemoryStateStore::new()), 1);
+        for (name, bytes) in [
+            ("../escape.json", b"{}".to_vec()),
+            ("config.json", b"{}".to_vec()),
+            (".gitattributes", b"x".to_vec()),
+            ("tokenizer.json", vec![0xff, 0xfe]),
+        ] {
+            let outcome = p
+                .stage(Checkpoint {
+                    files: [(name.to_string(), bytes)].into_iter().collect(),
+                    ..checkpoint(b"w")
+                })
+                .await;
+            assert!(
+                matches!(outcome, Err(PublishError::Invalid { .. })),
+                "{name}: {outcome:?}"
+            );
+        }
     }
 }

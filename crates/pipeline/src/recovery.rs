@@ -262,6 +262,7 @@ mod tests {
         let config = crate::sink::model_config_json(
             "wine-mlp",
             model_spec,
+            None,
             Some((JobId(config_job), &spec())),
         );
         let config_cid = objects.put(Bytes::from(config)).await.expect("put");

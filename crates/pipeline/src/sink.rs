@@ -479,12 +479,22 @@ pub fn repo_of(org: &str, model: &str, job: JobId, epoch: u32) -> String {
     ModelUpload::repo_id(org, &format!("{model}-job-{}", job.0), epoch)
 }
 
-/// The `config.json` published beside a built-in model's weights: its name, the trainer,
-/// the dtype and every tensor's shape (PyTorch `[out, in]` order), and, given `job`, the
-/// job that trained it under `hanzod_job` (`{"id", "spec"}`, the [`JobSpec`] as submitted):
-/// the recipe that reproduces the checkpoint, and what a new orchestrator reads back to
-/// resume the job from its last published epoch ([`crate::recovery`]).
-pub fn model_config_json(model: &str, spec: &ModelSpec, job: Option<(JobId, &JobSpec)>) -> Vec<u8> {
+/// The `config.json` published beside a model's weights, with, given `job`, the job that
+/// trained it under `hanzod_job` (`{"id", "spec"}`, the [`JobSpec`] as submitted): the
+/// recipe that reproduces the checkpoint, and what a new orchestrator reads back to resume
+/// the job from its last published epoch ([`crate::recovery`]).
+///
+/// - A language model (`hf_config`: its Hugging Face `config.json`, as
+///   [`hanzod_train::recipe::lm_config`] gives it): that config, every key kept, so
+///   transformers loads the repo (`AutoModelForCausalLM`), plus `hanzod_job`.
+/// - Any other model: its name, the trainer, the dtype and every tensor's shape (PyTorch
+///   `[out, in]` order).
+pub fn model_config_json(
+    model: &str,
+    spec: &ModelSpec,
+    hf_config: Option<&str>,
+    job: Option<(JobId, &JobSpec)>,
+) -> Vec<u8> {
     // Serialised from structs, not a `serde_json::Value`: a spec's GYM wei amounts are
     // u128, which a `Value` cannot hold.
     #[derive(Serialize)]
@@ -497,18 +507,88 @@ pub fn model_config_json(model: &str, spec: &ModelSpec, job: Option<(JobId, &Job
         torch_dtype: &'static str,
     }
     #[derive(Serialize)]
+    struct HfConfig<'a> {
+        #[serde(flatten)]
+        hf: serde_json::Map<String, serde_json::Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        hanzod_job: Option<JobRef<'a>>,
+    }
+    #[derive(Serialize)]
     struct JobRef<'a> {
         id: u64,
         spec: &'a JobSpec,
     }
+    let hanzod_job = job.map(|(id, spec)| JobRef { id: id.0, spec });
+    if let Some(hf) = hf_config.and_then(|t| serde_json::from_str(t).ok()) {
+        return serde_json::to_vec_pretty(&HfConfig { hf, hanzod_job }).unwrap_or_default();
+    }
     let config = Config {
-        hanzod_job: job.map(|(id, spec)| JobRef { id: id.0, spec }),
+        hanzod_job,
         library_name: "hanzod",
         model_type: model,
         tensors: spec.params.iter().map(|(k, v)| (k.as_str(), v)).collect(),
         torch_dtype: "float32",
     };
     serde_json::to_vec_pretty(&config).unwrap_or_default()
+}
+
+/// The `transformers` release whose `generation_config.json` [`generation_config_json`]
+/// writes (its `transformers_version`), and that loaded the published repos in checking
+/// them.
+pub const TRANSFORMERS_VERSION: &str = "5.24.0";
+
+/// The `generation_config.json` published beside a language model: what `transformers`
+/// writes for a causal LM whose generation defaults come from its config
+/// (`GenerationConfig.from_model_config`, then `save_pretrained`): `_from_model_config`
+/// true, the config's `bos_token_id` and `eos_token_id` when set, and
+/// `transformers_version`; the other keys transformers 5 writes (`output_attentions`,
+/// `output_hidden_states`, `use_cache`) are its defaults and left out. Pretty-printed with
+/// two spaces, keys sorted, a final newline (as transformers writes it).
+pub fn generation_config_json(cfg: &hanzod_train::qwen3::Qwen3Config) -> String {
+    let mut config = serde_json::Map::new();
+    config.insert("_from_model_config".into(), true.into());
+    if let Some(bos) = cfg.bos_token_id {
+        config.insert("bos_token_id".into(), bos.into());
+    }
+    if let Some(eos) = cfg.eos_token_id {
+        config.insert("eos_token_id".into(), eos.into());
+    }
+    config.insert("transformers_version".into(), TRANSFORMERS_VERSION.into());
+    let mut text = serde_json::to_string_pretty(&config).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// The files a checkpoint's repo holds besides `model.safetensors`, `config.json` and the
+/// card, by name (the card declares each one's CID, [`ModelCard::files`]):
+///
+/// - a language model: `tokenizer.json`, the job's tokenizer (the one its dataset was
+///   encoded with, [`hanzod_train::text::Tokenizer::to_json`]); `tokenizer_config.json`
+///   ([`hanzod_train::text::tokenizer_config_json`], `model_max_length` the model's
+///   `max_position_embeddings`); `generation_config.json` ([`generation_config_json`]).
+///   With them `transformers` loads the repo (`AutoModelForCausalLM`, `AutoTokenizer`).
+/// - the wine-mlp: none.
+pub fn repo_files_of(trainer: &Trainer) -> BTreeMap<String, Vec<u8>> {
+    use hanzod_store::registry::{GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+    match trainer {
+        Trainer::Mlp(_) => BTreeMap::new(),
+        Trainer::Lm(task) => {
+            let cfg = task.model().config();
+            let tokenizer = task.data().tokenizer();
+            let positions = u64::try_from(cfg.max_position_embeddings).unwrap_or(u64::MAX);
+            [
+                (TOKENIZER_FILE, tokenizer.to_json()),
+                (
+                    TOKENIZER_CONFIG_FILE,
+                    hanzod_train::text::tokenizer_config_json(tokenizer, positions),
+                ),
+                (GENERATION_CONFIG_FILE, generation_config_json(cfg)),
+            ]
+            .into_iter()
+            .map(|(name, text)| (name.to_string(), text.into_bytes()))
+            .collect()
+        }
+    }
 }
 
 /// The job a published `config.json` names (`hanzod_job`, see [`model_config_json`]), if
@@ -527,7 +607,8 @@ pub fn job_of_config(config_json: &[u8]) -> Option<(JobId, JobSpec)> {
     c.hanzod_job.map(|j| (JobId(j.id), j.spec))
 }
 
-pub use hanzod_train::recipe::{recipe_of, trainer_for, trainer_of, RecipeError};
+pub use hanzod_train::catalog::{recipe_of, trainer_of};
+pub use hanzod_train::recipe::{trainer_for, RecipeError};
 
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
@@ -923,12 +1004,22 @@ impl JobKeeperState {
             )
         };
         let publication = &self.deps.publication;
-        let model_spec = self.deps.catalog.get(&training.model).map_err(failed)?;
+        let model_spec = self.deps.catalog.check_training(training).map_err(failed)?;
+        let hf_config = hanzod_train::recipe::lm_config(training)
+            .ok()
+            .flatten()
+            .map(|c| c.to_json());
         let checkpoint = Checkpoint {
             job,
             epoch,
             weights: bytes.clone(),
-            config_json: model_config_json(&training.model, model_spec, Some((job, spec))),
+            config_json: model_config_json(
+                &training.model,
+                &model_spec,
+                hf_config.as_deref(),
+                Some((job, spec)),
+            ),
+            files: repo_files_of(&ctx.trainer),
             card: ModelCard {
                 cid: String::new(),
                 epoch,
@@ -938,6 +1029,7 @@ impl JobKeeperState {
                 license: publication.license.clone(),
                 model: training.model.clone(),
                 dataset: training.dataset.clone(),
+                files: BTreeMap::new(),
             },
             repo: publication
                 .registry
@@ -1673,5 +1765,119 @@ impl CheckpointSink for TrainingSink {
             tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
         }
         Err(failed("the model keeper did not answer (3 attempts)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hanzod_store::registry::{GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+    use hanzod_train::text::Tokenizer;
+
+    fn lm_spec() -> TrainingSpec {
+        TrainingSpec {
+            model: hanzod_train::lm::QWEN3_TINY.into(),
+            dataset: hanzod_train::text::AUSTEN.into(),
+            local_lr: 3e-3,
+            seq_len: 32,
+            validation_tokens: 256,
+            ..TrainingSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_language_models_repo_holds_its_tokenizer_and_generation_files() {
+        let trainer = trainer_of(&lm_spec(), JobId(2)).expect("qwen3-tiny trains here");
+        let files = repo_files_of(&trainer);
+        assert_eq!(
+            files.keys().map(String::as_str).collect::<Vec<_>>(),
+            [
+                GENERATION_CONFIG_FILE,
+                TOKENIZER_FILE,
+                TOKENIZER_CONFIG_FILE
+            ]
+        );
+        let text = |name: &str| {
+            std::str::from_utf8(&files[name])
+                .expect("UTF-8")
+                .to_string()
+        };
+        // The job's tokenizer: the one its dataset was encoded with.
+        let tokenizer = Tokenizer::from_json(&text(TOKENIZER_FILE)).expect("tokenizer.json");
+        assert_eq!(text(TOKENIZER_FILE), Tokenizer::austen().to_json());
+        // The ids transformers 5.24 gives for this sample on a published repo
+        // (`AutoTokenizer.from_pretrained(folder)(sample)["input_ids"]`).
+        let sample = "It is a truth universally acknowledged, that a single man in possession \
+                      of a good fortune, must be in want of a wife.\n\nMr. Darcy's £10,000 a year!";
+        let transformers: [u32; 52] = [
+            935, 365, 259, 1992, 499, 73, 1173, 559, 1960, 743, 785, 12, 339, 259, 261, 278, 293,
+            547, 294, 1767, 2010, 282, 259, 588, 1797, 12, 482, 288, 294, 797, 282, 259, 1482, 14,
+            199, 199, 717, 14, 1100, 370, 221, 127, 97, 17, 16, 12, 16, 16, 16, 259, 1775, 1,
+        ];
+        assert_eq!(tokenizer.encode(sample), transformers);
+        assert_eq!(tokenizer.decode(&transformers), sample);
+        let config: serde_json::Value =
+            serde_json::from_str(&text(TOKENIZER_CONFIG_FILE)).expect("JSON");
+        assert_eq!(config["model_max_length"], 512);
+        assert_eq!(config["eos_token"], "<|endoftext|>");
+        assert_eq!(
+            text(GENERATION_CONFIG_FILE),
+            "{\n  \"_from_model_config\": true,\n  \"eos_token_id\": 0,\n  \
+             \"transformers_version\": \"5.24.0\"\n}\n"
+        );
+        // The wine-mlp's repo holds the three core files only.
+        let mlp = trainer_of(&TrainingSpec::default(), JobId(2)).expect("wine-mlp");
+        assert!(repo_files_of(&mlp).is_empty());
+    }
+
+    #[test]
+    fn a_bos_token_is_written_when_the_config_has_one() {
+        let cfg = hanzod_train::qwen3::Qwen3Config {
+            bos_token_id: Some(5),
+            eos_token_id: Some(6),
+            ..hanzod_train::lm::qwen3_tiny()
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&generation_config_json(&cfg)).expect("JSON");
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "_from_model_config": true,
+                "bos_token_id": 5,
+                "eos_token_id": 6,
+                "transformers_version": TRANSFORMERS_VERSION,
+            })
+        );
+    }
+
+    /// A language model's config.json is its Hugging Face config plus `hanzod_job`, which
+    /// recovery reads back (the other files change nothing there).
+    #[test]
+    fn a_language_models_config_names_its_job_for_recovery() {
+        let training = lm_spec();
+        let spec = JobSpec {
+            name: "austen-lm".into(),
+            epochs: 3,
+            min_nodes: 1,
+            max_nodes: 2,
+            min_vram_bytes: 0,
+            pending_deadline_ms: 60_000,
+            epoch_deadline_ms: 60_000,
+            utility: 1.0,
+            submitter_stake: GymWei::gym(100_000),
+            training: training.clone(),
+        };
+        let model = ModelCatalog::builtin()
+            .check_training(&training)
+            .expect("built in");
+        let hf = hanzod_train::recipe::lm_config(&training)
+            .expect("config")
+            .expect("a language model")
+            .to_json();
+        let config = model_config_json(&training.model, &model, Some(&hf), Some((JobId(7), &spec)));
+        let v: serde_json::Value = serde_json::from_slice(&config).expect("JSON");
+        assert_eq!(v["model_type"], "qwen3");
+        assert_eq!(v["architectures"][0], "Qwen3ForCausalLM");
+        assert_eq!(job_of_config(&config), Some((JobId(7), spec)));
     }
 }

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
-use crate::hzdl::{elements, DeltaDtype, DeltaError, DeltaKind, DeltaView, HEADER_LEN};
+use ed25519_dalek::VerifyingKey;
+
+use crate::hzdl::{elements, DeltaDtype, DeltaError, DeltaKind, DeltaView, Statement, HEADER_LEN};
 
 /// Why a model description could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -358,6 +360,73 @@ pub fn check_layout(view: &DeltaView<'_>, spec: &ModelSpec) -> Result<(), DeltaE
         }
     }
     Ok(())
+}
+
+/// What the one-pass intake of a delta established (see [`intake`]).
+#[derive(Debug, Clone)]
+pub struct Intake<'a> {
+    /// The parsed delta, format-checked against the model.
+    pub view: DeltaView<'a>,
+    /// SHA-256 of the whole payload ([`payload_hash`](crate::hzdl::payload_hash)).
+    pub hash: [u8; 32],
+}
+
+impl Intake<'_> {
+    /// [`verify_statement`](crate::hzdl::verify_statement) over this delta's hash.
+    pub fn verify_statement(
+        &self,
+        key: &VerifyingKey,
+        expected: &Statement,
+        signature: &[u8],
+    ) -> Result<(), DeltaError> {
+        crate::hzdl::verify_statement(key, expected, &self.hash, signature)
+    }
+
+    /// [`verify_claimed_statement`](crate::hzdl::verify_claimed_statement) over this delta's hash.
+    pub fn verify_claimed_statement(
+        &self,
+        key: &VerifyingKey,
+        expected: &Statement,
+        claimed: &Statement,
+        signature: &[u8],
+    ) -> Result<(), DeltaError> {
+        crate::hzdl::verify_claimed_statement(key, expected, claimed, &self.hash, signature)
+    }
+}
+
+/// The intake of an uploaded delta in one pass over its bytes: [`DeltaView::parse`](crate::hzdl::DeltaView::parse), the
+/// names, shapes and kind against `spec` ([`check_layout`]), then the payload hash and the
+/// finite check together, block by block ([`DeltaView::hash_and_check_finite`](crate::hzdl::DeltaView::hash_and_check_finite)). Accepts
+/// and refuses exactly what [`DeltaView::parse`](crate::hzdl::DeltaView::parse) then [`check_against`] do, with the same
+/// errors, and the hash is [`payload_hash`](crate::hzdl::payload_hash)`(bytes)`. Verify the signed statement with
+/// [`Intake::verify_statement`].
+///
+/// A delta refused before its values are read is not hashed; when the hash is needed
+/// either way (a caller that reports a hash mismatch or a bad signature before a format
+/// error), use [`intake_hashed`].
+///
+pub fn intake<'a>(bytes: &'a [u8], spec: &ModelSpec) -> Result<Intake<'a>, DeltaError> {
+    let view = DeltaView::parse(bytes)?;
+    check_layout(&view, spec)?;
+    let (hash, finite) = view.hash_and_check_finite(bytes);
+    finite?;
+    Ok(Intake { view, hash })
+}
+
+/// [`intake`], but the hash of `bytes` comes back whatever the verdict: `(hash, the parsed
+/// and checked view or the error)`. Still one pass over the bytes for a well-formed delta;
+/// a delta refused before its values are read (header, safetensors metadata, names,
+/// shapes, kind) is hashed on its own.
+pub fn intake_hashed<'a>(
+    bytes: &'a [u8],
+    spec: &ModelSpec,
+) -> ([u8; 32], Result<DeltaView<'a>, DeltaError>) {
+    let view = match DeltaView::parse(bytes).and_then(|v| check_layout(&v, spec).map(|()| v)) {
+        Ok(v) => v,
+        Err(e) => return (crate::hzdl::payload_hash(bytes), Err(e)),
+    };
+    let (hash, finite) = view.hash_and_check_finite(bytes);
+    (hash, finite.map(|()| view))
 }
 
 #[cfg(test)]

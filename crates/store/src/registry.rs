@@ -2,7 +2,9 @@
 //! Hugging Face model repository `{org}/{name}-epoch-{epoch}` (the sink names them
 //! `{org}/{model}-job-{job}-epoch-{epoch}`) holding `model.safetensors`,
 //! `config.json` and a `README.md` model card whose YAML front matter carries the
-//! checkpoint's IPFS CID.
+//! checkpoint's IPFS CID, plus the files the card declares by CID under `hanzod.files`
+//! (a language model's `tokenizer.json`, `tokenizer_config.json` and
+//! `generation_config.json`; none for the wine-mlp).
 //!
 //! | implementation | where |
 //! |---|---|
@@ -12,6 +14,7 @@
 //! The card's YAML is written and read with `serde_yaml_ng` (the maintained fork of the
 //! archived `serde_yaml`).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -32,6 +35,18 @@ pub const WEIGHTS_FILE: &str = "model.safetensors";
 pub const CONFIG_FILE: &str = "config.json";
 /// The model card of a published repo.
 pub const CARD_FILE: &str = "README.md";
+/// A language model's tokenizer (Hugging Face `tokenizers` JSON).
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// A language model's `transformers` tokenizer settings.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+/// A causal language model's `transformers` generation defaults.
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+/// The files every published repo holds, whose CIDs the signed publication record names
+/// itself (`cid`, `config_cid`, `card_cid`); any other file of a repo is declared, with
+/// its CID, by the card ([`ModelCard::files`]).
+pub const CORE_FILES: [&str; 3] = [WEIGHTS_FILE, CONFIG_FILE, CARD_FILE];
+/// The longest name of a declared file, in characters.
+pub const MAX_FILE_NAME: usize = 128;
 
 /// Why a registry call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -114,6 +129,12 @@ pub struct ModelCard {
     pub model: String,
     /// The training data set's name (HF `datasets`).
     pub dataset: String,
+    /// The repo's files besides [`CORE_FILES`], by name, each with its CID
+    /// ([`hanzod_protocol::cid::cid_of`]): a language model's tokenizer and generation
+    /// files. Empty for a repo of the three core files only (the wine-mlp's), whose card
+    /// then renders as it did before the list existed. The card's CID is in the signed
+    /// record, so these CIDs are signed too.
+    pub files: BTreeMap<String, String>,
 }
 
 impl RegistryError {
@@ -132,6 +153,8 @@ struct HanzodMeta {
     job: u64,
     quality: f64,
     model: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    files: BTreeMap<String, String>,
 }
 
 /// The YAML front matter, in the order the keys are written.
@@ -152,8 +175,9 @@ struct FrontMatter {
 impl ModelCard {
     /// The card as a Hugging Face `README.md`: YAML front matter between `---` lines (keys
     /// `license`, `library_name: hanzod`, `tags`, `base_model` when set, `datasets`, and a
-    /// `hanzod:` map with `cid`, `epoch`, `job`, `quality`, `model`), then a short markdown
-    /// body. Deterministic: the same card renders to the same bytes.
+    /// `hanzod:` map with `cid`, `epoch`, `job`, `quality`, `model`, and `files` (name →
+    /// CID, sorted by name) when the card declares files), then a short markdown body.
+    /// Deterministic: the same card renders to the same bytes.
     pub fn render(&self) -> String {
         let front = FrontMatter {
             license: self.license.clone(),
@@ -171,6 +195,7 @@ impl ModelCard {
                 job: self.job,
                 quality: self.quality,
                 model: self.model.clone(),
+                files: self.files.clone(),
             },
         };
         // Serialising plain strings and numbers into YAML cannot fail.
@@ -179,13 +204,23 @@ impl ModelCard {
             Some(cid) => format!("It continues from the checkpoint `{cid}`."),
             None => "It is the first checkpoint of its job.".to_string(),
         };
+        let others = if self.files.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<String> = self.files.keys().map(|n| format!("`{n}`")).collect();
+            format!(
+                "\nThe repo's other files ({}) are on IPFS too, each under the CID the front \
+                 matter gives it (`hanzod.files`).\n",
+                names.join(", ")
+            )
+        };
         format!(
             "---\n{yaml}---\n\n\
              # {model}, epoch {epoch}\n\n\
              The checkpoint of epoch {epoch} of hanzod job {job}, trained on `{dataset}`: \
              validation loss {quality}. {previous}\n\n\
              The weights (`{WEIGHTS_FILE}`) are on IPFS as `{cid}`; recompute that CID \
-             (`ipfs add --only-hash --cid-version=1`) to check this copy.\n",
+             (`ipfs add --only-hash --cid-version=1`) to check this copy.\n{others}",
             model = self.model,
             epoch = self.epoch,
             job = self.job,
@@ -225,12 +260,14 @@ impl ModelCard {
             license: front.license,
             model: front.hanzod.model,
             dataset,
+            files: front.hanzod.files,
         })
     }
 
-    /// Checks what [`ModelRegistry::publish`] requires of a card besides its CID: a finite
+    /// Checks what [`ModelRegistry::publish`] requires of a card besides its CIDs: a finite
     /// quality and non-empty `cid`, `license`, `model`, `dataset` (and `base_model` when
-    /// set). Errors: [`RegistryError::BadCard`].
+    /// set), and declared files with valid names ([`validate_file_name`]) and non-empty
+    /// CIDs. Errors: [`RegistryError::BadCard`].
     pub fn validate(&self) -> Result<(), RegistryError> {
         if !self.quality.is_finite() {
             return Err(RegistryError::BadCard {
@@ -258,8 +295,57 @@ impl ModelCard {
                 reason: "`base_model` is empty".to_string(),
             });
         }
+        for (name, cid) in &self.files {
+            validate_file_name(name)?;
+            if cid.trim().is_empty() {
+                return Err(RegistryError::BadCard {
+                    reason: format!("the CID of {name:?} is empty"),
+                });
+            }
+        }
         Ok(())
     }
+
+    /// Every file of the repo this card describes, sorted: [`CORE_FILES`] and the declared
+    /// [`ModelCard::files`].
+    pub fn repo_files(&self) -> Vec<String> {
+        let mut names: Vec<String> = CORE_FILES
+            .iter()
+            .map(|n| n.to_string())
+            .chain(self.files.keys().cloned())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+}
+
+/// Checks the name of a declared repo file ([`ModelCard::files`]): 1 to [`MAX_FILE_NAME`]
+/// characters of `[A-Za-z0-9._-]` (a file at the repo's root: no `/`), not starting with
+/// `.` (no `.gitattributes`, no `..`), and none of [`CORE_FILES`], which the record names
+/// itself. Errors: [`RegistryError::BadCard`].
+pub fn validate_file_name(name: &str) -> Result<(), RegistryError> {
+    let bad = |why: &str| {
+        Err(RegistryError::BadCard {
+            reason: format!("declared file {name:?} {why}"),
+        })
+    };
+    if name.is_empty() || name.chars().count() > MAX_FILE_NAME {
+        return bad("is empty or longer than 128 characters");
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return bad("has a character outside [A-Za-z0-9._-]");
+    }
+    if name.starts_with('.') {
+        return bad("starts with `.`");
+    }
+    if CORE_FILES.contains(&name) {
+        return bad("is one of the files every repo holds");
+    }
+    Ok(())
 }
 
 /// The text between a first line `---` and the next line `---`.
@@ -325,6 +411,9 @@ pub struct ModelUpload {
     pub config_json: Vec<u8>,
     /// The model card, rendered as `README.md`.
     pub card: ModelCard,
+    /// The repo's other files, by name: exactly those [`ModelCard::files`] declares, each
+    /// with the CID declared (empty for a repo of the three core files).
+    pub files: BTreeMap<String, Arc<[u8]>>,
 }
 
 impl ModelUpload {
@@ -357,12 +446,14 @@ pub struct Published {
 #[async_trait::async_trait]
 pub trait ModelRegistry: Send + Sync + std::fmt::Debug + 'static {
     /// Publishes `upload` as repo `upload.repo` with the files `model.safetensors`,
-    /// `config.json` and `README.md` (= `upload.card.render()`), all or nothing.
+    /// `config.json`, `README.md` (= `upload.card.render()`) and `upload.files`, all or
+    /// nothing.
     ///
     /// Idempotent: publishing identical content again returns the same [`Published`].
     /// Errors: [`RegistryError::BadRepo`] (see [`validate_repo`]; also when the name does
     /// not end in `-epoch-{card.epoch}`), [`RegistryError::BadCard`] (see
-    /// [`ModelCard::validate`]; also when `card.cid` is not the CID of `weights`),
+    /// [`ModelCard::validate`]; also when `card.cid` is not the CID of `weights`, or
+    /// `upload.files` are not exactly the files `card.files` declares, with those CIDs),
     /// [`RegistryError::Conflict`] when the repo exists with other content,
     /// [`RegistryError::Io`].
     async fn publish(&self, upload: &ModelUpload) -> Result<Published, RegistryError>;
@@ -382,11 +473,18 @@ pub async fn validate_upload(upload: &ModelUpload) -> Result<(), RegistryError> 
     }
     upload.card.validate()?;
     let weights = Arc::clone(&upload.weights);
-    let found = tokio::task::spawn_blocking(move || cid_of(&weights).to_string())
-        .await
-        .map_err(|e| RegistryError::Io {
-            message: format!("hashing task failed: {e}"),
-        })?;
+    let others = upload.files.clone();
+    let (found, others) = tokio::task::spawn_blocking(move || {
+        let others: BTreeMap<String, String> = others
+            .iter()
+            .map(|(name, bytes)| (name.clone(), cid_of(bytes).to_string()))
+            .collect();
+        (cid_of(&weights).to_string(), others)
+    })
+    .await
+    .map_err(|e| RegistryError::Io {
+        message: format!("hashing task failed: {e}"),
+    })?;
     if found != upload.card.cid {
         return Err(RegistryError::BadCard {
             reason: format!(
@@ -395,11 +493,42 @@ pub async fn validate_upload(upload: &ModelUpload) -> Result<(), RegistryError> 
             ),
         });
     }
+    check_declared(&upload.card.files, &others)
+}
+
+/// Checks that `found` (the files at hand, name → CID) are exactly the files `declared`
+/// declares, with the CIDs declared. Errors: [`RegistryError::BadCard`], naming the first
+/// file missing, undeclared, or of another CID.
+pub fn check_declared(
+    declared: &BTreeMap<String, String>,
+    found: &BTreeMap<String, String>,
+) -> Result<(), RegistryError> {
+    for (name, cid) in found {
+        match declared.get(name) {
+            None => {
+                return Err(RegistryError::BadCard {
+                    reason: format!("{name:?} is not declared by the card"),
+                })
+            }
+            Some(d) if d != cid => {
+                return Err(RegistryError::BadCard {
+                    reason: format!("the card declares {name:?} as {d}, its CID is {cid}"),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(name) = declared.keys().find(|n| !found.contains_key(*n)) {
+        return Err(RegistryError::BadCard {
+            reason: format!("the card declares {name:?}, which is not given"),
+        });
+    }
     Ok(())
 }
 
 /// The embedded default: repos in a local folder, in the Hub's layout,
-/// `root/{org}/{model}-epoch-{epoch}/{model.safetensors, config.json, README.md}`.
+/// `root/{org}/{model}-epoch-{epoch}/{model.safetensors, config.json, README.md, …}` (the
+/// card's declared files beside them).
 ///
 /// A repo is written into a temporary directory beside it (`root/{org}/.tmp-…`), each file
 /// fsync'd, then renamed into place and the parent fsync'd: a reader sees a whole repo or
@@ -435,17 +564,27 @@ impl FolderRegistry {
     }
 }
 
-/// The files of a repo, in write order.
-fn repo_files(upload: &ModelUpload) -> [(&'static str, Arc<[u8]>); 3] {
-    [
+/// The files of a repo, in write order: the three core files, then the declared ones by
+/// name.
+pub fn repo_files(upload: &ModelUpload) -> Vec<(String, Arc<[u8]>)> {
+    let core = [
         (WEIGHTS_FILE, Arc::clone(&upload.weights)),
         (CONFIG_FILE, Arc::from(upload.config_json.as_slice())),
         (CARD_FILE, Arc::from(upload.card.render().into_bytes())),
-    ]
+    ];
+    core.into_iter()
+        .map(|(name, bytes)| (name.to_string(), bytes))
+        .chain(
+            upload
+                .files
+                .iter()
+                .map(|(name, bytes)| (name.clone(), Arc::clone(bytes))),
+        )
+        .collect()
 }
 
 /// Whether the repo at `dir` holds exactly `files` (and nothing else).
-fn same_repo(dir: &Path, files: &[(&'static str, Arc<[u8]>)]) -> Result<bool, RegistryError> {
+fn same_repo(dir: &Path, files: &[(String, Arc<[u8]>)]) -> Result<bool, RegistryError> {
     let entries = std::fs::read_dir(dir).map_err(|e| io_error("listing", dir, e))?;
     let mut count = 0;
     for entry in entries {
@@ -477,7 +616,7 @@ fn sync_dir(dir: &Path) -> Result<(), RegistryError> {
 fn write_tmp_repo(
     parent: &Path,
     name: &str,
-    files: &[(&'static str, Arc<[u8]>)],
+    files: &[(String, Arc<[u8]>)],
 ) -> Result<PathBuf, RegistryError> {
     let tmp = parent.join(format!(
         ".tmp-{name}-{}-{}",
@@ -604,5 +743,112 @@ mod tests {
         }
         assert!(validate_repo(&format!("a/{}", "x".repeat(96))).is_ok());
         assert!(validate_repo(&format!("a/{}", "x".repeat(97))).is_err());
+    }
+
+    fn card(files: &[(&str, &str)]) -> ModelCard {
+        ModelCard {
+            cid: "bafyweights".into(),
+            epoch: 1,
+            job: 2,
+            quality: 0.5,
+            base_model: None,
+            license: "apache-2.0".into(),
+            model: "qwen3-tiny".into(),
+            dataset: "austen".into(),
+            files: files
+                .iter()
+                .map(|(n, c)| (n.to_string(), c.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn declared_files_render_under_hanzod_and_parse_back() {
+        let lm = card(&[
+            (TOKENIZER_FILE, "bafktok"),
+            (GENERATION_CONFIG_FILE, "bafkgen"),
+        ]);
+        let readme = lm.render();
+        assert!(
+            readme.contains(
+                "  files:\n    generation_config.json: bafkgen\n    tokenizer.json: bafktok\n---\n"
+            ),
+            "{readme}"
+        );
+        assert_eq!(ModelCard::parse(&readme), Ok(lm.clone()));
+        assert_eq!(
+            lm.repo_files(),
+            [
+                CARD_FILE,
+                CONFIG_FILE,
+                GENERATION_CONFIG_FILE,
+                WEIGHTS_FILE,
+                TOKENIZER_FILE
+            ]
+        );
+        // No `files` key for a card of the three core files.
+        let core = card(&[]);
+        assert!(!core.render().contains("files"));
+        assert_eq!(core.repo_files(), [CARD_FILE, CONFIG_FILE, WEIGHTS_FILE]);
+        assert_eq!(lm.validate(), Ok(()));
+        assert!(matches!(
+            card(&[("../x", "bafk")]).validate(),
+            Err(RegistryError::BadCard { reason: _ })
+        ));
+        assert!(matches!(
+            card(&[(TOKENIZER_FILE, " ")]).validate(),
+            Err(RegistryError::BadCard { reason: _ })
+        ));
+    }
+
+    #[test]
+    fn file_name_rules() {
+        for good in [
+            TOKENIZER_FILE,
+            TOKENIZER_CONFIG_FILE,
+            GENERATION_CONFIG_FILE,
+            "a-b_c.d",
+        ] {
+            assert_eq!(validate_file_name(good), Ok(()), "{good:?}");
+        }
+        for bad in [
+            "",
+            ".gitattributes",
+            "..",
+            "a/b",
+            "a\\b",
+            "a b",
+            WEIGHTS_FILE,
+            CONFIG_FILE,
+            CARD_FILE,
+            &"x".repeat(MAX_FILE_NAME + 1),
+        ] {
+            assert!(validate_file_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn declared_and_given_files_must_match_exactly() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(n, c)| (n.to_string(), c.to_string()))
+                .collect()
+        };
+        let declared = map(&[("a.json", "bafka"), ("b.json", "bafkb")]);
+        assert_eq!(check_declared(&declared, &declared), Ok(()));
+        let reason = |found: &BTreeMap<String, String>| match check_declared(&declared, found) {
+            Err(RegistryError::BadCard { reason }) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(reason(&map(&[("a.json", "bafka")])).contains("\"b.json\", which is not given"));
+        assert!(reason(&map(&[("a.json", "bafka"), ("b.json", "bafkx")]))
+            .contains("declares \"b.json\" as bafkb, its CID is bafkx"));
+        assert!(reason(&map(&[
+            ("a.json", "bafka"),
+            ("b.json", "bafkb"),
+            ("c.json", "x")
+        ]))
+        .contains("\"c.json\" is not declared"));
     }
 }

@@ -483,6 +483,46 @@ pub struct DemoSummary {
     pub orchestrator: String,
     /// The chain, when the demo ran on one (`--anvil`).
     pub chain: Option<ChainSummary>,
+    /// A language model's greedy continuation of [`SAMPLE_PROMPT`] by the first and the
+    /// last published checkpoint: `(epoch, continuation)`.
+    #[serde(default)]
+    pub samples: Vec<(u32, String)>,
+}
+
+/// The prompt a language-model demo continues with its first and last checkpoint.
+pub const SAMPLE_PROMPT: &str = "It is a truth universally acknowledged, that";
+
+/// Tokens of each demo continuation.
+const SAMPLE_TOKENS: usize = 24;
+
+/// The greedy continuations of [`SAMPLE_PROMPT`] by the first and the last published
+/// checkpoint of a language-model run (empty for the MLP, or when a folder cannot be read).
+fn samples(plan: &DemoPlan, job: JobId, epochs: &[EpochLine]) -> Vec<(u32, String)> {
+    let Ok(hanzod_train::Trainer::Lm(task)) = hanzod_train::trainer_of(&plan.training(), job)
+    else {
+        return Vec::new();
+    };
+    let tokenizer = task.data().tokenizer();
+    let prompt = tokenizer.encode(SAMPLE_PROMPT);
+    let mut picks: Vec<&EpochLine> = epochs.iter().take(1).collect();
+    picks.extend(epochs.iter().skip(1).last());
+    picks
+        .into_iter()
+        .filter_map(|e| {
+            let dir = PathBuf::from(e.published.as_ref()?);
+            let bytes = std::fs::read(dir.join("model.safetensors")).ok()?;
+            let w = hanzod_train::Weights::from_safetensors(&bytes, task.layout()).ok()?;
+            let greedy = hanzod_train::qwen3::Sampling {
+                temperature: 0.0,
+                seed: 0,
+            };
+            let new = task
+                .model()
+                .generate(&w, &prompt, SAMPLE_TOKENS, greedy, Some(tokenizer.eos_id()))
+                .ok()?;
+            Some((e.epoch, tokenizer.decode(&new)))
+        })
+        .collect()
 }
 
 impl DemoSummary {
@@ -1255,6 +1295,13 @@ async fn drive(
     view.finish();
     let lines = node_lines(&run.nodes, &run.epochs, &*d.ledger(), &run.index_of).await;
     let (agg_ms, agg_deltas) = run.epochs.aggregation;
+    let epochs = epoch_lines(&run.epochs);
+    let samples = {
+        let (plan, epochs) = (plan.clone(), epochs.clone());
+        tokio::task::spawn_blocking(move || samples(&plan, job, &epochs))
+            .await
+            .unwrap_or_default()
+    };
     Ok(DemoSummary {
         plan: plan.clone(),
         job: job.0,
@@ -1262,7 +1309,7 @@ async fn drive(
         failure,
         wall_ms: started.elapsed().as_millis() as u64,
         initial_loss,
-        epochs: epoch_lines(&run.epochs),
+        epochs,
         nodes: lines,
         ring_version: run.ring_version,
         ring_repair_ms: run.ring_repair_ms,
@@ -1272,6 +1319,7 @@ async fn drive(
             .map(|k| hex::encode(k.node_id().0))
             .unwrap_or_default(),
         chain: None,
+        samples,
     })
 }
 
@@ -1683,6 +1731,13 @@ pub fn render(s: &DemoSummary) -> String {
     }
     if let Some(ms) = s.aggregation_ms_per_delta {
         let _ = writeln!(o, "aggregation (validation + merge) {ms:.1} ms per delta");
+    }
+    for (epoch, text) in &s.samples {
+        let _ = writeln!(
+            o,
+            "epoch {epoch} checkpoint, greedy: {SAMPLE_PROMPT}{}",
+            text.replace('\n', " ⏎ ")
+        );
     }
     if let Some(c) = &s.chain {
         let _ = writeln!(

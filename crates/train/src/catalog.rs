@@ -133,6 +133,34 @@ impl ModelCatalog {
     }
 }
 
+/// [`trainer_for`](crate::recipe::trainer_for) with the model the spec names resolved by the built-in catalog
+/// ([`ModelCatalog::builtin`]).
+pub fn trainer_of(
+    training: &TrainingSpec,
+    job: hanzod_actors::types::JobId,
+) -> Result<crate::recipe::Trainer, crate::recipe::RecipeError> {
+    let model = ModelCatalog::builtin()
+        .check_training(training)
+        .map_err(|_| crate::recipe::RecipeError::NotBuiltIn {
+            model: training.model.clone(),
+        })?;
+    crate::recipe::trainer_for(training, &model, job)
+}
+
+/// The `wine-mlp` recipe of a spec ([`trainer_of`]'s MLP case); [`crate::recipe::RecipeError::NoTrainer`]
+/// for a language model.
+pub fn recipe_of(
+    training: &TrainingSpec,
+    job: hanzod_actors::types::JobId,
+) -> Result<crate::Recipe, crate::recipe::RecipeError> {
+    match trainer_of(training, job)? {
+        crate::recipe::Trainer::Mlp(t) => Ok(t.recipe),
+        crate::recipe::Trainer::Lm(_) => Err(crate::recipe::RecipeError::NoTrainer {
+            model: training.model.clone(),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

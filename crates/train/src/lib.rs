@@ -48,8 +48,9 @@ use sha2::{Digest, Sha256};
 use hanzod_protocol::hzdl::DeltaError;
 use hanzod_protocol::model::ModelSpec;
 
+pub use catalog::{recipe_of, trainer_of};
 pub use data::{Dataset, FEATURES};
-pub use recipe::{recipe_of, trainer_for, trainer_of, RecipeError, Trainer};
+pub use recipe::{trainer_for, RecipeError, Trainer};
 pub use weights::{Layout, LayoutEntry, Weights};
 
 use mlp::{BurnLinear, LayerTensors};

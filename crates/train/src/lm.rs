@@ -86,7 +86,7 @@ pub struct LmRecipe {
 
 impl LmRecipe {
     /// [`TrainError::InvalidRecipe`] unless `1 ≤ local_steps ≤ MAX_LOCAL_STEPS`,
-    /// `1 ≤ batch_size ≤ MAX_LM_BATCH`, `2 ≤ seq_len ≤ min(MAX_SEQ_LEN, positions)`,
+    /// `1 ≤ batch_size ≤ MAX_LM_BATCH`, `2 ≤ seq_len ≤ min(MAX_SEQ_LEN, positions − 1)`,
     /// `seq_len ≤ validation_tokens ≤ MAX_VALIDATION_TOKENS`, and the optimizer is valid.
     pub fn validate(&self, cfg: &Qwen3Config) -> Result<(), TrainError> {
         let bad = |m: String| Err(TrainError::InvalidRecipe(m));
@@ -103,8 +103,9 @@ impl LmRecipe {
                 self.batch_size
             ));
         }
-        let max_seq =
-            MAX_SEQ_LEN.min(u32::try_from(cfg.max_position_embeddings).unwrap_or(u32::MAX));
+        // A window of `seq_len + 1` tokens goes through the model whole.
+        let positions = u32::try_from(cfg.max_position_embeddings).unwrap_or(u32::MAX);
+        let max_seq = MAX_SEQ_LEN.min(positions - 1);
         if self.seq_len < 2 || self.seq_len > max_seq {
             return bad(format!("seq_len {} (2 to {max_seq})", self.seq_len));
         }
@@ -366,5 +367,232 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+}
+
+/// Why a language-model checkpoint folder could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file could not be read.
+    #[error("{path}: {error}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What reading it said.
+        error: std::io::Error,
+    },
+    /// `config.json` is not a Qwen3 hanzod can run (the message names the file).
+    #[error("{0}")]
+    Config(#[from] crate::qwen3::ConfigError),
+    /// `model.safetensors` is not this configuration's weights.
+    #[error("model.safetensors: {0}")]
+    Weights(TrainError),
+    /// `tokenizer.json` is not a tokenizer hanzod reads.
+    #[error("tokenizer.json: {0}")]
+    Tokenizer(text::TextError),
+    /// The tokenizer produces ids the model has no embedding for.
+    #[error("the tokenizer has {tokenizer} tokens but the model's vocabulary only {model}")]
+    Vocabulary {
+        /// Tokens the tokenizer knows.
+        tokenizer: usize,
+        /// The model's `vocab_size`.
+        model: usize,
+    },
+}
+
+/// Largest file [`LmCheckpoint::load`] reads, bytes (16 GiB: a model of about 4 B f32
+/// parameters).
+pub const MAX_CHECKPOINT_FILE: u64 = 16 << 30;
+
+/// A language-model checkpoint in the Hugging Face layout: `config.json` (Qwen3),
+/// `model.safetensors` (F32) and `tokenizer.json`.
+#[derive(Debug, Clone)]
+pub struct LmCheckpoint {
+    /// The model of `config.json`.
+    pub model: Qwen3,
+    /// The weights of `model.safetensors`.
+    pub weights: Weights,
+    /// The tokenizer.
+    pub tokenizer: text::Tokenizer,
+}
+
+fn read_bounded(path: &std::path::Path) -> Result<Vec<u8>, CheckpointError> {
+    let io = |error| CheckpointError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > MAX_CHECKPOINT_FILE {
+        return Err(io(std::io::Error::other(format!(
+            "{len} bytes, more than the {MAX_CHECKPOINT_FILE} read"
+        ))));
+    }
+    std::fs::read(path).map_err(io)
+}
+
+impl LmCheckpoint {
+    /// Loads the folder `dir`, with the tokenizer at `tokenizer` (default
+    /// `dir/tokenizer.json`).
+    pub fn load(
+        dir: &std::path::Path,
+        tokenizer: Option<&std::path::Path>,
+    ) -> Result<LmCheckpoint, CheckpointError> {
+        let text = |p: std::path::PathBuf| {
+            read_bounded(&p).map(|b| String::from_utf8_lossy(&b).into_owned())
+        };
+        let cfg = Qwen3Config::from_json(&text(dir.join("config.json"))?)?;
+        let model = Qwen3::new(cfg).map_err(CheckpointError::Weights)?;
+        let bytes = read_bounded(&dir.join("model.safetensors"))?;
+        let weights = Weights::from_safetensors(&bytes, model.layout().clone())
+            .map_err(CheckpointError::Weights)?;
+        let tok_path = tokenizer.map_or_else(|| dir.join("tokenizer.json"), |p| p.to_path_buf());
+        let tokenizer =
+            text::Tokenizer::from_json(&text(tok_path)?).map_err(CheckpointError::Tokenizer)?;
+        let vocab = model.config().vocab_size;
+        if tokenizer.vocab_size() > vocab {
+            return Err(CheckpointError::Vocabulary {
+                tokenizer: tokenizer.vocab_size(),
+                model: vocab,
+            });
+        }
+        Ok(LmCheckpoint {
+            model,
+            weights,
+            tokenizer,
+        })
+    }
+}
+
+/// What [`eval_text`] measured.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct TextEval {
+    /// Tokens the text encodes to.
+    pub text_tokens: u64,
+    /// Tokens scored (next-token predictions).
+    pub scored_tokens: u64,
+    /// Mean cross-entropy, nats/token.
+    pub nats_per_token: f64,
+    /// `exp(nats_per_token)`.
+    pub perplexity: f64,
+    /// Tokens per window (the context each prediction sees at most).
+    pub window: u32,
+}
+
+/// The mean next-token cross-entropy of `w` on `text`: the text encoded whole with
+/// `tokenizer`, cut into windows of `window + 1` tokens that share one token
+/// ([`text::validation_windows`]: every token after the first is scored once, the tail
+/// that fills no whole window is dropped), `window = min(512, positions − 1, tokens − 1)`, at
+/// most `max_tokens` scored, [`VALIDATION_CHUNK`] windows per forward pass.
+///
+/// Errors: [`TrainError::Dataset`] for a text of fewer than two tokens; as
+/// [`Qwen3::nll`].
+pub fn eval_text(
+    model: &Qwen3,
+    w: &Weights,
+    tokenizer: &text::Tokenizer,
+    text_in: &str,
+    max_tokens: u64,
+) -> Result<TextEval, TrainError> {
+    let ids = tokenizer.encode(text_in);
+    if ids.len() < 2 {
+        return Err(TrainError::Dataset(format!(
+            "the text encodes to {} token(s): nothing to predict",
+            ids.len()
+        )));
+    }
+    let window = 512
+        .min(model.config().max_position_embeddings - 1)
+        .min(ids.len() - 1) as u32;
+    let starts = text::validation_windows(ids.len(), window, max_tokens.max(u64::from(window)))
+        .map_err(text_error)?;
+    let mut total = NllSum::default();
+    for chunk in starts.chunks(VALIDATION_CHUNK) {
+        let tokens = text::batch_tokens(&ids, chunk, window).map_err(text_error)?;
+        total.add(model.nll(
+            w,
+            Batch {
+                tokens: &tokens,
+                batch: chunk.len(),
+            },
+        )?);
+    }
+    let mean = total.mean();
+    Ok(TextEval {
+        text_tokens: ids.len() as u64,
+        scored_tokens: total.tokens,
+        nats_per_token: mean,
+        perplexity: mean.exp(),
+        window,
+    })
+}
+
+#[cfg(test)]
+mod eval_tests {
+    use super::*;
+    use crate::qwen3::Sampling;
+
+    #[test]
+    fn a_saved_checkpoint_loads_evaluates_and_generates() {
+        let model = Qwen3::new(qwen3_tiny()).unwrap();
+        let w = model.init(5);
+        let dir = std::env::temp_dir().join(format!("hanzod-lm-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), model.config().to_json()).unwrap();
+        std::fs::write(dir.join("model.safetensors"), w.to_safetensors()).unwrap();
+        // No tokenizer yet: a typed error naming the file.
+        let e = LmCheckpoint::load(&dir, None).unwrap_err();
+        assert!(matches!(e, CheckpointError::Io { .. }), "{e}");
+        assert!(e.to_string().contains("tokenizer.json"), "{e}");
+        let tok = text::Tokenizer::austen();
+        std::fs::write(dir.join("tokenizer.json"), tok.to_json()).unwrap();
+        let ck = LmCheckpoint::load(&dir, None).unwrap();
+        assert_eq!(ck.weights, w);
+
+        let passage = &text::Split::austen().validation[..6000];
+        let ev = eval_text(&ck.model, &ck.weights, &ck.tokenizer, passage, 600).unwrap();
+        assert_eq!(ev.window, 511);
+        assert_eq!(ev.scored_tokens, 511);
+        assert!((ev.nats_per_token - (2048f64).ln()).abs() < 0.1, "{ev:?}");
+        assert!((ev.perplexity - ev.nats_per_token.exp()).abs() < 1e-9);
+        assert!(eval_text(&ck.model, &ck.weights, &ck.tokenizer, "a", 10).is_err());
+
+        let prompt = tok.encode("It is a truth universally acknowledged");
+        let greedy = Sampling {
+            temperature: 0.0,
+            seed: 0,
+        };
+        let a = ck.model.generate(&w, &prompt, 5, greedy, None).unwrap();
+        assert_eq!(a.len(), 5);
+        assert_eq!(a, ck.model.generate(&w, &prompt, 5, greedy, None).unwrap());
+        let hot = |seed| Sampling {
+            temperature: 1.0,
+            seed,
+        };
+        let s1 = ck.model.generate(&w, &prompt, 8, hot(1), None).unwrap();
+        assert_eq!(s1, ck.model.generate(&w, &prompt, 8, hot(1), None).unwrap());
+        assert_ne!(s1, ck.model.generate(&w, &prompt, 8, hot(2), None).unwrap());
+        assert!(s1.iter().all(|&t| (t as usize) < 2048));
+        // Stops at the stop token when it is produced.
+        let stop = a[0];
+        let cut = ck
+            .model
+            .generate(&w, &prompt, 5, greedy, Some(stop))
+            .unwrap();
+        assert_eq!(cut, a[..1]);
+        assert!(ck.model.generate(&w, &[], 1, greedy, None).is_err());
+        assert!(ck
+            .model
+            .generate(
+                &w,
+                &prompt,
+                1,
+                Sampling {
+                    temperature: -1.0,
+                    seed: 0
+                },
+                None
+            )
+            .is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -119,7 +119,7 @@ pub enum Trainer {
     /// The `wine-mlp` (SGD, mean squared error in standardised-target units).
     Mlp(MlpTask),
     /// A Qwen3 language model (AdamW, cross-entropy in nats/token).
-    Lm(LmTask),
+    Lm(Box<LmTask>),
 }
 
 impl PartialEq for Trainer {
@@ -270,7 +270,7 @@ pub fn trainer_for(
             validation_tokens: training.validation_tokens,
         };
         return LmTask::new(cfg, recipe, TextData::austen())
-            .map(Trainer::Lm)
+            .map(|t| Trainer::Lm(Box::new(t)))
             .map_err(RecipeError::Invalid);
     }
     let hidden = model
@@ -321,27 +321,131 @@ pub fn trainer_for(
     }))
 }
 
-/// [`trainer_for`] with the model the spec names resolved by the built-in catalog
-/// ([`crate::catalog::ModelCatalog::builtin`]).
-pub fn trainer_of(training: &TrainingSpec, job: JobId) -> Result<Trainer, RecipeError> {
-    let model = crate::catalog::ModelCatalog::builtin()
-        .check_training(training)
-        .map_err(|_| RecipeError::NotBuiltIn {
-            model: training.model.clone(),
-        })?;
-    trainer_for(training, &model, job)
-}
-
-/// The `wine-mlp` recipe of a spec ([`trainer_of`]'s MLP case); [`RecipeError::NoTrainer`]
-/// for a language model.
-pub fn recipe_of(training: &TrainingSpec, job: JobId) -> Result<Recipe, RecipeError> {
-    match trainer_of(training, job)? {
-        Trainer::Mlp(t) => Ok(t.recipe),
-        Trainer::Lm(_) => Err(RecipeError::NoTrainer {
-            model: training.model.clone(),
-        }),
-    }
-}
-
 /// The dataset the MLP trainer reads.
 const WINE_QUALITY: &str = "wine-quality-red";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::trainer_of;
+    use hanzod_actors::job::LoraSpec;
+
+    fn lm() -> TrainingSpec {
+        TrainingSpec {
+            model: lm::QWEN3_TINY.into(),
+            dataset: text::AUSTEN.into(),
+            local_lr: 3e-3,
+            seq_len: 32,
+            validation_tokens: 256,
+            ..TrainingSpec::default()
+        }
+    }
+
+    #[test]
+    fn resolves_both_model_families() {
+        let mlp = trainer_of(&TrainingSpec::default(), JobId(3)).unwrap();
+        assert!(matches!(&mlp, Trainer::Mlp(t) if t.recipe.job == 3 && t.recipe.hidden == 32));
+        assert_eq!(mlp.loss_unit(), "MSE, standardised units");
+        let Trainer::Lm(t) = trainer_of(&lm(), JobId(3)).unwrap() else {
+            panic!("qwen3-tiny is a language model")
+        };
+        assert_eq!(t.recipe().adamw.lr, 3e-3);
+        assert_eq!(t.recipe().job, 3);
+        assert_eq!(t.model().config(), &lm::qwen3_tiny());
+        // `qwen3` with the same architecture written out is the same trainer.
+        let custom = TrainingSpec {
+            model: lm::QWEN3.into(),
+            architecture: Some(lm::qwen3_tiny().to_json()),
+            ..lm()
+        };
+        assert_eq!(
+            trainer_of(&custom, JobId(3)).unwrap(),
+            trainer_of(&lm(), JobId(3)).unwrap()
+        );
+        assert_ne!(
+            trainer_of(&lm(), JobId(4)).unwrap(),
+            trainer_of(&lm(), JobId(3)).unwrap()
+        );
+    }
+
+    #[test]
+    fn refusals_are_typed() {
+        let mlp = TrainingSpec::default();
+        let err = |t: &TrainingSpec| trainer_of(t, JobId(1)).unwrap_err();
+        assert!(matches!(
+            err(&TrainingSpec {
+                mode: TrainMode::Lora,
+                ..mlp.clone()
+            }),
+            RecipeError::NotApplicable { field: "mode", .. }
+        ));
+        assert!(matches!(
+            err(&TrainingSpec {
+                base: Some("bafy".into()),
+                ..mlp.clone()
+            }),
+            RecipeError::NotApplicable { field: "base", .. }
+        ));
+        assert!(matches!(
+            err(&TrainingSpec {
+                dataset: text::AUSTEN.into(),
+                ..mlp.clone()
+            }),
+            RecipeError::UnknownDataset {
+                expected: "wine-quality-red",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err(&TrainingSpec {
+                dataset: "wine-quality-red".into(),
+                ..lm()
+            }),
+            RecipeError::UnknownDataset {
+                expected: "austen",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err(&TrainingSpec {
+                delta_dtype: "f64".into(),
+                ..lm()
+            }),
+            RecipeError::DeltaDtype(_)
+        ));
+        assert!(matches!(
+            err(&TrainingSpec {
+                mode: TrainMode::Lora,
+                lora: LoraSpec::default(),
+                ..lm()
+            }),
+            RecipeError::Lora(_)
+        ));
+        assert!(matches!(
+            err(&TrainingSpec { seq_len: 1, ..lm() }),
+            RecipeError::Invalid(TrainError::InvalidRecipe(_))
+        ));
+        assert!(matches!(
+            err(&TrainingSpec {
+                outer_lr: 0.0,
+                ..lm()
+            }),
+            RecipeError::OuterLr(_)
+        ));
+        // `qwen3` without an architecture, or with one that is not Qwen3: the catalog
+        // refuses it before a trainer is looked for.
+        let catalog = crate::catalog::ModelCatalog::builtin();
+        let q = TrainingSpec {
+            model: lm::QWEN3.into(),
+            ..lm()
+        };
+        assert!(catalog.check_training(&q).is_err());
+        let llama = TrainingSpec {
+            architecture: Some(r#"{"model_type": "llama"}"#.into()),
+            ..q
+        };
+        let e = catalog.check_training(&llama).unwrap_err();
+        assert!(e.to_string().contains("llama"), "{e}");
+        assert_eq!(delta_dtype(&lm()).unwrap(), DeltaDtype::F32);
+    }
+}

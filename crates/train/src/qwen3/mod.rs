@@ -459,6 +459,123 @@ impl Qwen3 {
     }
 }
 
+/// How [`Qwen3::generate`] picks each token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// Softmax temperature; 0 picks the most likely token (greedy; ties to the lowest id).
+    pub temperature: f64,
+    /// Seeds the draws when `temperature > 0`: ChaCha20 seeded with SHA-256(seed u64 LE),
+    /// one 24-bit uniform per token, inverted through the cumulative distribution.
+    pub seed: u64,
+}
+
+impl Qwen3 {
+    /// Continues `prompt` (token ids, at least one) by `max_new` tokens, one forward pass
+    /// per token over the last `max_position_embeddings` tokens (no key/value cache: the
+    /// models this runs on CPU are small). Stops early at `stop` when given. Returns only
+    /// the new tokens.
+    ///
+    /// Errors: weights not of this model, an empty prompt, a token outside the
+    /// vocabulary, a temperature that is negative or not finite.
+    pub fn generate(
+        &self,
+        w: &Weights,
+        prompt: &[u32],
+        max_new: usize,
+        sampling: Sampling,
+        stop: Option<u32>,
+    ) -> Result<Vec<u32>, TrainError> {
+        if prompt.is_empty() {
+            return Err(TrainError::InvalidRecipe("an empty prompt".into()));
+        }
+        let t = sampling.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(TrainError::InvalidRecipe(format!("temperature {t}")));
+        }
+        let mut h = Sha256::new();
+        h.update(sampling.seed.to_le_bytes());
+        let mut rng = ChaCha20Rng::from_seed(h.finalize().into());
+        let mut tokens = prompt.to_vec();
+        let vocab = self.cfg.vocab_size;
+        let window = self.cfg.max_position_embeddings;
+        for _ in 0..max_new {
+            let context = &tokens[tokens.len().saturating_sub(window)..];
+            let logits = self.last_logits(w, context)?;
+            debug_assert_eq!(logits.len(), vocab);
+            let next = if t == 0.0 {
+                argmax(&logits)
+            } else {
+                sample(&logits, t, crate::unit_f32(&mut rng))
+            };
+            tokens.push(next);
+            if Some(next) == stop {
+                break;
+            }
+        }
+        Ok(tokens.split_off(prompt.len()))
+    }
+
+    /// The logits `[vocab]` of the position after `context` (1 ≤ len ≤ positions).
+    fn last_logits(&self, w: &Weights, context: &[u32]) -> Result<Vec<f32>, TrainError> {
+        if *w.layout != *self.layout {
+            return Err(TrainError::LayoutMismatch(
+                "weights are not this qwen3's".into(),
+            ));
+        }
+        if let Some(t) = context.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(TrainError::InvalidRecipe(format!(
+                "token id {t} is outside the vocabulary of {}",
+                self.cfg.vocab_size
+            )));
+        }
+        let device = device();
+        let seq = context.len();
+        let params = self.upload(w, &device);
+        let rope = model::rope_tables(&self.cfg, seq, &device);
+        let tokens = Self::tokens(
+            &Batch {
+                tokens: context,
+                batch: 1,
+            },
+            seq,
+            &device,
+        );
+        let logits = model::logits(&self.cfg, &self.idx, &params, tokens, &rope, &device);
+        read_any(logits.narrow(1, seq - 1, 1).reshape([self.cfg.vocab_size]))
+    }
+}
+
+/// The index of the largest value (the first of equal ones).
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Draws from softmax(logits / t) with the uniform `u ∈ [0, 1)`: the first index whose
+/// cumulative probability (f64) exceeds `u`.
+fn sample(logits: &[f32], t: f64, u: f32) -> u32 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&x| ((f64::from(x) - f64::from(max)) / t).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let target = f64::from(u) * total;
+    let mut acc = 0.0;
+    for (i, w) in weights.iter().enumerate() {
+        acc += w;
+        if acc > target {
+            return i as u32;
+        }
+    }
+    argmax(logits)
+}
+
 /// Reads per-token losses back and sums them in f64 in order.
 fn nll_sum(nll: Tensor<1>) -> Result<NllSum, TrainError> {
     let v = read_any(nll)?;
