@@ -15,9 +15,9 @@
 //! [`write_delta`] writes one; [`DeltaView::parse`] reads one without copying tensor data,
 //! after bounding every declared size against the bytes actually present (nothing is
 //! allocated from a declared size). [`check_against`](crate::model::check_against) is the format check against a
-//! [`ModelSpec`]. The node signs [`statement_digest`] (job, epoch, step, claimed loss and
+//! [`ModelSpec`](crate::model::ModelSpec). The node signs [`statement_digest`] (job, epoch, step, claimed loss and
 //! the payload hash), so a delta cannot be replayed into another job, epoch or step.
-//! [`intake`] takes an upload in: parse, format check and payload hash in one pass over the
+//! [`intake`](crate::model::intake) takes an upload in: parse, format check and payload hash in one pass over the
 //! bytes (the hash and the finite check block by block, while each block is in the cache).
 
 use ed25519_dalek::VerifyingKey;
