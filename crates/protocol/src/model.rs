@@ -324,7 +324,7 @@ impl ModelSpec {
 /// (full deltas cover every parameter, LoRA deltas exactly the adapter tensors), and no
 /// value is NaN or Inf. (Dtype against header and offsets are checked by
 /// [`DeltaView::parse`].) [`check_layout`] then [`DeltaView::check_finite`]; an intake
-/// that also hashes the payload does both in one pass with [`crate::hzdl::intake`].
+/// that also hashes the payload does both in one pass with [`intake`].
 pub fn check_against(view: &DeltaView<'_>, spec: &ModelSpec) -> Result<(), DeltaError> {
     check_layout(view, spec)?;
     view.check_finite()

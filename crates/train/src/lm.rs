@@ -39,7 +39,7 @@ pub const MAX_VALIDATION_TOKENS: u64 = 1 << 24;
 
 /// Sequences per forward pass when scoring the validation shard (bounds the logits held:
 /// `VALIDATION_CHUNK × seq_len × vocab` floats).
-const VALIDATION_CHUNK: usize = 8;
+pub const VALIDATION_CHUNK: usize = 8;
 
 /// `qwen3-tiny`: a 4-layer Qwen3 of 1.05 M parameters for the built-in tokenizer
 /// (vocabulary [`text::AUSTEN_VOCAB`] = 2,048): hidden 128, MLP 384, 4 query heads and 2
