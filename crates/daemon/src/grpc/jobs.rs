@@ -100,7 +100,14 @@ impl JobService for JobServiceImpl {
         })?;
         // And one the validator could not replay (no trainer for the model, steps or batch
         // beyond the bounds that keep a spot-check cheap, rates that are not f32).
-        hanzod_train::recipe::trainer_for(&spec.training, &model, JobId(0)).map_err(|e| {
+        // A language model's first recipe tokenizes its corpus (seconds): off the runtime.
+        let training = spec.training.clone();
+        let resolved = tokio::task::spawn_blocking(move || {
+            hanzod_train::recipe::trainer_for(&training, &model, JobId(0)).map(|_| ())
+        })
+        .await
+        .map_err(|e| refused(&self.core, Status::internal(format!("recipe check: {e}"))))?;
+        resolved.map_err(|e| {
             refused(
                 &self.core,
                 Status::invalid_argument(format!("invalid spec.training: {e}")),
