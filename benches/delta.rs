@@ -23,23 +23,11 @@ use hanzod::delta::model::ModelSpec;
 use hanzod::identity::{verifying_key, Identity};
 use std::time::Duration;
 
-/// Qwen/Qwen3-0.6B's `config.json` (the fields the spec reads, as released on the Hub).
-const QWEN3_0_6B: &str = r#"{
-  "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
-  "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-  "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": true
-}"#;
+/// Qwen/Qwen3-0.6B's `config.json`, as released on the Hub.
+const QWEN3_0_6B: &str = include_str!("../tests/data/qwen3-0.6b/config.json");
 
 /// The seven projection modules of a Qwen3 block.
-const ALL_PROJECTIONS: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+const ALL_PROJECTIONS: [&str; 7] = hanzod::delta::model::LINEAR_MODULES;
 
 /// Writes a delta of `kind` holding every tensor of `spec`, values from `value(i)`.
 fn delta_for(spec: &ModelSpec, kind: DeltaKind, mut value: impl FnMut(usize) -> f32) -> Vec<u8> {

@@ -24,20 +24,10 @@ use hanzod_pipeline::lora::{apply_lora_merge, LoraPlan};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The published Qwen/Qwen3-0.6B `config.json` fields the spec reads.
-const QWEN3_0_6B: &str = r#"{"model_type":"qwen3","hidden_size":1024,"num_hidden_layers":28,
-    "num_attention_heads":16,"num_key_value_heads":8,"head_dim":128,
-    "intermediate_size":3072,"vocab_size":151936,"tie_word_embeddings":true}"#;
+/// The published Qwen/Qwen3-0.6B `config.json`.
+const QWEN3_0_6B: &str = include_str!("../tests/data/qwen3-0.6b/config.json");
 
-const TARGETS: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+const TARGETS: [&str; 7] = hanzod::delta::model::LINEAR_MODULES;
 
 /// Deterministic fill: a cheap integer hash of (stream, index) mapped to [-scale, scale).
 fn fill(stream: u64, len: usize, scale: f32) -> impl Iterator<Item = f32> {

@@ -753,10 +753,7 @@ mod tests {
         "intermediate_size":12,"vocab_size":10,"tie_word_embeddings":true}"#;
 
     /// The published Qwen/Qwen3-0.6B `config.json` fields the spec reads.
-    const QWEN3_0_6B: &str = r#"{"model_type":"qwen3","hidden_size":1024,
-        "num_hidden_layers":28,"num_attention_heads":16,"num_key_value_heads":8,
-        "head_dim":128,"intermediate_size":3072,"vocab_size":151936,
-        "tie_word_embeddings":true}"#;
+    const QWEN3_0_6B: &str = include_str!("../../../tests/data/qwen3-0.6b/config.json");
 
     fn tiny_base() -> ModelSpec {
         ModelSpec::from_hf_config(TINY).unwrap()
@@ -1501,15 +1498,7 @@ mod tests {
     #[test]
     fn qwen3_0_6b_r16_modules() {
         let base = ModelSpec::from_hf_config(QWEN3_0_6B).unwrap();
-        let targets = [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ];
+        let targets = hanzod_protocol::model::LINEAR_MODULES;
         let plan = LoraPlan::from_spec(&base.lora_spec(16, &targets).unwrap(), 32.0).unwrap();
         assert_eq!(plan.modules.len(), 28 * 7);
         assert_eq!(plan.scaling(), 2.0);

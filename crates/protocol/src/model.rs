@@ -71,6 +71,19 @@ pub enum ModelError {
     },
 }
 
+/// Every linear layer of a Llama / Qwen decoder block, as PEFT `target_modules` names
+/// (PEFT's `all-linear` for these models): attention's four projections, then the MLP's
+/// three.
+pub const LINEAR_MODULES: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
 /// The LoRA configuration a [`ModelSpec`] of kind LoRA was derived from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoraConfig {
@@ -434,34 +447,7 @@ mod tests {
     use super::*;
 
     /// The published Qwen/Qwen3-0.6B `config.json` (values as released on the Hub).
-    pub(crate) const QWEN3_0_6B: &str = r#"{
-      "architectures": ["Qwen3ForCausalLM"],
-      "attention_bias": false,
-      "attention_dropout": 0.0,
-      "bos_token_id": 151643,
-      "eos_token_id": 151645,
-      "head_dim": 128,
-      "hidden_act": "silu",
-      "hidden_size": 1024,
-      "initializer_range": 0.02,
-      "intermediate_size": 3072,
-      "max_position_embeddings": 40960,
-      "max_window_layers": 28,
-      "model_type": "qwen3",
-      "num_attention_heads": 16,
-      "num_hidden_layers": 28,
-      "num_key_value_heads": 8,
-      "rms_norm_eps": 1e-06,
-      "rope_scaling": null,
-      "rope_theta": 1000000,
-      "sliding_window": null,
-      "tie_word_embeddings": true,
-      "torch_dtype": "bfloat16",
-      "transformers_version": "4.51.0",
-      "use_cache": true,
-      "use_sliding_window": false,
-      "vocab_size": 151936
-    }"#;
+    pub(crate) const QWEN3_0_6B: &str = include_str!("../../../tests/data/qwen3-0.6b/config.json");
 
     fn shape<'a>(s: &'a ModelSpec, n: &str) -> &'a [usize] {
         s.params.get(n).unwrap_or_else(|| panic!("missing {n}"))
