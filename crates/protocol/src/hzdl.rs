@@ -1665,6 +1665,20 @@ mod tests {
         );
     }
 
+    /// A valid delta of dtype code `dtype` with `edits` (position mod length, new byte)
+    /// applied, then cut at `cut` mod (length + 1).
+    fn mutated(dtype: u8, edits: &[(usize, u8)], cut: Option<usize>) -> Vec<u8> {
+        let mut b = valid(DeltaDtype::from_code(dtype).unwrap());
+        for &(at, byte) in edits {
+            let i = at % b.len();
+            b[i] = byte;
+        }
+        if let Some(c) = cut {
+            b.truncate(c % (b.len() + 1));
+        }
+        b
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -1696,14 +1710,7 @@ mod tests {
             edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
             cut in proptest::option::of(any::<usize>()),
         ) {
-            let mut b = valid(DeltaDtype::from_code(dtype).unwrap());
-            for (at, byte) in edits {
-                let i = at % b.len();
-                b[i] = byte;
-            }
-            if let Some(c) = cut {
-                b.truncate(c % (b.len() + 1));
-            }
+            let b = mutated(dtype, &edits, cut);
             assert_intake_matches(&b, &tiny_spec());
         }
 
@@ -1713,14 +1720,7 @@ mod tests {
             edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
             cut in proptest::option::of(any::<usize>()),
         ) {
-            let mut b = valid(DeltaDtype::from_code(dtype).unwrap());
-            for (at, byte) in edits {
-                let i = at % b.len();
-                b[i] = byte;
-            }
-            if let Some(c) = cut {
-                b.truncate(c % (b.len() + 1));
-            }
+            let b = mutated(dtype, &edits, cut);
             if let Ok(v) = DeltaView::parse(&b) {
                 let _ = check_against(&v, &tiny_spec());
                 let _ = v.total_l2_norm();
