@@ -40,6 +40,9 @@ pub const WINE_SPLIT: &[u8] = b"hanzod-wine-split-v1";
 pub const WINE_MLP_INIT: &[u8] = b"hanzod-wine-mlp-init-v1";
 /// A Qwen3 model's initial weights: their seed is SHA-256(`QWEN3_INIT || seed`).
 pub const QWEN3_INIT: &[u8] = b"hanzod-qwen3-init-v1";
+/// A LoRA adapter's initial `A` factors of one epoch: their seed is
+/// SHA-256(`LORA_INIT || seed || job || first step`).
+pub const LORA_INIT: &[u8] = b"hanzod-lora-init-v1";
 /// A test or demo node operator's EVM key: SHA-256(`TEST_OPERATOR || node key`).
 pub const TEST_OPERATOR: &[u8] = b"hanzod/test-operator/v1\0";
 /// A demo node's key: SHA-256(`DEMO_NODE || seed || index`).
@@ -48,7 +51,7 @@ pub const DEMO_NODE: &[u8] = b"hanzod-demo-node";
 pub const DEMO_ORCHESTRATOR: &[u8] = b"hanzod-demo-orchestrator";
 
 /// Every domain, for the check that none is a prefix of another.
-pub const ALL: [&[u8]; 16] = [
+pub const ALL: [&[u8]; 17] = [
     REGISTER,
     SESSION,
     GPU,
@@ -62,6 +65,7 @@ pub const ALL: [&[u8]; 16] = [
     WINE_SPLIT,
     WINE_MLP_INIT,
     QWEN3_INIT,
+    LORA_INIT,
     TEST_OPERATOR,
     DEMO_NODE,
     DEMO_ORCHESTRATOR,

@@ -35,7 +35,8 @@ pub enum Behaviour {
     /// Trains as the recipe says and reports what it measured.
     #[default]
     Honest,
-    /// Poisons: uploads −`scale` × its honest delta (sign-flipped and scaled), with its
+    /// Poisons: uploads −`scale` × its honest delta (sign-flipped and scaled; for a LoRA
+    /// adapter, its `B` factors, so the update `B·A` is −`scale` × the honest one), with its
     /// honest claimed loss. The quality score and the robust merge must keep it out.
     Poison {
         /// The factor (> 0), e.g. 10.
@@ -324,6 +325,22 @@ where
     }
 }
 
+/// Multiplies `delta` by −`scale` ([`Behaviour::Poison`]): every value of a full-parameter
+/// delta, only the `lora_B` factors of a LoRA adapter (scaling both factors would scale
+/// `B·A` by `scale²` and keep its sign).
+fn poison(delta: &mut Weights, scale: f32) {
+    let lora = delta.layout.delta_kind() == hanzod_protocol::hzdl::DeltaKind::Lora;
+    let layout = delta.layout.clone();
+    for e in layout.entries() {
+        if lora && !e.name.ends_with(".lora_B.weight") {
+            continue;
+        }
+        for x in &mut delta.data[e.offset..e.offset + e.len] {
+            *x *= -scale;
+        }
+    }
+}
+
 /// Does `assignment`: fetch, train, upload (module docs), through the live session `live`
 /// (a session replaced meanwhile is followed, so finished work is not lost to a
 /// reconnect). The recipe's model and data are resolved here ([`hanzod_train::trainer_of`]);
@@ -371,16 +388,13 @@ pub async fn work_epoch(
     let (epoch, step) = (assignment.epoch, assignment.step);
     let (payload, claimed, last_loss) = tokio::task::spawn_blocking(move || {
         let run = trainer
-            .train_local(&base, &node, step)
+            .local_delta(&base, &node, step)
             .map_err(|e| TrainError::Training(e.to_string()))?;
-        let mut delta = run
-            .weights
-            .sub(&base)
-            .map_err(|e| TrainError::Training(e.to_string()))?;
+        let mut delta = run.delta;
         let mut claimed = run.claimed_loss;
         match behaviour {
             Behaviour::Honest => {}
-            Behaviour::Poison { scale } => delta.data.iter_mut().for_each(|x| *x *= -scale),
+            Behaviour::Poison { scale } => poison(&mut delta, scale),
             Behaviour::LieLoss { factor } => claimed *= factor,
         }
         let payload = delta

@@ -36,6 +36,10 @@ pub enum CatalogError {
     /// `model = "qwen3"` with an architecture that is missing or not a Qwen3 `config.json`.
     #[error("{0}")]
     Architecture(String),
+    /// `mode = "lora"` with an adapter the model has no tensors for (a rank of 0, a target
+    /// module it lacks).
+    #[error("lora: {0}")]
+    Lora(String),
     /// No dataset of this name.
     #[error("unknown dataset {name:?} (known: {})", known.join(", "))]
     UnknownDataset {
@@ -120,6 +124,27 @@ impl ModelCatalog {
         };
         self.dataset(&training.dataset)?;
         Ok(model)
+    }
+
+    /// What every delta of the job must hold ([`ModelCatalog::check_training`]'s model, or
+    /// for `mode = "lora"` its PEFT adapter spec, [`ModelSpec::lora_spec`] of the job's
+    /// rank and target modules): the spec an upload's format check and size bound use.
+    pub fn delta_spec(&self, training: &TrainingSpec) -> Result<ModelSpec, CatalogError> {
+        let model = self.check_training(training)?;
+        match training.mode {
+            hanzod_actors::job::TrainMode::Full => Ok(model),
+            hanzod_actors::job::TrainMode::Lora => {
+                let targets: Vec<&str> = training
+                    .lora
+                    .target_modules
+                    .iter()
+                    .map(String::as_str)
+                    .collect();
+                model
+                    .lora_spec(training.lora.rank as usize, &targets)
+                    .map_err(|e| CatalogError::Lora(e.to_string()))
+            }
+        }
     }
 
     /// The model names, sorted.

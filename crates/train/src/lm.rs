@@ -14,10 +14,18 @@
 //!   leave it; resetting them makes a node's whole local run a function of (checkpoint,
 //!   recipe, node, step), so the spot-check can re-execute it (DESIGN §6). Keeping them
 //!   across epochs (as DiLoCo does) would leave nothing to replay against.
+//! - LoRA jobs ([`LmTask::with_lora`]): the epoch's checkpoint stays frozen and each node
+//!   trains a fresh adapter ([`LmTask::init_adapter`]: `B = 0`, `A` seeded by the job and
+//!   the epoch's first step, the same for every node) through the LoRA forward; its delta
+//!   is the adapter itself, PEFT-named factors whose update `ΔW = (alpha/r)·B·A` the
+//!   validator and the merge apply to the full checkpoint. The next epoch starts from the
+//!   merged full model and a fresh adapter again.
 
 use std::sync::Arc;
 
-use crate::qwen3::{AdamW, Batch, NllSum, Qwen3, Qwen3Config};
+use sha2::{Digest, Sha256};
+
+use crate::qwen3::{AdamW, Batch, LoraShape, NllSum, Qwen3, Qwen3Config};
 use crate::text::{self, TextData};
 use crate::weights::{Layout, Weights};
 use crate::{LocalRun, TrainError};
@@ -127,6 +135,23 @@ pub struct LmTask {
     model: Qwen3,
     recipe: LmRecipe,
     data: &'static TextData,
+    lora: Option<LoraShape>,
+}
+
+/// What a node's local run of one epoch produced, in the form it uploads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalDelta {
+    /// The delta, in [`LmTask::delta_layout`]: the weight change `trained − start` of a
+    /// full-parameter job, the trained adapter (PEFT-named `lora_A`/`lora_B`) of a LoRA
+    /// job.
+    pub delta: Weights,
+    /// The loss (nats/token for a language model) of the start weights on the first step's
+    /// batch: what the node signs.
+    pub claimed_loss: f64,
+    /// The last step run.
+    pub last_step: u64,
+    /// The loss of each step's batch before that step's update.
+    pub losses: Vec<f64>,
 }
 
 fn text_error(e: text::TextError) -> TrainError {
@@ -159,7 +184,48 @@ impl LmTask {
             model: Qwen3::new(cfg)?,
             recipe,
             data,
+            lora: None,
         })
+    }
+
+    /// This task training a LoRA adapter ([`Qwen3::lora`]: rank, `lora_alpha`, target
+    /// modules) instead of every parameter. Errors: [`TrainError::InvalidRecipe`] for an
+    /// adapter the model cannot carry.
+    pub fn with_lora(
+        mut self,
+        rank: usize,
+        alpha: f64,
+        target_modules: &[String],
+    ) -> Result<LmTask, TrainError> {
+        self.lora = Some(self.model.lora(rank, alpha, target_modules)?);
+        Ok(self)
+    }
+
+    /// The adapter of a LoRA task.
+    pub fn lora(&self) -> Option<&LoraShape> {
+        self.lora.as_ref()
+    }
+
+    /// The layout of this task's deltas: the model's ([`LmTask::layout`]) for
+    /// full-parameter training, the adapter's ([`LoraShape::layout`]) for LoRA.
+    pub fn delta_layout(&self) -> Arc<Layout> {
+        match &self.lora {
+            Some(l) => l.layout().clone(),
+            None => self.layout(),
+        }
+    }
+
+    /// The adapter every node of a LoRA task starts the epoch beginning at global step
+    /// `first_step` from: [`Qwen3::init_lora`] seeded with SHA-256(`"hanzod-lora-init-v1"` ‖
+    /// seed u64 LE ‖ job u64 LE ‖ first_step u64 LE). `None` for a full-parameter task.
+    pub fn init_adapter(&self, first_step: u64) -> Option<Weights> {
+        let lora = self.lora.as_ref()?;
+        let mut h = Sha256::new();
+        h.update(hanzod_actors::domain::LORA_INIT);
+        h.update(self.recipe.seed.to_le_bytes());
+        h.update(self.recipe.job.to_le_bytes());
+        h.update(first_step.to_le_bytes());
+        Some(self.model.init_lora(lora, h.finalize().into()))
     }
 
     /// The model.
@@ -239,8 +305,67 @@ impl LmTask {
         Ok(total.mean())
     }
 
+    /// `node`'s local run of the epoch starting at `first_step` from `global`, as the delta
+    /// it uploads ([`LocalDelta`]): [`LmTask::train_local`]'s weight change for a
+    /// full-parameter task; for a LoRA task `local_steps` AdamW steps from zero moments on
+    /// the adapter [`LmTask::init_adapter`]`(first_step)` with `global` frozen, the trained
+    /// adapter being the delta.
+    ///
+    /// Errors: as [`LmTask::train_local`].
+    pub fn local_delta(
+        &self,
+        global: &Weights,
+        node: &[u8; 32],
+        first_step: u64,
+    ) -> Result<LocalDelta, TrainError> {
+        let (Some(lora), Some(start)) = (&self.lora, self.init_adapter(first_step)) else {
+            let run = self.train_local(global, node, first_step)?;
+            return Ok(LocalDelta {
+                delta: run.weights.sub(global)?,
+                claimed_loss: run.claimed_loss,
+                last_step: run.last_step,
+                losses: run.losses,
+            });
+        };
+        let r = &self.recipe;
+        let (last_step, batches) = self.batches(node, first_step)?;
+        let run = self.model.train_lora(
+            global,
+            lora,
+            &start,
+            None,
+            &r.adamw,
+            batches.iter().map(|t| Batch {
+                tokens: t,
+                batch: r.batch_size as usize,
+            }),
+        )?;
+        Ok(LocalDelta {
+            delta: run.weights,
+            claimed_loss: run.losses[0],
+            last_step,
+            losses: run.losses,
+        })
+    }
+
+    /// The last step and the batches of steps `first_step ..= first_step + local_steps − 1`.
+    fn batches(
+        &self,
+        node: &[u8; 32],
+        first_step: u64,
+    ) -> Result<(u64, Vec<Vec<u32>>), TrainError> {
+        let last_step = first_step
+            .checked_add(u64::from(self.recipe.local_steps) - 1)
+            .ok_or_else(|| TrainError::InvalidRecipe("step range passes u64::MAX".into()))?;
+        let batches = (first_step..=last_step)
+            .map(|s| self.batch(node, s))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((last_step, batches))
+    }
+
     /// Runs steps `first_step .. first_step + local_steps` from `global` with AdamW from zero
-    /// moments (module docs). `claimed_loss` is the loss of `global` on the first batch
+    /// moments (module docs), every parameter trained (a LoRA task's [`LmTask::local_delta`]
+    /// trains its adapter instead). `claimed_loss` is the loss of `global` on the first batch
     /// (under the autodiff forward; [`LmTask::batch_loss`] recomputes it equal to f32
     /// rounding).
     pub fn train_local(
@@ -250,12 +375,7 @@ impl LmTask {
         first_step: u64,
     ) -> Result<LocalRun, TrainError> {
         let r = &self.recipe;
-        let last_step = first_step
-            .checked_add(u64::from(r.local_steps) - 1)
-            .ok_or_else(|| TrainError::InvalidRecipe("step range passes u64::MAX".into()))?;
-        let batches = (first_step..=last_step)
-            .map(|s| self.batch(node, s))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (last_step, batches) = self.batches(node, first_step)?;
         let run = self.model.train(
             global,
             None,
@@ -327,6 +447,69 @@ mod tests {
         assert_ne!(
             task.batch(&node, 10).unwrap(),
             task.batch(&[8; 32], 10).unwrap()
+        );
+    }
+
+    #[test]
+    fn lora_training_trains_only_the_adapter_and_replays() {
+        let targets = ["q_proj", "v_proj", "down_proj"].map(String::from);
+        let task = LmTask::new(qwen3_tiny(), recipe(), TextData::austen())
+            .unwrap()
+            .with_lora(4, 8.0, &targets)
+            .unwrap();
+        let w0 = task.init();
+        let node = [7u8; 32];
+        let start = task.init_adapter(10).unwrap();
+        let lora = task.lora().unwrap();
+        // The fresh adapter is the identity update: B = 0, bit for bit the base's loss.
+        let tokens = task.batch(&node, 10).unwrap();
+        let b = Batch {
+            tokens: &tokens,
+            batch: 4,
+        };
+        let base = task.model().nll(&w0, b).unwrap();
+        assert_eq!(task.model().lora_nll(&w0, lora, &start, b).unwrap(), base);
+        let run = task.local_delta(&w0, &node, 10).unwrap();
+        assert_eq!(run.delta.layout, task.delta_layout());
+        assert_eq!(run.last_step, 12);
+        // The claim is the base's loss on the first batch (the autodiff forward through the
+        // zero adapter; equal to f32 rounding).
+        let claimed = task.batch_loss(&w0, &node, 10).unwrap();
+        assert!((run.claimed_loss - claimed).abs() <= 1e-6 * claimed);
+        // PEFT names and shapes: A [r, in], B [out, r]; B moved off zero.
+        let a = run
+            .delta
+            .tensor("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight")
+            .unwrap();
+        assert_eq!(a.len(), 4 * 384);
+        let bq = run
+            .delta
+            .tensor("base_model.model.model.layers.3.self_attn.q_proj.lora_B.weight")
+            .unwrap();
+        assert!(bq.iter().any(|&x| x != 0.0));
+        // The trained adapter lowers the loss on the batches it saw.
+        let after = task.model().lora_nll(&w0, lora, &run.delta, b).unwrap();
+        assert!(
+            after.mean() < base.mean() - 0.01,
+            "{} → {}",
+            base.mean(),
+            after.mean()
+        );
+        // Replayable, and every node of an epoch starts from the same adapter.
+        assert_eq!(task.local_delta(&w0, &node, 10).unwrap(), run);
+        assert_eq!(task.init_adapter(10), task.init_adapter(10));
+        assert_ne!(task.init_adapter(10), task.init_adapter(13));
+        // A full-parameter task has no adapter and uploads trained − start.
+        let full = LmTask::new(qwen3_tiny(), recipe(), TextData::austen()).unwrap();
+        assert!(full.init_adapter(10).is_none());
+        let d = full.local_delta(&w0, &node, 10).unwrap();
+        assert_eq!(
+            d.delta,
+            full.train_local(&w0, &node, 10)
+                .unwrap()
+                .weights
+                .sub(&w0)
+                .unwrap()
         );
     }
 

@@ -9,8 +9,8 @@ use hanzod_actors::types::JobId;
 use hanzod_protocol::hzdl::DeltaDtype;
 use hanzod_protocol::model::ModelSpec;
 
-use crate::lm::{self, LmRecipe, LmTask};
-use crate::qwen3::{AdamW, Qwen3Config};
+use crate::lm::{self, LmRecipe, LmTask, LocalDelta};
+use crate::qwen3::{AdamW, LoraShape, Qwen3Config};
 use crate::text::{self, TextData};
 use crate::weights::{Layout, Weights};
 use crate::{Dataset, LocalRun, Recipe, TrainError};
@@ -128,7 +128,9 @@ impl PartialEq for Trainer {
         match (self, other) {
             (Trainer::Mlp(a), Trainer::Mlp(b)) => a.recipe == b.recipe,
             (Trainer::Lm(a), Trainer::Lm(b)) => {
-                a.model().config() == b.model().config() && a.recipe() == b.recipe()
+                a.model().config() == b.model().config()
+                    && a.recipe() == b.recipe()
+                    && a.lora() == b.lora()
             }
             _ => false,
         }
@@ -148,6 +150,46 @@ impl Trainer {
         match self {
             Trainer::Mlp(t) => crate::layout(t.recipe.hidden),
             Trainer::Lm(t) => t.layout(),
+        }
+    }
+
+    /// The layout of the deltas nodes upload: the model's for full-parameter training, the
+    /// LoRA adapter's (PEFT names, kind LoRA) for a LoRA job.
+    pub fn delta_layout(&self) -> Arc<Layout> {
+        match self {
+            Trainer::Mlp(t) => crate::layout(t.recipe.hidden),
+            Trainer::Lm(t) => t.delta_layout(),
+        }
+    }
+
+    /// The adapter of a LoRA job (`None` for full-parameter training).
+    pub fn lora(&self) -> Option<&LoraShape> {
+        match self {
+            Trainer::Mlp(_) => None,
+            Trainer::Lm(t) => t.lora(),
+        }
+    }
+
+    /// `node`'s local run of an epoch from `global`, steps `first_step ..`, as the delta it
+    /// uploads (layout [`Trainer::delta_layout`]; [`LmTask::local_delta`]): what the node
+    /// trains and the spot-check re-executes.
+    pub fn local_delta(
+        &self,
+        global: &Weights,
+        node: &[u8; 32],
+        first_step: u64,
+    ) -> Result<LocalDelta, TrainError> {
+        match self {
+            Trainer::Mlp(t) => {
+                let run = crate::train_local(global, &t.data, &t.recipe, node, first_step)?;
+                Ok(LocalDelta {
+                    delta: run.weights.sub(global)?,
+                    claimed_loss: run.claimed_loss,
+                    last_step: run.last_step,
+                    losses: run.losses,
+                })
+            }
+            Trainer::Lm(t) => t.local_delta(global, node, first_step),
         }
     }
 
@@ -211,7 +253,11 @@ impl Trainer {
 /// - a `wine-mlp` of some hidden width ([`crate::model_spec`]) on `wine-quality-red`,
 ///   SGD, full-parameter, from its seed (no language-model field set);
 /// - `qwen3-tiny`, or `qwen3` with its `architecture`, on `austen`, AdamW, full-parameter
-///   (LoRA is refused until the node trains adapters).
+///   or (`mode = "lora"`) a LoRA adapter of `training.lora` (dropout 0: training must
+///   replay).
+///
+/// `base` (a published checkpoint to start from) applies to every model: the trainer does
+/// not read it; the job's first epoch fetches it.
 ///
 /// The recipe must pass its bounds (bounded steps, batch and validation shard, learning
 /// rates finite in f32), the outer learning rate be a positive f32, and `delta_dtype` be
@@ -242,16 +288,11 @@ pub fn trainer_for(
                 model: training.model.clone(),
             });
         }
-        if training.mode == TrainMode::Lora {
+        let lora_default = hanzod_actors::job::LoraSpec::default();
+        if training.mode == TrainMode::Full && training.lora != lora_default {
             return Err(RecipeError::Lora(
-                "LoRA training is not available yet: use mode = \"full\"".into(),
+                "[training.lora] is set but mode is \"full\" (set mode = \"lora\")".into(),
             ));
-        }
-        if training.base.is_some() {
-            return Err(RecipeError::NotApplicable {
-                field: "base",
-                model: training.model.clone(),
-            });
         }
         let a = &training.adamw;
         let recipe = LmRecipe {
@@ -269,9 +310,22 @@ pub fn trainer_for(
             },
             validation_tokens: training.validation_tokens,
         };
-        return LmTask::new(cfg, recipe, TextData::austen())
-            .map(|t| Trainer::Lm(Box::new(t)))
-            .map_err(RecipeError::Invalid);
+        let task = LmTask::new(cfg, recipe, TextData::austen()).map_err(RecipeError::Invalid)?;
+        let task = match training.mode {
+            TrainMode::Full => task,
+            TrainMode::Lora => {
+                let l = &training.lora;
+                if l.dropout != 0.0 {
+                    return Err(RecipeError::Lora(format!(
+                        "dropout {} (must be 0: a spot-check replays the node's steps)",
+                        l.dropout
+                    )));
+                }
+                task.with_lora(l.rank as usize, l.alpha, &l.target_modules)
+                    .map_err(|e| RecipeError::Lora(e.to_string()))?
+            }
+        };
+        return Ok(Trainer::Lm(Box::new(task)));
     }
     let hidden = model
         .params
@@ -297,7 +351,6 @@ pub fn trainer_for(
         ("lora", training.lora != d.lora),
         ("adamw", training.adamw != d.adamw),
         ("architecture", training.architecture.is_some()),
-        ("base", training.base.is_some()),
     ] {
         if set {
             return Err(RecipeError::NotApplicable {
@@ -379,13 +432,15 @@ mod tests {
             }),
             RecipeError::NotApplicable { field: "mode", .. }
         ));
-        assert!(matches!(
-            err(&TrainingSpec {
+        // A base checkpoint applies to every model (the first epoch fetches it).
+        assert!(trainer_of(
+            &TrainingSpec {
                 base: Some("bafy".into()),
                 ..mlp.clone()
-            }),
-            RecipeError::NotApplicable { field: "base", .. }
-        ));
+            },
+            JobId(1)
+        )
+        .is_ok());
         assert!(matches!(
             err(&TrainingSpec {
                 dataset: text::AUSTEN.into(),
@@ -413,14 +468,63 @@ mod tests {
             }),
             RecipeError::DeltaDtype(_)
         ));
+        let lora = |l: LoraSpec| TrainingSpec {
+            mode: TrainMode::Lora,
+            lora: l,
+            ..lm()
+        };
+        for bad in [
+            LoraSpec {
+                dropout: 0.1,
+                ..LoraSpec::default()
+            },
+            LoraSpec {
+                rank: 0,
+                ..LoraSpec::default()
+            },
+            LoraSpec {
+                rank: 65,
+                ..LoraSpec::default()
+            },
+            LoraSpec {
+                alpha: f64::NAN,
+                ..LoraSpec::default()
+            },
+            LoraSpec {
+                target_modules: vec!["lm_head".into()],
+                ..LoraSpec::default()
+            },
+            LoraSpec {
+                target_modules: vec![],
+                ..LoraSpec::default()
+            },
+        ] {
+            assert!(
+                matches!(err(&lora(bad.clone())), RecipeError::Lora(_)),
+                "{bad:?}"
+            );
+        }
+        // [training.lora] without mode = "lora" is a mistake, not ignored.
         assert!(matches!(
             err(&TrainingSpec {
-                mode: TrainMode::Lora,
-                lora: LoraSpec::default(),
+                lora: LoraSpec {
+                    rank: 4,
+                    ..LoraSpec::default()
+                },
                 ..lm()
             }),
             RecipeError::Lora(_)
         ));
+        let t = trainer_of(&lora(LoraSpec::default()), JobId(1)).unwrap();
+        let shape = t.lora().expect("a LoRA trainer");
+        assert_eq!((shape.rank(), shape.scaling()), (16, 2.0));
+        // 4 layers × 4 attention modules × (A, B).
+        assert_eq!(t.delta_layout().entries().len(), 32);
+        assert_eq!(
+            t.delta_layout().delta_kind(),
+            hanzod_protocol::hzdl::DeltaKind::Lora
+        );
+        assert_eq!(t.layout(), trainer_of(&lm(), JobId(1)).unwrap().layout());
         assert!(matches!(
             err(&TrainingSpec { seq_len: 1, ..lm() }),
             RecipeError::Invalid(TrainError::InvalidRecipe(_))

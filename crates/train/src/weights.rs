@@ -11,7 +11,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::TrainError;
 use hanzod_protocol::hzdl::{write_delta, DeltaDtype, DeltaError, DeltaKind, DeltaView};
-use hanzod_protocol::model::{check_against, ModelSpec};
+use hanzod_protocol::model::{check_against, LoraConfig, ModelSpec};
 
 /// One tensor's place in a [`Layout`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +34,9 @@ pub struct Layout {
     name: String,
     entries: Vec<LayoutEntry>,
     len: usize,
+    /// The LoRA configuration of an adapter layout ([`ModelSpec::lora_spec`]); `None` for a
+    /// model's own tensors.
+    lora: Option<LoraConfig>,
 }
 
 impl Layout {
@@ -61,6 +64,7 @@ impl Layout {
             name: spec.name.clone(),
             entries,
             len: offset,
+            lora: spec.lora.clone(),
         })
     }
 
@@ -92,7 +96,8 @@ impl Layout {
         self.len == 0
     }
 
-    /// The spec this layout was built from (names and shapes; a full-parameter spec).
+    /// The spec this layout was built from (names, shapes, and the LoRA configuration of
+    /// an adapter layout).
     pub fn spec(&self) -> ModelSpec {
         ModelSpec {
             name: self.name.clone(),
@@ -101,7 +106,17 @@ impl Layout {
                 .iter()
                 .map(|e| (e.name.clone(), e.shape.clone()))
                 .collect::<BTreeMap<_, _>>(),
-            lora: None,
+            lora: self.lora.clone(),
+        }
+    }
+
+    /// What a delta of this layout holds: [`DeltaKind::Lora`] for an adapter layout (built
+    /// from a [`ModelSpec::lora_spec`]), [`DeltaKind::Full`] otherwise.
+    pub fn delta_kind(&self) -> DeltaKind {
+        if self.lora.is_some() {
+            DeltaKind::Lora
+        } else {
+            DeltaKind::Full
         }
     }
 }
@@ -253,8 +268,8 @@ impl Weights {
             .collect()
     }
 
-    /// This buffer as an HZDL full-parameter delta in f32 (DESIGN §6) against checkpoint
-    /// `base_version`; read back with [`DeltaView::parse`] and [`Weights::from_delta_view`].
+    /// This buffer as an HZDL delta in f32 (DESIGN §6; of kind [`Layout::delta_kind`]: full
+    /// for a model's tensors, LoRA for an adapter's) against checkpoint `base_version`; read back with [`DeltaView::parse`] and [`Weights::from_delta_view`].
     pub fn to_delta_bytes(&self, base_version: u64) -> Result<Vec<u8>, DeltaError> {
         self.to_delta_bytes_as(base_version, DeltaDtype::F32)
     }
@@ -273,10 +288,11 @@ impl Weights {
                 found: vec![self.data.len()],
             });
         }
-        write_delta(DeltaKind::Full, base_version, dtype, &self.parts())
+        write_delta(self.layout.delta_kind(), base_version, dtype, &self.parts())
     }
 
-    /// Reads a parsed delta of kind full (any dtype, converted to f32) into `layout`: runs
+    /// Reads a parsed delta (any dtype, converted to f32) into `layout`, of the layout's
+    /// [`Layout::delta_kind`]: runs
     /// the DESIGN §6 format check ([`check_against`]: kind, every name and shape, nothing
     /// missing, all values finite) and then copies the values.
     pub fn from_delta_view(

@@ -587,7 +587,7 @@ fn admit(
             )),
         ));
     }
-    let model = catalog.check_training(&view.spec.training).map_err(|e| {
+    let model = catalog.delta_spec(&view.spec.training).map_err(|e| {
         refusal(
             "unknown_model",
             Status::failed_precondition(format!(

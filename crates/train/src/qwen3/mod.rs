@@ -27,7 +27,7 @@ pub use config::{
     ConfigError, Qwen3Config, MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS,
     MAX_POSITIONS, MAX_VOCAB,
 };
-use model::ParamIdx;
+use model::{AdapterIdx, ParamIdx};
 
 use crate::mlp::{device, read_any};
 use crate::weights::{Layout, Weights};
@@ -255,9 +255,9 @@ impl Qwen3 {
         Ok(seq)
     }
 
-    /// Every parameter as a 2-D tensor on `device` (vectors as `[1, d]`), layout order.
+    /// Every tensor of `w` as a 2-D tensor on `device` (vectors as `[1, d]`), layout order.
     fn upload(&self, w: &Weights, device: &Device) -> Vec<Tensor<2>> {
-        self.layout
+        w.layout
             .entries()
             .iter()
             .map(|e| {
@@ -271,13 +271,17 @@ impl Qwen3 {
             .collect()
     }
 
-    /// Reads 2-D tensors in layout order back into one [`Weights`].
-    fn download(&self, tensors: Vec<Tensor<2>>) -> Result<Weights, TrainError> {
-        let mut data = Vec::with_capacity(self.layout.len());
+    /// Reads 2-D tensors in `layout`'s order back into one [`Weights`].
+    fn download(
+        &self,
+        layout: &Arc<Layout>,
+        tensors: Vec<Tensor<2>>,
+    ) -> Result<Weights, TrainError> {
+        let mut data = Vec::with_capacity(layout.len());
         for t in tensors {
             data.extend(read_any(t)?);
         }
-        Weights::from_vec(self.layout.clone(), data)
+        Weights::from_vec(layout.clone(), data)
     }
 
     fn tokens(batch: &Batch<'_>, seq: usize, device: &Device) -> Tensor<2, Int> {
@@ -295,7 +299,7 @@ impl Qwen3 {
         let rope = model::rope_tables(&self.cfg, seq, &device);
         let tokens = Self::tokens(&batch, seq, &device);
         read_any(model::logits(
-            &self.cfg, &self.idx, &params, tokens, &rope, &device,
+            &self.cfg, &self.idx, &params, None, tokens, &rope, &device,
         ))
     }
 
@@ -314,6 +318,7 @@ impl Qwen3 {
             &self.cfg,
             &self.idx,
             &params,
+            None,
             tokens.clone(),
             &rope,
             &device,
@@ -337,22 +342,43 @@ impl Qwen3 {
             .into_iter()
             .map(Tensor::require_grad)
             .collect();
-        let (loss, grads) = self.step_grads(&leaves, &batch, seq, &device)?;
-        Ok((loss.mean(), self.download(grads)?))
+        let (loss, grads) = self.step_grads(&leaves, None, &batch, seq, &device)?;
+        Ok((loss.mean(), self.download(&self.layout, grads)?))
     }
 
     /// One forward and backward pass: the batch's loss and each leaf's gradient (plain,
-    /// non-autodiff tensors, layout order).
+    /// non-autodiff tensors, layout order). The leaves are the model's parameters, or with
+    /// `lora` = (frozen base parameters, adapter) the adapter's factors.
     fn step_grads(
         &self,
         leaves: &[Tensor<2>],
+        lora: Option<(&[Tensor<2>], &AdapterIdx)>,
         batch: &Batch<'_>,
         seq: usize,
         device: &Device,
     ) -> Result<(NllSum, Vec<Tensor<2>>), TrainError> {
         let rope = model::rope_tables(&self.cfg, seq, device);
         let tokens = Self::tokens(batch, seq, device);
-        let logits = model::logits(&self.cfg, &self.idx, leaves, tokens.clone(), &rope, device);
+        let logits = match lora {
+            None => model::logits(
+                &self.cfg,
+                &self.idx,
+                leaves,
+                None,
+                tokens.clone(),
+                &rope,
+                device,
+            ),
+            Some((base, a)) => model::logits(
+                &self.cfg,
+                &self.idx,
+                base,
+                Some((a, leaves)),
+                tokens.clone(),
+                &rope,
+                device,
+            ),
+        };
         let nll = model::next_token_nll(logits, tokens);
         let sum = nll_sum(nll.clone().inner())?;
         let grads = nll.mean().backward();
@@ -379,24 +405,82 @@ impl Qwen3 {
         opt: &AdamW,
         batches: impl IntoIterator<Item = Batch<'a>>,
     ) -> Result<LmRun, TrainError> {
-        opt.validate()?;
         if *start.layout != *self.layout {
             return Err(TrainError::LayoutMismatch(
                 "start weights are not this qwen3's".into(),
             ));
         }
+        self.adamw(start, None, state, opt, batches)
+    }
+
+    /// Local LoRA training: the base weights `base` stay frozen and one AdamW step per batch
+    /// updates the adapter `start` (layout [`LoraShape::layout`]) through the LoRA forward
+    /// ([`Qwen3::lora_nll`]), continuing `state` (of the adapter's layout). The run's
+    /// `weights` are the adapter after the last step.
+    ///
+    /// Errors: as [`Qwen3::train`]; base weights not of this model, an adapter or state
+    /// not of `lora`.
+    pub fn train_lora<'a>(
+        &self,
+        base: &Weights,
+        lora: &LoraShape,
+        start: &Weights,
+        state: Option<AdamState>,
+        opt: &AdamW,
+        batches: impl IntoIterator<Item = Batch<'a>>,
+    ) -> Result<LmRun, TrainError> {
+        self.check_lora(base, lora, start)?;
+        let frozen = self.upload(base, &device().autodiff());
+        self.adamw(start, Some((&frozen, &lora.idx)), state, opt, batches)
+    }
+
+    /// Checks `base` is this model's and finite, `adapter` is `lora`'s and finite.
+    fn check_lora(
+        &self,
+        base: &Weights,
+        lora: &LoraShape,
+        adapter: &Weights,
+    ) -> Result<(), TrainError> {
+        if *base.layout != *self.layout {
+            return Err(TrainError::LayoutMismatch(
+                "base weights are not this qwen3's".into(),
+            ));
+        }
+        if *adapter.layout != *lora.layout {
+            return Err(TrainError::LayoutMismatch(format!(
+                "adapter of {:?} is not {:?}",
+                adapter.layout.name(),
+                lora.layout.name()
+            )));
+        }
+        base.check_finite()?;
+        adapter.check_finite()
+    }
+
+    /// The AdamW loop of [`Qwen3::train`] and [`Qwen3::train_lora`] over the tensors of
+    /// `start` (the model's, or an adapter's with its frozen base).
+    fn adamw<'a>(
+        &self,
+        start: &Weights,
+        lora: Option<(&[Tensor<2>], &AdapterIdx)>,
+        state: Option<AdamState>,
+        opt: &AdamW,
+        batches: impl IntoIterator<Item = Batch<'a>>,
+    ) -> Result<LmRun, TrainError> {
+        opt.validate()?;
         start.check_finite()?;
+        let layout = start.layout.clone();
         let state = match state {
-            Some(s) if *s.m.layout == *self.layout && *s.v.layout == *self.layout => s,
+            Some(s) if *s.m.layout == *layout && *s.v.layout == *layout => s,
             Some(_) => {
                 return Err(TrainError::LayoutMismatch(
-                    "optimizer state is not this qwen3's".into(),
+                    "optimizer state is not of the trained tensors' layout".into(),
                 ))
             }
             None => AdamState {
                 step: 0,
-                m: Weights::zeros(self.layout.clone()),
-                v: Weights::zeros(self.layout.clone()),
+                m: Weights::zeros(layout.clone()),
+                v: Weights::zeros(layout.clone()),
             },
         };
         let plain = device();
@@ -404,8 +488,7 @@ impl Qwen3 {
         let mut w = self.upload(start, &plain);
         let mut m = self.upload(&state.m, &plain);
         let mut v = self.upload(&state.v, &plain);
-        let decayed: Vec<bool> = self
-            .layout
+        let decayed: Vec<bool> = layout
             .entries()
             .iter()
             .map(|e| e.shape.len() == 2)
@@ -418,7 +501,7 @@ impl Qwen3 {
                 .iter()
                 .map(|p| p.clone().autodiff().require_grad())
                 .collect();
-            let (loss, grads) = self.step_grads(&leaves, &batch, seq, &ad)?;
+            let (loss, grads) = self.step_grads(&leaves, lora, &batch, seq, &ad)?;
             let loss = loss.mean();
             if !loss.is_finite() {
                 return Err(TrainError::NonFinite(format!(
@@ -445,17 +528,225 @@ impl Qwen3 {
                 w[i] = p - m[i].clone().div(denom).mul_scalar(opt.lr / bc1);
             }
         }
-        let weights = self.download(w)?;
+        let weights = self.download(&layout, w)?;
         weights.check_finite()?;
         Ok(LmRun {
             weights,
             state: AdamState {
                 step: t,
-                m: self.download(m)?,
-                v: self.download(v)?,
+                m: self.download(&layout, m)?,
+                v: self.download(&layout, v)?,
             },
             losses,
         })
+    }
+}
+
+/// A LoRA adapter's shape on one [`Qwen3`] (E. Hu et al., "LoRA: Low-Rank Adaptation of
+/// Large Language Models", ICLR 2022; PEFT's `LoraConfig`): rank `r`, `lora_alpha`, the
+/// target modules, and the adapter's tensors with PEFT names
+/// (`base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight [r, in]`,
+/// `….lora_B.weight [out, r]`; [`hanzod_protocol::model::ModelSpec::lora_spec`]).
+/// `ΔW = (lora_alpha / r)·B·A` per adapted module.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraShape {
+    rank: usize,
+    alpha: f64,
+    target_modules: Vec<String>,
+    layout: Arc<Layout>,
+    idx: AdapterIdx,
+}
+
+impl LoraShape {
+    /// The rank `r`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// PEFT's `lora_alpha`.
+    pub fn alpha(&self) -> f64 {
+        self.alpha
+    }
+
+    /// PEFT's `scaling = lora_alpha / r`.
+    pub fn scaling(&self) -> f64 {
+        self.idx.scale
+    }
+
+    /// The adapted module names (PEFT `target_modules`), as given.
+    pub fn target_modules(&self) -> &[String] {
+        &self.target_modules
+    }
+
+    /// The adapter's tensors (PEFT names, name order); its spec is of kind LoRA.
+    pub fn layout(&self) -> &Arc<Layout> {
+        &self.layout
+    }
+}
+
+/// Most LoRA rank a job may ask for.
+pub const MAX_LORA_RANK: usize = 1024;
+
+impl Qwen3 {
+    /// The LoRA adapter of rank `rank` (1 to [`MAX_LORA_RANK`] and at most every adapted
+    /// module's smaller side), `lora_alpha` `alpha` (finite, > 0) on the decoder layers'
+    /// linear modules named by `target_modules` (PEFT names: `q_proj`, `k_proj`, `v_proj`,
+    /// `o_proj`, `gate_proj`, `up_proj`, `down_proj`; each must match).
+    ///
+    /// Errors: [`TrainError::InvalidRecipe`] for a bad rank, alpha or target (an unknown
+    /// name, or `lm_head`/`embed_tokens`, which this trainer does not adapt).
+    pub fn lora(
+        &self,
+        rank: usize,
+        alpha: f64,
+        target_modules: &[String],
+    ) -> Result<LoraShape, TrainError> {
+        let bad = |m: String| Err(TrainError::InvalidRecipe(m));
+        if rank == 0 || rank > MAX_LORA_RANK {
+            return bad(format!("LoRA rank {rank} (1 to {MAX_LORA_RANK})"));
+        }
+        if !(alpha.is_finite() && alpha > 0.0 && (alpha as f32).is_finite()) {
+            return bad(format!("lora_alpha {alpha} (finite, > 0)"));
+        }
+        if target_modules.is_empty() {
+            return bad("no LoRA target_modules".into());
+        }
+        if let Some(t) = target_modules
+            .iter()
+            .find(|t| !model::LINEAR.contains(&t.as_str()))
+        {
+            return bad(format!(
+                "LoRA target {:?} is not one of {:?}",
+                t,
+                model::LINEAR
+            ));
+        }
+        let targets: Vec<&str> = target_modules.iter().map(String::as_str).collect();
+        let spec = self
+            .layout
+            .spec()
+            .lora_spec(rank, &targets)
+            .map_err(|e| TrainError::InvalidRecipe(e.to_string()))?;
+        if let Some((name, shape)) = spec
+            .params
+            .iter()
+            .find(|(_, s)| s.iter().any(|&d| d < rank))
+        {
+            return bad(format!(
+                "LoRA rank {rank} exceeds a side of {name} {shape:?}"
+            ));
+        }
+        let layout = Arc::new(Layout::new(&spec)?);
+        let idx = AdapterIdx::new(&self.cfg, &layout, alpha / rank as f64)?;
+        Ok(LoraShape {
+            rank,
+            alpha,
+            target_modules: target_modules.to_vec(),
+            layout,
+            idx,
+        })
+    }
+
+    /// A fresh adapter, deterministic in `seed`: every `B` zero (so the adapter starts as
+    /// the identity update, as PEFT's default `init_lora_weights=True`), every `A` drawn
+    /// uniformly from `[−1/√in, 1/√in)` — the bound of PEFT's
+    /// `kaiming_uniform_(a=√5)` — by ChaCha20 seeded with `seed`, one 24-bit uniform `u`
+    /// per element in layout order (`A = (2u − 1)/√in`).
+    pub fn init_lora(&self, lora: &LoraShape, seed: [u8; 32]) -> Weights {
+        let mut rng = ChaCha20Rng::from_seed(seed);
+        let mut w = Weights::zeros(lora.layout.clone());
+        for e in lora.layout.entries() {
+            if !e.name.ends_with(".lora_A.weight") {
+                continue;
+            }
+            let bound = 1.0 / (e.shape[1] as f32).sqrt();
+            for v in &mut w.data[e.offset..e.offset + e.len] {
+                *v = (2.0 * crate::unit_f32(&mut rng) - 1.0) * bound;
+            }
+        }
+        w
+    }
+
+    /// The logits of `batch` under `w` with `adapter` (`[batch, seq, vocab]`, f32).
+    ///
+    /// Errors: as [`Qwen3::logits`]; an adapter not of `lora`.
+    pub fn lora_logits(
+        &self,
+        w: &Weights,
+        lora: &LoraShape,
+        adapter: &Weights,
+        batch: Batch<'_>,
+    ) -> Result<Vec<f32>, TrainError> {
+        self.check_lora(w, lora, adapter)?;
+        let seq = self.seq_len(&batch)?;
+        let device = device();
+        let params = self.upload(w, &device);
+        let factors = self.upload(adapter, &device);
+        let rope = model::rope_tables(&self.cfg, seq, &device);
+        let tokens = Self::tokens(&batch, seq, &device);
+        read_any(model::logits(
+            &self.cfg,
+            &self.idx,
+            &params,
+            Some((&lora.idx, &factors)),
+            tokens,
+            &rope,
+            &device,
+        ))
+    }
+
+    /// The next-token loss of `batch` under `w` with `adapter` (forward only).
+    ///
+    /// Errors: as [`Qwen3::nll`]; an adapter not of `lora`.
+    pub fn lora_nll(
+        &self,
+        w: &Weights,
+        lora: &LoraShape,
+        adapter: &Weights,
+        batch: Batch<'_>,
+    ) -> Result<NllSum, TrainError> {
+        self.check_lora(w, lora, adapter)?;
+        let seq = self.seq_len(&batch)?;
+        let device = device();
+        let params = self.upload(w, &device);
+        let factors = self.upload(adapter, &device);
+        let rope = model::rope_tables(&self.cfg, seq, &device);
+        let tokens = Self::tokens(&batch, seq, &device);
+        let logits = model::logits(
+            &self.cfg,
+            &self.idx,
+            &params,
+            Some((&lora.idx, &factors)),
+            tokens.clone(),
+            &rope,
+            &device,
+        );
+        nll_sum(model::next_token_nll(logits, tokens))
+    }
+
+    /// The mean next-token loss of `batch` (nats/token) under `w` with `adapter`, and its
+    /// gradient with respect to every adapter factor (the adapter's layout); `w` is frozen.
+    ///
+    /// Errors: as [`Qwen3::loss_and_grads`]; an adapter not of `lora`.
+    pub fn lora_loss_and_grads(
+        &self,
+        w: &Weights,
+        lora: &LoraShape,
+        adapter: &Weights,
+        batch: Batch<'_>,
+    ) -> Result<(f64, Weights), TrainError> {
+        self.check_lora(w, lora, adapter)?;
+        let seq = self.seq_len(&batch)?;
+        let device = device().autodiff();
+        let frozen = self.upload(w, &device);
+        let leaves: Vec<Tensor<2>> = self
+            .upload(adapter, &device)
+            .into_iter()
+            .map(Tensor::require_grad)
+            .collect();
+        let (loss, grads) =
+            self.step_grads(&leaves, Some((&frozen, &lora.idx)), &batch, seq, &device)?;
+        Ok((loss.mean(), self.download(&lora.layout, grads)?))
     }
 }
 
@@ -540,7 +831,7 @@ impl Qwen3 {
             seq,
             &device,
         );
-        let logits = model::logits(&self.cfg, &self.idx, &params, tokens, &rope, &device);
+        let logits = model::logits(&self.cfg, &self.idx, &params, None, tokens, &rope, &device);
         read_any(logits.narrow(1, seq - 1, 1).reshape([self.cfg.vocab_size]))
     }
 }

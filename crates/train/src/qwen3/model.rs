@@ -15,7 +15,10 @@
 //!   `1/√head_dim`, causal mask, softmax, `·W_oᵀ`;
 //! - MLP: `(silu(x·W_gateᵀ) ⊙ x·W_upᵀ)·W_downᵀ` (N. Shazeer, "GLU Variants Improve
 //!   Transformer", 2020);
-//! - pre-norm residual blocks, final norm, `lm_head` (or the embedding matrix when tied).
+//! - pre-norm residual blocks, final norm, `lm_head` (or the embedding matrix when tied);
+//! - with a LoRA adapter on a linear module (E. Hu et al., "LoRA: Low-Rank Adaptation of
+//!   Large Language Models", ICLR 2022, eq. 3, as PEFT's `lora.Linear.forward`):
+//!   `y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ`, `A [r, in]`, `B [out, r]`, `s = lora_alpha / r`, dropout 0.
 
 use burn::tensor::activation::{log_softmax, silu, softmax};
 use burn::tensor::module::embedding;
@@ -40,6 +43,96 @@ pub(crate) struct LayerIdx {
     input_norm: usize,
     post_norm: usize,
 }
+
+/// The linear modules of a decoder layer, PEFT `target_modules` names, in
+/// [`LayerIdx::linear`] order.
+pub(crate) const LINEAR: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+impl LayerIdx {
+    /// The parameter index of linear module `m` ([`LINEAR`] order).
+    fn linear(&self, m: usize) -> usize {
+        [
+            self.q, self.k, self.v, self.o, self.gate, self.up, self.down,
+        ][m]
+    }
+}
+
+/// Where each factor of a LoRA adapter sits in the adapter's parameter list (its
+/// [`Layout`]'s order): per layer, per linear module ([`LINEAR`] order), `(A, B)` when the
+/// module is adapted; and the scaling `s = lora_alpha / r`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct AdapterIdx {
+    pub(crate) layers: Vec<[Option<(usize, usize)>; 7]>,
+    pub(crate) scale: f64,
+}
+
+impl AdapterIdx {
+    /// Finds the factors of every adapted module of `cfg` in the adapter `layout` (PEFT
+    /// names, `base_model.model.model.layers.N.{self_attn|mlp}.M.lora_{A,B}.weight`);
+    /// [`TrainError::LayoutMismatch`] for a tensor outside the decoder layers' linear
+    /// modules (e.g. an adapted `lm_head`).
+    pub(crate) fn new(
+        cfg: &Qwen3Config,
+        layout: &Layout,
+        scale: f64,
+    ) -> Result<AdapterIdx, TrainError> {
+        let mut layers = vec![[None; 7]; cfg.num_hidden_layers];
+        let mut found = 0;
+        for (i, layer) in layers.iter_mut().enumerate() {
+            for (m, name) in LINEAR.iter().enumerate() {
+                let part = if m < 4 { "self_attn" } else { "mlp" };
+                let base = format!("base_model.model.model.layers.{i}.{part}.{name}");
+                let pos = |s: &str| {
+                    let n = format!("{base}.{s}.weight");
+                    layout.entries().iter().position(|e| e.name == n)
+                };
+                match (pos("lora_A"), pos("lora_B")) {
+                    (Some(a), Some(b)) => {
+                        layer[m] = Some((a, b));
+                        found += 2;
+                    }
+                    (None, None) => {}
+                    _ => {
+                        return Err(TrainError::LayoutMismatch(format!(
+                            "{base} has one LoRA factor without the other"
+                        )))
+                    }
+                }
+            }
+        }
+        if found != layout.entries().len() {
+            let known: Vec<usize> = layers
+                .iter()
+                .flatten()
+                .flatten()
+                .flat_map(|&(a, b)| [a, b])
+                .collect();
+            let stray = layout
+                .entries()
+                .iter()
+                .enumerate()
+                .find(|(i, _)| !known.contains(i))
+                .map(|(_, e)| e.name.clone())
+                .unwrap_or_default();
+            return Err(TrainError::LayoutMismatch(format!(
+                "LoRA adapter tensor {stray} is not on a decoder layer's linear module"
+            )));
+        }
+        Ok(AdapterIdx { layers, scale })
+    }
+}
+
+/// A LoRA adapter's tensors on a device (the adapter layout's order, 2-D) with where each
+/// module's factors sit.
+pub(crate) type Adapter<'a> = (&'a AdapterIdx, &'a [Tensor<2>]);
 
 /// Where each parameter sits in the parameter list, which follows the [`Layout`]'s order.
 #[derive(Debug, Clone)]
@@ -188,12 +281,14 @@ fn repeat_kv(x: Tensor<4>, group: usize) -> Tensor<4> {
 }
 
 /// The logits `[B, T, vocab]` of `tokens` `[B, T]` under `params` (layout order, every
-/// tensor 2-D: vectors as `[1, d]`). `cos`/`sin` are [`rope_tables`] for at least `T`
-/// positions (narrowed here).
+/// tensor 2-D: vectors as `[1, d]`) and, when given, a LoRA `adapter` on the decoder
+/// layers' linear modules. `cos`/`sin` are [`rope_tables`] for at least `T` positions
+/// (narrowed here).
 pub(crate) fn logits(
     cfg: &Qwen3Config,
     idx: &ParamIdx,
     params: &[Tensor<2>],
+    adapter: Option<Adapter<'_>>,
     tokens: Tensor<2, Int>,
     tables: &(Tensor<4>, Tensor<4>),
     device: &Device,
@@ -210,23 +305,29 @@ pub(crate) fn logits(
     let mask = causal_mask(t, device);
     let scale = 1.0 / (d as f64).sqrt();
     let mut x = embedding(params[idx.embed].clone(), tokens);
-    for l in &idx.layers {
+    for (i, l) in idx.layers.iter().enumerate() {
+        // Linear module `m` of this layer, with its adapter when it has one.
+        let proj = |x: Tensor<3>, m: usize| -> Tensor<3> {
+            let base = linear(x.clone(), &params[l.linear(m)]);
+            match adapter.and_then(|(a, t)| a.layers[i][m].map(|f| (f, a.scale, t))) {
+                Some(((fa, fb), s, t)) => base + linear(linear(x, &t[fa]), &t[fb]).mul_scalar(s),
+                None => base,
+            }
+        };
         let n = rms_norm(x.clone(), &params[l.input_norm], eps);
         let q = rms_norm(
-            linear(n.clone(), &params[l.q]).reshape([b, t, h, d]),
+            proj(n.clone(), 0).reshape([b, t, h, d]),
             &params[l.q_norm],
             eps,
         )
         .swap_dims(1, 2);
         let k = rms_norm(
-            linear(n.clone(), &params[l.k]).reshape([b, t, kv, d]),
+            proj(n.clone(), 1).reshape([b, t, kv, d]),
             &params[l.k_norm],
             eps,
         )
         .swap_dims(1, 2);
-        let v = linear(n, &params[l.v])
-            .reshape([b, t, kv, d])
-            .swap_dims(1, 2);
+        let v = proj(n, 2).reshape([b, t, kv, d]).swap_dims(1, 2);
         let q = rope(q, &cos, &sin);
         let k = repeat_kv(rope(k, &cos, &sin), cfg.group());
         let v = repeat_kv(v, cfg.group());
@@ -235,10 +336,10 @@ pub(crate) fn logits(
             .matmul(v)
             .swap_dims(1, 2)
             .reshape([b, t, h * d]);
-        x = x + linear(attn, &params[l.o]);
+        x = x + proj(attn, 3);
         let n = rms_norm(x.clone(), &params[l.post_norm], eps);
-        let mlp = silu(linear(n.clone(), &params[l.gate])) * linear(n, &params[l.up]);
-        x = x + linear(mlp, &params[l.down]);
+        let mlp = silu(proj(n.clone(), 4)) * proj(n, 5);
+        x = x + proj(mlp, 6);
     }
     let x = rms_norm(x, &params[idx.norm], eps);
     linear(x, &params[idx.lm_head.unwrap_or(idx.embed)])
