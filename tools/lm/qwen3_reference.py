@@ -13,8 +13,15 @@ Subcommands:
     # Fixtures: two tiny random models (tied and untied embeddings), each saved
     # with save_pretrained (config.json + model.safetensors), plus
     # expected.safetensors (input_ids, logits, loss, selected gradients)
-    # and versions.json.
+    # and versions.json. Then the LoRA case below, which needs peft and the tied
+    # model (regenerating tied without lora would leave lora stale).
     python3 tools/lm/qwen3_reference.py parity --out crates/train/tests/fixtures/qwen3
+
+    # Only the LoRA case: a PEFT adapter on the tied model, written to <out>/lora.
+    # The base is <out>/tied (which must exist and match build_tiny_model); lora/
+    # holds no copy of it. Adds "peft" and "lora" keys to <out>/versions.json and
+    # leaves every other key as it is.
+    python3 tools/lm/qwen3_reference.py lora --out crates/train/tests/fixtures/qwen3
 
     # PyTorch CPU speed of forward+backward (optionally + AdamW) on a random model
     # built from any Hugging Face config.json. Prints one JSON line.
@@ -35,6 +42,28 @@ and the untied one must have it. ``from_pretrained`` on the saved folder must
 reproduce the logits. An independent plain-torch forward, built from config.json
 and model.safetensors alone (``manual_forward``, a spec for the Rust port), must
 reproduce the logits, the loss and every stored gradient.
+
+The LoRA case (``lora/``, peft 0.21.2): ``get_peft_model`` with
+``LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")`` on the tied model. Every
+lora_A and lora_B is re-drawn from a seeded generator (PEFT's zero B would make the
+adapter a no-op and A's gradient zero). ``lora/`` holds:
+
+* ``adapter_config.json`` and ``adapter_model.safetensors``, as PEFT's
+  ``save_pretrained`` writes them (README.md dropped). Tensor names are
+  ``base_model.model.model.layers.{i}.self_attn.{q,v}_proj.lora_{A,B}.weight`` and
+  ``base_model.model.model.layers.{i}.mlp.down_proj.lora_{A,B}.weight``; A is
+  [r, in], B is [out, r]; no ``.default.`` adapter name in them.
+* ``expected.safetensors``: input_ids, logits and loss of the PEFT model, and
+  ``grad.<adapter tensor name>`` for every lora_A and lora_B (base frozen).
+* ``merged.safetensors``: ``merge_and_unload()``'s weights of the adapted linears
+  only, ``model.layers.{i}.<module>.weight`` = W + (lora_alpha / r) * B @ A.
+
+Its self-checks: the adapter file holds exactly the trainable tensors; the base
+built here equals ``tied/model.safetensors``; ``PeftModel.from_pretrained`` on the
+saved folder reproduces the logits; ``manual_forward`` on ``tied/`` with each
+adapted W replaced by W + (alpha / r) * B @ A reproduces the logits (1e-5), the
+loss and every adapter gradient; the merged weights equal that sum.
 """
 
 from __future__ import annotations
@@ -286,13 +315,254 @@ def run_case(out_dir: Path, case: str, tied: bool, overrides: dict) -> dict:
     }
 
 
+# --------------------------------------------------------------------------------------
+# LoRA parity fixture (PEFT)
+# --------------------------------------------------------------------------------------
+
+#: The adapter. Scale = LORA_ALPHA / LORA_R = 2 (not rsLoRA).
+LORA_R = 4
+LORA_ALPHA = 8
+LORA_TARGETS = ["q_proj", "v_proj", "down_proj"]
+#: Seed of the torch.Generator that re-draws every lora_A and lora_B.
+LORA_SEED = 4321
+#: lora_A ~ N(0, LORA_A_STD), lora_B ~ N(0, LORA_B_STD). B @ A * 2 then has a std of
+#: about 2 * sqrt(r) * 0.1 * 0.05 = 0.02, next to the base weights' 0.15: a visible
+#: change of the logits, so a wrong scale or a missed module shows.
+LORA_A_STD = 0.1
+LORA_B_STD = 0.05
+
+
+def lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=LORA_R,
+        lora_alpha=LORA_ALPHA,
+        target_modules=list(LORA_TARGETS),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def _in_memory_name(saved_name: str) -> str:
+    """PEFT's file name of an adapter tensor -> its parameter name (adapter "default")."""
+    for ab in ("lora_A", "lora_B"):
+        if saved_name.endswith(f".{ab}.weight"):
+            return saved_name.removesuffix(f".{ab}.weight") + f".{ab}.default.weight"
+    raise AssertionError(f"not a lora tensor: {saved_name}")
+
+
+def _merged_name(saved_name: str) -> str:
+    """base_model.model.model.layers.0.mlp.down_proj.lora_A.weight -> model.layers.0.mlp.down_proj.weight"""
+    stem = saved_name.removeprefix("base_model.model.")
+    for ab in ("lora_A", "lora_B"):
+        stem = stem.removesuffix(f".{ab}.weight")
+    return stem + ".weight"
+
+
+def run_lora_case(out_dir: Path) -> dict:
+    import peft
+    from peft import PeftModel, get_peft_model
+
+    tied_dir, lora_dir = out_dir / "tied", out_dir / "lora"
+    lora_dir.mkdir(parents=True, exist_ok=True)
+    scale = LORA_ALPHA / LORA_R
+
+    # The base is the tied case's model. Build it here (no path, so the adapter
+    # config's base_model_name_or_path stays null and the files do not depend on how
+    # --out was spelled) and check that it is what tied/ holds.
+    base_saved = load_file(str(tied_dir / "model.safetensors"))
+    cfg_json = json.loads((tied_dir / "config.json").read_text())
+    model = build_tiny_model(True, CASES["tied"][1])
+    base_params = dict(model.named_parameters())
+    assert set(base_saved) == set(base_params), "tied/model.safetensors is not the tied model's parameters"
+    for name, w in base_saved.items():
+        assert torch.equal(base_params[name].detach(), w), f"tied/ is stale: {name} differs; run parity"
+
+    pm = get_peft_model(model, lora_config())
+    params = dict(pm.named_parameters())
+    trainable = [n for n, p in params.items() if p.requires_grad]
+    assert len(trainable) == 2 * 3 * TINY_CONFIG["num_hidden_layers"], trainable
+    assert all(".lora_A.default." in n or ".lora_B.default." in n for n in trainable), trainable
+    gen = torch.Generator(device="cpu").manual_seed(LORA_SEED)
+    with torch.no_grad():
+        for name in trainable:  # named_parameters() order: layer, module, A then B
+            p = params[name]
+            std = LORA_A_STD if ".lora_A." in name else LORA_B_STD
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+
+    ids = fixed_input_ids(cfg_json["vocab_size"])
+    pm.eval()
+    pm.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        out = pm(input_ids=ids, labels=ids, use_cache=False)
+        out.loss.backward()
+    for name, p in params.items():
+        assert (p.grad is not None) == p.requires_grad, f"{name}: base must be frozen, adapter trained"
+    with torch.no_grad(), pm.disable_adapter():
+        base_logits = pm(input_ids=ids, use_cache=False).logits
+
+    # PEFT's own files. README.md is a generated model card; drop it. PEFT keeps
+    # target_modules as a set and writes list(set): its order follows the per-process
+    # string hash (PYTHONHASHSEED), so sort every set-valued field first, for
+    # byte-identical regeneration. Loading turns the list back into a set.
+    peft_cfg = pm.peft_config["default"]
+    for key, value in list(vars(peft_cfg).items()):
+        if isinstance(value, set):
+            setattr(peft_cfg, key, sorted(value))
+    pm.save_pretrained(lora_dir)
+    (lora_dir / "README.md").unlink(missing_ok=True)
+    adapter = load_file(str(lora_dir / "adapter_model.safetensors"))
+    assert all(".default." not in k for k in adapter), sorted(adapter)
+    assert sorted(_in_memory_name(k) for k in adapter) == sorted(trainable), sorted(adapter)
+    for k, w in adapter.items():
+        assert w.dtype == torch.float32 and torch.equal(w, params[_in_memory_name(k)].detach()), k
+    adapter_cfg = json.loads((lora_dir / "adapter_config.json").read_text())
+    assert (adapter_cfg["r"], adapter_cfg["lora_alpha"]) == (LORA_R, LORA_ALPHA), adapter_cfg
+    assert sorted(adapter_cfg["target_modules"]) == sorted(LORA_TARGETS), adapter_cfg
+    assert not adapter_cfg["use_rslora"] and not adapter_cfg["use_dora"], adapter_cfg
+
+    tensors = {
+        "input_ids": ids.contiguous(),
+        "logits": out.logits.detach().float().contiguous(),
+        "loss": out.loss.detach().float().reshape(1).contiguous(),
+    }
+    for k in sorted(adapter):
+        grad = params[_in_memory_name(k)].grad
+        assert grad is not None and grad.shape == adapter[k].shape and grad.abs().max() > 0, k
+        tensors[f"grad.{k}"] = grad.detach().float().contiguous()
+    save_file(tensors, str(lora_dir / "expected.safetensors"), metadata={"format": "pt"})
+
+    # Self-checks. (1) Loading the adapter back onto a fresh base gives the same logits.
+    reloaded = PeftModel.from_pretrained(build_tiny_model(True, CASES["tied"][1]), lora_dir)
+    reloaded.eval()
+    with torch.no_grad():
+        re_logits = reloaded(input_ids=ids, use_cache=False).logits
+    assert torch.equal(re_logits, out.logits.detach()), "PeftModel.from_pretrained changed the logits"
+
+    # (2) Plain torch on tied/ + the adapter file: W' = W + scale * B @ A.
+    pairs = {}  # merged name -> (A name, B name) in the adapter file
+    for k in adapter:
+        pairs.setdefault(_merged_name(k), {})["A" if ".lora_A." in k else "B"] = k
+    assert len(pairs) == len(adapter) // 2 and all(len(v) == 2 for v in pairs.values()), pairs
+    leaves = {k: v.clone().requires_grad_(True) for k, v in adapter.items()}
+    with torch.enable_grad():
+        weights = dict(base_saved)
+        for wname, ab in pairs.items():
+            weights[wname] = base_saved[wname] + scale * (leaves[ab["B"]] @ leaves[ab["A"]])
+        man_logits, man_loss = manual_forward(weights, cfg_json, ids)
+        man_loss.backward()
+    man_diff = (man_logits - out.logits).abs().max().item()
+    assert man_diff < 1e-5, f"manual forward with W + (alpha/r) B A differs by {man_diff}"
+    man_loss_diff = abs(man_loss.item() - out.loss.item())
+    assert man_loss_diff < 1e-5, man_loss_diff
+    man_grad_diff = max((leaves[k].grad - tensors[f"grad.{k}"]).abs().max().item() for k in adapter)
+    assert man_grad_diff < 1e-5, f"manual adapter gradients differ by {man_grad_diff}"
+    adapter_effect = (out.logits.detach() - base_logits).abs().max().item()
+    assert adapter_effect > 0.1, f"the adapter barely changes the logits ({adapter_effect})"
+
+    # (3) merge_and_unload (in place on the base: last) gives W + scale * B @ A.
+    merged_model = pm.merge_and_unload()
+    merged_state = merged_model.state_dict()
+    merged = {}
+    merge_diff = 0.0
+    for wname, ab in sorted(pairs.items()):
+        w = merged_state[wname].detach().float().contiguous()
+        want = base_saved[wname] + scale * (adapter[ab["B"]] @ adapter[ab["A"]])
+        merge_diff = max(merge_diff, (w - want).abs().max().item())
+        merged[wname] = w
+    assert merge_diff < 1e-6, f"merge_and_unload differs from W + (alpha/r) B A by {merge_diff}"
+    with torch.no_grad():
+        merged_logits = merged_model(input_ids=ids, use_cache=False).logits
+    merged_logit_diff = (merged_logits - out.logits.detach()).abs().max().item()
+    assert merged_logit_diff < 1e-5, merged_logit_diff
+    save_file(merged, str(lora_dir / "merged.safetensors"), metadata={"format": "pt"})
+
+    logits = out.logits.detach()
+    return {
+        "case": "lora",
+        "peft": peft.__version__,
+        "loss": out.loss.item(),
+        "logit_std": logits.std().item(),
+        "logit_min": logits.min().item(),
+        "logit_max": logits.max().item(),
+        "adapter_logit_effect_max_abs": adapter_effect,
+        "manual_forward_max_abs_diff": man_diff,
+        "manual_loss_abs_diff": man_loss_diff,
+        "manual_grad_max_abs_diff": man_grad_diff,
+        "merge_max_abs_diff": merge_diff,
+        "merged_logits_max_abs_diff": merged_logit_diff,
+        "files": {f.name: f.stat().st_size for f in sorted(lora_dir.iterdir())},
+    }
+
+
+def lora_versions(peft_version: str) -> dict:
+    """The keys the LoRA case adds to versions.json."""
+    return {
+        "peft": peft_version,
+        "lora": {
+            "base": "tied",
+            "r": LORA_R,
+            "lora_alpha": LORA_ALPHA,
+            "scale": LORA_ALPHA / LORA_R,
+            "target_modules": sorted(LORA_TARGETS),
+            "seed": LORA_SEED,
+            "lora_A": f"N(0, {LORA_A_STD})",
+            "lora_B": f"N(0, {LORA_B_STD})",
+            "notes": [
+                "base weights and config are tied/; lora/ holds only the adapter, expected and merged files",
+                "lora/expected.safetensors: logits and loss of the PEFT model on the same input_ids, "
+                "grad.<adapter tensor name> for every lora_A and lora_B (base frozen)",
+                "lora/merged.safetensors: merge_and_unload() weights of the adapted linears, W + scale * B @ A",
+            ],
+        },
+    }
+
+
+def print_summary(s: dict) -> None:
+    if s["case"] == "lora":
+        print(
+            f"{s['case']:>6}: loss {s['loss']:.6f}  logit std {s['logit_std']:.4f} "
+            f"[{s['logit_min']:.3f}, {s['logit_max']:.3f}]  peft {s['peft']}  adapter changes logits by up to "
+            f"{s['adapter_logit_effect_max_abs']:.3f}  manual (W + (alpha/r) B A) max|diff| "
+            f"{s['manual_forward_max_abs_diff']:.2e}, loss {s['manual_loss_abs_diff']:.2e}, "
+            f"grads {s['manual_grad_max_abs_diff']:.2e}  merge {s['merge_max_abs_diff']:.2e}, "
+            f"merged logits {s['merged_logits_max_abs_diff']:.2e}"
+        )
+    else:
+        print(
+            f"{s['case']:>6}: loss {s['loss']:.6f}  logit std {s['logit_std']:.4f} "
+            f"[{s['logit_min']:.3f}, {s['logit_max']:.3f}]  manual-forward max|diff| "
+            f"{s['manual_forward_max_abs_diff']:.2e}, grads {s['manual_grad_max_abs_diff']:.2e}  lm_head in model.safetensors: "
+            f"{s['lm_head_in_model_safetensors']}"
+        )
+    for name, size in s["files"].items():
+        print(f"        {name:<26} {size:>9,} B")
+
+
+def cmd_lora(args: argparse.Namespace) -> None:
+    torch.manual_seed(0)  # PEFT's init of lora_A uses the global RNG; it is overwritten anyway
+    torch.set_num_threads(1)
+    out_dir = Path(args.out)
+    summary = run_lora_case(out_dir)
+    versions_path = out_dir / "versions.json"
+    versions = json.loads(versions_path.read_text())
+    versions.update(lora_versions(summary["peft"]))
+    versions_path.write_text(json.dumps(versions, indent=2) + "\n")
+    print_summary(summary)
+
+
 def cmd_parity(args: argparse.Namespace) -> None:
+    import peft  # the LoRA case needs it: fail before writing anything
+
     torch.manual_seed(0)  # nothing should depend on the global RNG, but pin it anyway
     torch.set_num_threads(1)  # one thread: bit-stable reductions when regenerating
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     summaries = [run_case(out_dir, case, tied, over) for case, (tied, over) in CASES.items()]
+    summaries.append(run_lora_case(out_dir))  # after tied: its base is tied/
 
     versions = {
         "generator": "tools/lm/qwen3_reference.py parity",
@@ -315,19 +585,13 @@ def cmd_parity(args: argparse.Namespace) -> None:
             "grads come from loss.backward() on that loss; in the tied case grad.model.embed_tokens.weight "
             "is the sum of the embedding-lookup and lm_head contributions",
         ],
+        **lora_versions(peft.__version__),
     }
     (out_dir / "versions.json").write_text(json.dumps(versions, indent=2) + "\n")
 
     total = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
     for s in summaries:
-        print(
-            f"{s['case']:>6}: loss {s['loss']:.6f}  logit std {s['logit_std']:.4f} "
-            f"[{s['logit_min']:.3f}, {s['logit_max']:.3f}]  manual-forward max|diff| "
-            f"{s['manual_forward_max_abs_diff']:.2e}, grads {s['manual_grad_max_abs_diff']:.2e}  lm_head in model.safetensors: "
-            f"{s['lm_head_in_model_safetensors']}"
-        )
-        for name, size in s["files"].items():
-            print(f"        {name:<22} {size:>9,} B")
+        print_summary(s)
     print(f"total fixture size under {out_dir}: {total:,} B")
 
 
@@ -435,9 +699,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("parity", help="write the tied/untied reference fixtures")
+    p = sub.add_parser("parity", help="write the tied/untied/lora reference fixtures")
     p.add_argument("--out", required=True, help="output directory, e.g. crates/train/tests/fixtures/qwen3")
     p.set_defaults(func=cmd_parity)
+
+    p = sub.add_parser("lora", help="write only the LoRA (PEFT) fixture, on the existing tied one")
+    p.add_argument("--out", required=True, help="the parity output directory, e.g. crates/train/tests/fixtures/qwen3")
+    p.set_defaults(func=cmd_lora)
 
     p = sub.add_parser("bench", help="time forward+backward of a random float32 model on CPU")
     p.add_argument("--config", required=True, help="a Hugging Face config.json for Qwen3")

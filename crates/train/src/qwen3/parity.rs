@@ -147,3 +147,137 @@ fn round_trips_the_hugging_face_checkpoint_bit_for_bit() {
         }
     }
 }
+
+/// Parity of the LoRA forward and its adapter gradients with PEFT (`tests/fixtures/qwen3/lora`,
+/// written by `tools/lm/qwen3_reference.py lora`, PEFT version in `versions.json`): PEFT's
+/// own `adapter_model.safetensors` (r 4, lora_alpha 8 on q_proj, v_proj, down_proj) on the
+/// `tied` base loads by its PEFT names into [`Qwen3::lora`]'s layout; the logits within 1e-4,
+/// the loss within 1e-5 relative, every factor's gradient within 1e-3 relative, and the
+/// merged weights `W + (alpha/r)·B·A` of `merge_and_unload()` within 1e-6 of the same sum in
+/// f32 here.
+#[test]
+fn matches_peft_lora() {
+    let dir = fixture("tied");
+    let cfg =
+        Qwen3Config::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let model = Qwen3::new(cfg.clone()).unwrap();
+    let w = Weights::from_safetensors(
+        &std::fs::read(dir.join("model.safetensors")).unwrap(),
+        model.layout().clone(),
+    )
+    .unwrap();
+    let lora_dir = fixture("lora");
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(lora_dir.join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    let targets: Vec<String> = config["target_modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    let rank = config["r"].as_u64().unwrap() as usize;
+    let alpha = config["lora_alpha"].as_f64().unwrap();
+    let lora = model.lora(rank, alpha, &targets).unwrap();
+    assert_eq!(lora.scaling(), 2.0);
+    // PEFT's file holds exactly the adapter's tensors, by name and shape.
+    let adapter = Weights::from_safetensors(
+        &std::fs::read(lora_dir.join("adapter_model.safetensors")).unwrap(),
+        lora.layout().clone(),
+    )
+    .unwrap();
+    assert_eq!(lora.layout().entries().len(), 12);
+
+    let expected = std::fs::read(lora_dir.join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&expected).unwrap();
+    let ids = st.tensor("input_ids").unwrap();
+    let batch = ids.shape()[0];
+    let tokens: Vec<u32> = ids
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect();
+    let b = Batch {
+        tokens: &tokens,
+        batch,
+    };
+    let (_, want) = f32s(&st, "logits");
+    let got = model.lora_logits(&w, &lora, &adapter, b).unwrap();
+    let err = got
+        .iter()
+        .zip(&want)
+        .fold(0.0f32, |m, (g, r)| m.max((g - r).abs()));
+    assert!(err <= 1e-4, "lora: logits differ by {err}");
+    // The adapter matters: the base alone is far from PEFT's logits.
+    let plain = model.logits(&w, b).unwrap();
+    let moved = plain
+        .iter()
+        .zip(&want)
+        .fold(0.0f32, |m, (g, r)| m.max((g - r).abs()));
+    assert!(
+        moved > 0.1,
+        "the fixture's adapter barely changes the logits ({moved})"
+    );
+
+    let (_, loss) = f32s(&st, "loss");
+    let ours = model.lora_nll(&w, &lora, &adapter, b).unwrap().mean();
+    let rel = (ours - f64::from(loss[0])).abs() / f64::from(loss[0]);
+    assert!(rel <= 1e-5, "lora: loss {ours} vs {} ({rel:e})", loss[0]);
+
+    let (_, grads) = model.lora_loss_and_grads(&w, &lora, &adapter, b).unwrap();
+    let mut worst = 0.0f32;
+    for e in lora.layout().entries() {
+        let (shape, want) = f32s(&st, &format!("grad.{}", e.name));
+        assert_eq!(shape, e.shape, "{}", e.name);
+        let got = grads.tensor(&e.name).unwrap();
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0.0f32, |m, (g, r)| m.max((g - r).abs()));
+        let scale = max_abs(&want);
+        assert!(scale > 0.0, "{}: the reference gradient is zero", e.name);
+        assert!(
+            err <= 1e-3 * scale,
+            "lora: gradient of {} differs by {err} (max |grad| {scale})",
+            e.name
+        );
+        worst = worst.max(err / scale);
+    }
+
+    // merge_and_unload: W + s·B·A per adapted module.
+    let merged = std::fs::read(lora_dir.join("merged.safetensors")).unwrap();
+    let merged = SafeTensors::deserialize(&merged).unwrap();
+    let s = lora.scaling() as f32;
+    let mut checked = 0;
+    for name in merged.names() {
+        let module = name.strip_suffix(".weight").unwrap();
+        let (shape, want) = f32s(&merged, name);
+        let [out, inp] = shape[..] else {
+            panic!("{name} is not a matrix")
+        };
+        let a = adapter
+            .tensor(&format!("base_model.model.{module}.lora_A.weight"))
+            .unwrap();
+        let bm = adapter
+            .tensor(&format!("base_model.model.{module}.lora_B.weight"))
+            .unwrap();
+        let base = w.tensor(name).unwrap();
+        for o in 0..out {
+            for i in 0..inp {
+                let dw: f32 = (0..rank).map(|k| bm[o * rank + k] * a[k * inp + i]).sum();
+                let ours = base[o * inp + i] + s * dw;
+                let theirs = want[o * inp + i];
+                assert!(
+                    (ours - theirs).abs() <= 1e-6,
+                    "{name}[{o},{i}]: {ours} vs {theirs}"
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 6);
+    eprintln!(
+        "lora: logits max |Δ| {err:.2e}, loss relative {rel:.2e}, worst gradient relative {worst:.2e}"
+    );
+}
