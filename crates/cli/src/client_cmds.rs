@@ -70,12 +70,27 @@ fn d_stake() -> u64 {
     10_000
 }
 
+/// Largest `config.json` a job file's `architecture` may name, bytes (the wire bound).
+const MAX_ARCHITECTURE_BYTES: u64 = 64 * 1024;
+
 impl JobSpecFile {
     /// Reads and parses a spec file; errors name the file and the key.
+    ///
+    /// `[training] architecture` (for `model = "qwen3"`) may be given three ways, all sent
+    /// as the `config.json` text: an inline table (`[training.architecture]` with the
+    /// config's keys), a string holding the JSON itself (starting with `{`), or a path to a
+    /// Hugging Face `config.json` (relative to the spec file's folder; at most 64 KiB).
     pub fn load(path: &Path) -> anyhow::Result<JobSpecFile> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
+        let text = std::fs::read_to_string(path).map_err(|e| named(&e))?;
+        let mut value: toml::Table = toml::from_str(&text).map_err(|e| named(&e))?;
+        if let Some(toml::Value::Table(training)) = value.get_mut("training") {
+            if let Some(arch) = training.get_mut("architecture") {
+                let dir = path.parent().unwrap_or(Path::new("."));
+                *arch = toml::Value::String(architecture_text(arch, dir).map_err(|e| named(&e))?);
+            }
+        }
+        toml::Value::Table(value).try_into().map_err(|e| named(&e))
     }
 
     /// The wire spec.
@@ -96,6 +111,33 @@ impl JobSpecFile {
                 &self.training,
             )),
         }
+    }
+}
+
+/// The `config.json` text of a job file's `architecture` value ([`JobSpecFile::load`]).
+fn architecture_text(value: &toml::Value, dir: &Path) -> anyhow::Result<String> {
+    match value {
+        toml::Value::Table(t) => serde_json::to_string_pretty(t)
+            .map_err(|e| anyhow::anyhow!("training.architecture: {e}")),
+        toml::Value::String(s) if s.trim_start().starts_with('{') => Ok(s.clone()),
+        toml::Value::String(s) => {
+            let file = dir.join(s);
+            let io = |e: std::io::Error| {
+                anyhow::anyhow!("training.architecture: {}: {e}", file.display())
+            };
+            let len = std::fs::metadata(&file).map_err(io)?.len();
+            if len > MAX_ARCHITECTURE_BYTES {
+                anyhow::bail!(
+                    "training.architecture: {} is {len} bytes, more than a config.json may be ({MAX_ARCHITECTURE_BYTES})",
+                    file.display()
+                );
+            }
+            std::fs::read_to_string(&file).map_err(io)
+        }
+        other => anyhow::bail!(
+            "training.architecture must be a table, a config.json path or its JSON text, not a {}",
+            other.type_str()
+        ),
     }
 }
 
@@ -735,6 +777,67 @@ mod tests {
         assert!(hanzod_protocol::convert::job_spec(Some(&wire)).is_ok());
         let err = toml::from_str::<JobSpecFile>("name = \"x\"\nepoch = 3\n").unwrap_err();
         assert!(err.to_string().contains("epoch"), "{err}");
+    }
+
+    #[test]
+    fn lora_example_parses_and_has_a_lora_trainer() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/job.lora.example.toml");
+        let file = JobSpecFile::load(&path).unwrap();
+        let spec = hanzod_protocol::convert::job_spec(Some(&file.to_wire())).unwrap();
+        assert_eq!(spec.training, file.training);
+        assert_eq!(spec.training.mode, hanzod_actors::job::TrainMode::Lora);
+        let t = hanzod_train::trainer_of(&spec.training, hanzod_actors::types::JobId(1))
+            .expect("a trainer");
+        let lora = t.lora().expect("a LoRA trainer");
+        assert_eq!((lora.rank(), lora.scaling()), (16, 2.0));
+        // 4 layers × 7 modules × (A, B).
+        assert_eq!(t.delta_layout().entries().len(), 56);
+    }
+
+    #[test]
+    fn architecture_is_a_path_an_inline_table_or_json_text() {
+        let dir = std::env::temp_dir().join(format!("hanzod-arch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = hanzod_train::lm::qwen3_tiny();
+        std::fs::write(dir.join("config.json"), cfg.to_json()).unwrap();
+        let head = "name = \"q\"\n[training]\nmodel = \"qwen3\"\ndataset = \"austen\"\n";
+        let json: serde_json::Value = serde_json::from_str(&cfg.to_json()).unwrap();
+        let mut table = String::from("[training.architecture]\n");
+        for (k, v) in json.as_object().unwrap() {
+            if !v.is_null() {
+                table.push_str(&format!("{k} = {}\n", toml::Value::try_from(v).unwrap()));
+            }
+        }
+        let files = [
+            format!("{head}architecture = \"config.json\"\n"),
+            format!("{head}architecture = {:?}\n", cfg.to_json()),
+            format!("{head}{table}"),
+        ];
+        for (i, text) in files.iter().enumerate() {
+            let path = dir.join(format!("job{i}.toml"));
+            std::fs::write(&path, text).unwrap();
+            let spec = JobSpecFile::load(&path).unwrap_or_else(|e| panic!("{i}: {e}\n{text}"));
+            let arch = spec.training.architecture.as_deref().expect("architecture");
+            assert_eq!(
+                hanzod_train::qwen3::Qwen3Config::from_json(arch).unwrap(),
+                cfg,
+                "form {i}"
+            );
+            let t = hanzod_train::trainer_of(&spec.training, hanzod_actors::types::JobId(1))
+                .expect("a trainer");
+            assert_eq!(t.layout().len(), 1_049_984);
+        }
+        // A missing file and a number are refused, naming the key.
+        for (i, bad) in ["architecture = \"nope.json\"", "architecture = 3"]
+            .iter()
+            .enumerate()
+        {
+            let path = dir.join(format!("bad{i}.toml"));
+            std::fs::write(&path, format!("{head}{bad}\n")).unwrap();
+            let e = JobSpecFile::load(&path).unwrap_err().to_string();
+            assert!(e.contains("training.architecture"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use hanzod_actors::actor::Notice;
-use hanzod_actors::job::{JobPhase, JobSpec, TrainingSpec};
+use hanzod_actors::job::{JobPhase, JobSpec, LoraSpec, TrainMode, TrainingSpec};
 use hanzod_actors::types::{GymWei, JobId, NodeId};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -63,6 +63,12 @@ pub struct DemoArgs {
     /// [default: wine-mlp].
     #[arg(long)]
     pub model: Option<String>,
+    /// With `--model qwen3-tiny`: train a LoRA adapter (rank 16, `lora_alpha` 32, on all
+    /// seven linear modules of every layer: q/k/v/o and gate/up/down projections) instead of
+    /// every parameter; each epoch's merged update `ΔW = (alpha/r)·B·A` goes into the
+    /// published full checkpoint.
+    #[arg(long)]
+    pub lora: bool,
     /// Local steps per node per epoch [default: 20; qwen3-tiny 8].
     #[arg(long)]
     pub local_steps: Option<u32>,
@@ -135,6 +141,8 @@ pub struct DemoPlan {
     pub attack: Attack,
     /// The model (`wine-mlp` or `qwen3-tiny`).
     pub model: String,
+    /// Train a LoRA adapter (`--lora`, qwen3-tiny only).
+    pub lora: bool,
     /// Local steps per epoch.
     pub local_steps: u32,
     /// Batch size.
@@ -238,6 +246,7 @@ impl DemoArgs {
             byzantine: self.byzantine.or(file.byzantine).unwrap_or(0),
             attack: self.attack.or(file.attack).unwrap_or(Attack::Mixed),
             model: model.clone(),
+            lora: self.lora || file.lora,
             local_steps: self
                 .local_steps
                 .or(file.local_steps)
@@ -337,18 +346,50 @@ impl DemoPlan {
                 self.model
             ));
         }
+        if self.lora && self.model != hanzod_train::lm::QWEN3_TINY {
+            return bad(format!(
+                "--lora needs --model {}",
+                hanzod_train::lm::QWEN3_TINY
+            ));
+        }
         hanzod_train::trainer_of(&self.training(), JobId(1))
             .map_err(|e| DemoError::Usage(format!("training recipe: {e}")))?;
         Ok(())
     }
 
     /// The job's training recipe: the plan's model, steps, batch, learning rate and seed;
-    /// for `qwen3-tiny`, sequences of 64 tokens and a validation shard of 2,048 tokens
-    /// (the rest of [`TrainingSpec::default`]).
+    /// for `qwen3-tiny`, sequences of 64 tokens and a validation shard of 2,048 tokens, and
+    /// with `--lora` the adapter of [`DemoArgs::lora`] (the rest of
+    /// [`TrainingSpec::default`]).
     pub fn training(&self) -> TrainingSpec {
         let lm = self.model == hanzod_train::lm::QWEN3_TINY;
         let d = TrainingSpec::default();
+        let (mode, lora) = if self.lora {
+            (
+                TrainMode::Lora,
+                LoraSpec {
+                    rank: 16,
+                    alpha: 32.0,
+                    target_modules: [
+                        "q_proj",
+                        "k_proj",
+                        "v_proj",
+                        "o_proj",
+                        "gate_proj",
+                        "up_proj",
+                        "down_proj",
+                    ]
+                    .map(String::from)
+                    .to_vec(),
+                    dropout: 0.0,
+                },
+            )
+        } else {
+            (d.mode, d.lora.clone())
+        };
         TrainingSpec {
+            mode,
+            lora,
             model: self.model.clone(),
             dataset: if lm {
                 hanzod_train::text::AUSTEN.into()
