@@ -10,6 +10,10 @@
 //! - `train_step`: one AdamW step on that batch, parameters and moments on the device
 //!   ([`Qwen3::train`] with one batch; includes the upload and download of weights and
 //!   moments, which a multi-step local run pays once).
+//! - `lora_train_step`: one AdamW step of a LoRA adapter (rank 16, `lora_alpha` 32, on all
+//!   seven linear modules of every layer; 155,648 adapter parameters) on that batch with
+//!   the base frozen ([`Qwen3::train_lora`]). The peer: PEFT on PyTorch, the same shapes,
+//!   `python3 tools/lm/qwen3_reference.py bench … --lora-rank 16`.
 //! - `validate_delta`: the validation of one delta as the daemon runs it: the held-out loss
 //!   of base + delta on the default shard (4,096 tokens in windows of 128).
 
@@ -50,6 +54,27 @@ fn lm(c: &mut Criterion) {
             black_box(
                 model
                     .train(&w, None, &AdamW::default(), [b])
+                    .expect("one step"),
+            )
+        })
+    });
+    let targets = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
+    .map(String::from);
+    let lora = model.lora(16, 32.0, &targets).expect("adapter");
+    let adapter = model.init_lora(&lora, [7; 32]);
+    g.bench_function("lora_train_step", |bench| {
+        bench.iter(|| {
+            black_box(
+                model
+                    .train_lora(&w, &lora, &adapter, None, &AdamW::default(), [b])
                     .expect("one step"),
             )
         })

@@ -37,14 +37,14 @@ pub use hanzod_train as train;
 /// Model deltas (DESIGN §6): the `HZDL` format, model descriptions, validation, scoring,
 /// merging, the blob store and the epoch sink.
 pub mod delta {
-    pub use hanzod_pipeline::{inspect, lora, merge, score, sink, validate};
+    pub use hanzod_pipeline::{budget, inspect, lora, merge, score, sink, validate};
     /// The `HZDL` wire format and its signed statement (`hanzod_protocol::hzdl`), with the
     /// format check against a model ([`check_against`](format::check_against)).
     pub mod format {
         pub use hanzod_protocol::hzdl::*;
         pub use hanzod_protocol::model::{check_against, intake, intake_hashed, Intake};
     }
-    pub use hanzod_protocol::model;
+    pub use hanzod_protocol::{model, peft};
     pub use hanzod_store::blobs as store;
     pub use hanzod_train::catalog;
 }

@@ -200,3 +200,118 @@ fn node_usage_errors_exit_2_before_a_key_is_written() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `delta inspect --adapter-config`: PEFT's own adapter_config.json (the LoRA parity
+/// fixture PEFT 0.21.2 wrote, r 4 on q/v/down_proj of the tied test model) gives the
+/// adapter spec, which PEFT's own adapter_model.safetensors fills exactly; a delta of it
+/// inspects valid, and the same delta against other LoRA flags does not.
+#[test]
+fn inspect_checks_a_lora_delta_against_peft_adapter_config() {
+    use hanzod::delta::model::ModelSpec;
+    use hanzod::delta::peft::AdapterConfig;
+    use hanzod::train::{Layout, Weights};
+    let fixtures =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates/train/tests/fixtures/qwen3");
+    let config = fixtures.join("tied/config.json");
+    let adapter_config = fixtures.join("lora/adapter_config.json");
+    let read =
+        |p: &PathBuf| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let peft = AdapterConfig::from_json(&read(&adapter_config)).expect("PEFT's file");
+    let targets: Vec<&str> = peft.target_modules.iter().map(String::as_str).collect();
+    let spec = ModelSpec::from_hf_config(&read(&config))
+        .unwrap()
+        .lora_spec(peft.rank as usize, &targets)
+        .unwrap();
+    let adapter = std::fs::read(fixtures.join("lora/adapter_model.safetensors")).unwrap();
+    let weights =
+        Weights::from_safetensors(&adapter, std::sync::Arc::new(Layout::new(&spec).unwrap()))
+            .expect("PEFT's adapter tensors are exactly the spec's");
+    let dir = std::env::temp_dir().join(format!("hanzod-adapter-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let delta = dir.join("adapter.hzdl");
+    std::fs::write(&delta, weights.to_delta_bytes(0).unwrap()).unwrap();
+    let (delta, config, adapter_config) = (
+        delta.to_str().unwrap(),
+        config.to_str().unwrap(),
+        adapter_config.to_str().unwrap(),
+    );
+
+    let ok = hanzod(&[
+        "delta",
+        "inspect",
+        delta,
+        "--model",
+        config,
+        "--adapter-config",
+        adapter_config,
+    ]);
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&ok),
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(
+        stdout(&ok).contains("valid against qwen3 LoRA r=4"),
+        "{}",
+        stdout(&ok)
+    );
+    // The same flags by hand agree; other targets do not.
+    let by_hand = hanzod(&[
+        "delta",
+        "inspect",
+        delta,
+        "--model",
+        config,
+        "--lora-rank",
+        "4",
+        "--lora-targets",
+        "q_proj,v_proj,down_proj",
+    ]);
+    assert_eq!(by_hand.status.code(), Some(0), "{}", stdout(&by_hand));
+    let other = hanzod(&[
+        "delta",
+        "inspect",
+        delta,
+        "--model",
+        config,
+        "--lora-rank",
+        "4",
+    ]);
+    assert_eq!(other.status.code(), Some(1), "{}", stdout(&other));
+
+    // Both ways at once is a usage error; so is a refused adapter config.
+    let both = hanzod(&[
+        "delta",
+        "inspect",
+        delta,
+        "--model",
+        config,
+        "--adapter-config",
+        adapter_config,
+        "--lora-rank",
+        "4",
+    ]);
+    assert_eq!(both.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"));
+    let regex = dir.join("regex_adapter_config.json");
+    std::fs::write(
+        &regex,
+        r#"{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ".*\\.(q|v)_proj"}"#,
+    )
+    .unwrap();
+    let refused = hanzod(&[
+        "delta",
+        "inspect",
+        delta,
+        "--model",
+        config,
+        "--adapter-config",
+        regex.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("regular expression"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,8 +3,9 @@
 //! with its exact code, refusals of the header arriving before any data is sent (a wrong
 //! step, a node that already delivered its delta this epoch), nothing stored or recorded
 //! for an incomplete upload, no blob left behind by a delta refused after it was stored,
-//! the catalog check at Submit, and heartbeats served while a large delta is uploaded and
-//! parsed.
+//! the catalog check at Submit, SubmitJob's validation budget and `training.base` checks
+//! (and a job that starts from another job's checkpoint), and heartbeats served while a
+//! large delta is uploaded and parsed.
 //!
 //! Each test starts its own daemon on `127.0.0.1:0`; every wait on the server is bounded.
 //! Nothing here sleeps: waits follow the core's notices, the session stream and the
@@ -1616,5 +1617,277 @@ async fn job_status_and_watch_show_each_epochs_outcome_and_who_a_repair_removed(
     assert!(change.version >= 2, "{change:?}");
     assert!(change.added.is_empty(), "no standby to add: {change:?}");
     assert!(change.repair_ms.expect("a repair") < 20_000, "{change:?}");
+    d.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// SubmitJob: the validation budget and `training.base`
+// ---------------------------------------------------------------------------------------
+
+/// A job spec of `nodes` nodes training `training`.
+fn training_job(name: &str, nodes: u32, training: pb::TrainingSpec) -> pb::JobSpec {
+    pb::JobSpec {
+        max_nodes: nodes,
+        min_nodes: 1,
+        training: Some(training),
+        ..job_spec(name, nodes, 1, None)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_refuses_a_job_whose_epoch_validation_is_over_budget() {
+    use hanzod::delta::budget::EpochValidation;
+    let d = start().await;
+    // Qwen3-0.6B with 4096 validation tokens on 64 nodes: 3.2e14 FLOPs of scoring alone,
+    // above the default budget of 1e14.
+    let architecture = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/qwen3-0.6b/config.json"
+    ))
+    .expect("the Qwen3-0.6B config.json");
+    let big = pb::TrainingSpec {
+        model: Some("qwen3".into()),
+        dataset: Some("austen".into()),
+        architecture: Some(architecture.clone()),
+        validation_tokens: Some(4096),
+        ..Default::default()
+    };
+    let e = submit(&d, training_job("qwen3-0.6b", 64, big))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    // Both figures: the estimate (the pure function's, on the model's parameter count)
+    // and the budget.
+    let params = hanzod::train::qwen3::Qwen3Config::from_json(&architecture)
+        .unwrap()
+        .spec()
+        .param_count();
+    let training = hanzod::grpc::convert::job_spec(Some(&training_job(
+        "x",
+        64,
+        pb::TrainingSpec {
+            model: Some("qwen3".into()),
+            dataset: Some("austen".into()),
+            architecture: Some(architecture),
+            validation_tokens: Some(4096),
+            ..Default::default()
+        },
+    )))
+    .unwrap()
+    .training;
+    let flops = EpochValidation::lm(params, &training, 64, 0.1).flops();
+    assert!(flops > 3e14, "{flops}");
+    assert!(
+        e.message().contains(&format!("{flops:.3e}")) && e.message().contains("1.000e14"),
+        "{e:?}"
+    );
+    assert_eq!(
+        counter(
+            &d,
+            "hanzod_rejected_messages_total{reason=\"resource_exhausted\"}"
+        )
+        .await,
+        1.0
+    );
+    // The built-in qwen3-tiny with the recipe defaults fits on as many nodes.
+    let tiny = pb::TrainingSpec {
+        model: Some("qwen3-tiny".into()),
+        dataset: Some("austen".into()),
+        ..Default::default()
+    };
+    submit(&d, training_job("qwen3-tiny", 64, tiny))
+        .await
+        .expect("qwen3-tiny is within the default budget");
+    d.stop().await;
+
+    // The MLP is budgeted too (in samples): a daemon with a tiny budget refuses it.
+    let mut cfg = config();
+    cfg.validation.validation_budget_flops = 1e6;
+    let d = start_with(&cfg, DaemonParts::default()).await;
+    let e = submit(&d, job_spec("mlp", 2, 1, None)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("1.000e6"), "{e:?}");
+    d.stop().await;
+}
+
+/// An object store that answers `alias` with the bytes stored under `target`, as a store
+/// that resolves another form of a CID would (a CIDv0, another chunking); everything else
+/// is the memory store's.
+#[derive(Debug, Default)]
+struct Aliasing {
+    inner: hanzod::publish::MemoryObjectStore,
+    alias: std::sync::Mutex<Option<(String, String)>>,
+}
+
+#[async_trait::async_trait]
+impl hanzod::publish::ObjectStore for Aliasing {
+    async fn put(&self, bytes: bytes::Bytes) -> Result<String, hanzod::publish::ObjectError> {
+        self.inner.put(bytes).await
+    }
+    async fn get(&self, cid: &str) -> Result<std::sync::Arc<[u8]>, hanzod::publish::ObjectError> {
+        let target = self
+            .alias
+            .lock()
+            .unwrap()
+            .clone()
+            .filter(|(a, _)| a == cid)
+            .map(|(_, t)| t);
+        self.inner.get(target.as_deref().unwrap_or(cid)).await
+    }
+    async fn contains(&self, cid: &str) -> Result<bool, hanzod::publish::ObjectError> {
+        self.inner.contains(cid).await
+    }
+    async fn pin(&self, cid: &str) -> Result<(), hanzod::publish::ObjectError> {
+        self.inner.pin(cid).await
+    }
+    async fn is_pinned(&self, cid: &str) -> Result<bool, hanzod::publish::ObjectError> {
+        self.inner.is_pinned(cid).await
+    }
+    async fn pins(&self) -> Result<Vec<String>, hanzod::publish::ObjectError> {
+        self.inner.pins().await
+    }
+}
+
+/// The next `EpochStart` of `job` on `n`'s session stream (other messages are skipped).
+async fn epoch_start(n: &mut Node, job: u64) -> pb::EpochStart {
+    loop {
+        match within("an EpochStart", n.inbound.message()).await {
+            Ok(Some(pb::OrchestratorMessage {
+                body: Some(Out::EpochStart(s)),
+                ..
+            })) if s.job_id == job => return s,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the session ended"),
+            Err(s) => panic!("the session ended {s:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_starts_from_a_base_checkpoint_and_bad_bases_are_refused() {
+    use hanzod::publish::ObjectStore;
+    use hanzod::train;
+    let mut cfg = config();
+    // Spot-check everything: a replay from any other weights than the base would fail.
+    cfg.validation.spot_check_rate = 1.0;
+    let objects = std::sync::Arc::new(Aliasing::default());
+    let parts = DaemonParts {
+        objects: Some(objects.clone()),
+        ..DaemonParts::default()
+    };
+    let d = start_with(&cfg, parts).await;
+    let mut nodes = Vec::new();
+    for seed in 71..=73 {
+        nodes.push(Node::join(&d, seed).await);
+    }
+
+    // Job A trains one epoch from the seed's weights.
+    let a = running_job(&d, 3, 1, None).await;
+    let start = epoch_start(&mut nodes[0], a).await;
+    assert_eq!(start.base_checkpoint, "", "epoch 0 of a job without a base");
+    let init = train::init(&hanzod::delta::sink::recipe_of(&Default::default(), JobId(a)).unwrap());
+    for n in nodes.iter_mut() {
+        assert!(train_and_upload(n, a, 0, &init, 1.0).await.accepted);
+    }
+    let view = await_phase(&d, a, "Published", |p| {
+        matches!(p, JobPhase::Published { .. })
+    })
+    .await;
+    let base = view.checkpoints[0].clone();
+    let w_a = checkpoint(&d, &base).await;
+    let r_a = d.sink().report(JobId(a), 0).await.expect("job A's report");
+
+    // Refused bases, each with its own code; the CID is echoed.
+    let with_base = |b: &str| {
+        let mut spec = job_spec("based", 3, 1, None);
+        spec.training = Some(pb::TrainingSpec {
+            base: Some(b.into()),
+            ..Default::default()
+        });
+        spec
+    };
+    let refused = |what: &str, r: Result<u64, Status>, code: Code, mentions: &str| {
+        assert_refused(what, r, code, mentions)
+    };
+    refused(
+        "a base that is not a CID",
+        submit(&d, with_base("sha256:abcd")).await,
+        Code::InvalidArgument,
+        "spec.training.base",
+    );
+    let absent = hanzod::publish::cid_of(b"never published").to_string();
+    refused(
+        "a base not in the object store",
+        submit(&d, with_base(&absent)).await,
+        Code::NotFound,
+        &absent,
+    );
+    let not_weights = objects
+        .put(b"not a checkpoint".to_vec().into())
+        .await
+        .unwrap();
+    refused(
+        "a base that is not this model's checkpoint",
+        submit(&d, with_base(&not_weights)).await,
+        Code::InvalidArgument,
+        "is not a checkpoint of model \"wine-mlp\"",
+    );
+    let narrow = train::init(&train::Recipe {
+        hidden: 8,
+        ..hanzod::delta::sink::recipe_of(&Default::default(), JobId(a)).unwrap()
+    });
+    let other_width = objects.put(narrow.to_safetensors().into()).await.unwrap();
+    refused(
+        "a checkpoint of another model",
+        submit(&d, with_base(&other_width)).await,
+        Code::InvalidArgument,
+        "is not a checkpoint of model",
+    );
+    // The store resolves `not_weights` to job A's checkpoint: bytes of another CID.
+    *objects.alias.lock().unwrap() = Some((not_weights.clone(), base.clone()));
+    refused(
+        "a base whose bytes have another CID",
+        submit(&d, with_base(&not_weights)).await,
+        Code::FailedPrecondition,
+        &format!("whose CID is {base}"),
+    );
+    let long = format!("bafk{}", "a".repeat(250));
+    let e = submit(&d, with_base(&long)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().len() < 400, "the CID is cut: {e:?}");
+
+    // Job B starts from job A's checkpoint: its first assignment names it, its nodes train
+    // from those weights, and its epoch 0 scores the base at job A's last loss.
+    let b = submit(&d, with_base(&base))
+        .await
+        .expect("a published checkpoint as base");
+    let start = epoch_start(&mut nodes[0], b).await;
+    assert_eq!(
+        (start.epoch, start.base_checkpoint.as_str()),
+        (0, base.as_str())
+    );
+    for n in nodes.iter_mut() {
+        let ack = train_and_upload(n, b, 0, &w_a, 1.0).await;
+        assert!(ack.accepted, "{ack:?}");
+    }
+    let view = await_phase(&d, b, "Published", |p| {
+        matches!(p, JobPhase::Published { .. })
+    })
+    .await;
+    let r_b = d.sink().report(JobId(b), 0).await.expect("job B's report");
+    assert_eq!(r_b.base.as_deref(), Some(base.as_str()));
+    assert_eq!(r_b.loss_before, r_a.loss_after);
+    assert!(
+        r_b.deltas.iter().all(|l| l.rejected.is_none()),
+        "every replay from the base passes: {r_b:#?}"
+    );
+    let w_b = checkpoint(&d, &view.checkpoints[0]).await;
+    let data = train::Dataset::wine_quality().unwrap();
+    let (loss_a, loss_b) = (
+        train::validation_loss(&w_a, &data).unwrap(),
+        train::validation_loss(&w_b, &data).unwrap(),
+    );
+    assert_eq!(loss_a, r_a.loss_after);
+    assert!(loss_b < loss_a, "{loss_a} → {loss_b}");
     d.stop().await;
 }

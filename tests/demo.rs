@@ -607,3 +607,112 @@ async fn a_language_model_job_trains_qwen3_tiny_on_the_corpus() {
         "federated {last} vs single-process {single}"
     );
 }
+
+/// `W + s·B·A` for every adapted module of `adapter` (PEFT names), computed naively in f64
+/// (the test's own reference for the merge the orchestrator runs).
+fn apply_adapter(base: &train::Weights, adapter: &train::Weights, scaling: f64) -> train::Weights {
+    let mut w = base.clone();
+    for e in adapter.layout.entries() {
+        let Some(module) = e
+            .name
+            .strip_prefix("base_model.model.")
+            .and_then(|m| m.strip_suffix(".lora_A.weight"))
+        else {
+            continue;
+        };
+        let a = adapter.tensor(&e.name).unwrap();
+        let b = adapter
+            .tensor(&format!("base_model.model.{module}.lora_B.weight"))
+            .unwrap();
+        let (r, inp) = (e.shape[0], e.shape[1]);
+        let out = b.len() / r;
+        let target = w.tensor_mut(&format!("{module}.weight")).unwrap();
+        for o in 0..out {
+            for i in 0..inp {
+                let dw: f64 = (0..r)
+                    .map(|k| f64::from(b[o * r + k]) * f64::from(a[k * inp + i]))
+                    .sum();
+                target[o * inp + i] += (scaling * dw) as f32;
+            }
+        }
+    }
+    w
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lora_job_trains_adapters_and_publishes_full_checkpoints() {
+    let out = std::env::temp_dir().join(format!("hanzod-demo-test-lora-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let args = DemoArgs {
+        model: Some("qwen3-tiny".into()),
+        lora: true,
+        nodes: Some(3),
+        epochs: Some(2),
+        local_steps: Some(8),
+        spot_check_rate: Some(1.0),
+        out: Some(out),
+        timeout_s: Some(300),
+        ..DemoArgs::default()
+    };
+    let mut p = args
+        .plan(PathBuf::from(env!("CARGO_BIN_EXE_hanzod")))
+        .expect("a valid plan");
+    p.progress = false;
+    let s = run(p.clone()).await;
+    assert!(s.succeeded(), "{:?}", s.failure);
+    let trainer = train::trainer_of(&p.training(), JobId(s.job)).unwrap();
+    let lora = trainer.lora().expect("a LoRA job").clone();
+    let mut last = s.initial_loss.expect("initial loss");
+    for e in &s.epochs {
+        assert_eq!(e.loss_before, last, "epoch {}", e.epoch);
+        assert!(
+            e.loss_after < e.loss_before,
+            "epoch {}: {} → {}",
+            e.epoch,
+            e.loss_before,
+            e.loss_after
+        );
+        // Every adapter accepted, every one spot-checked (rate 1): replay and re-execution
+        // of the adapter training pass.
+        assert_eq!((e.accepted, e.rejected), (3, 0), "epoch {}", e.epoch);
+        assert_eq!(
+            (e.spot_checks, e.spot_check_failures),
+            (3, 0),
+            "epoch {}",
+            e.epoch
+        );
+        // The published checkpoint is a full model (the merged ΔW applied), not an adapter.
+        let dir = PathBuf::from(e.published.as_ref().expect("published as a repo folder"));
+        let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let w = train::Weights::from_safetensors(&weights, trainer.layout()).unwrap();
+        assert_eq!(trainer.validation_loss(&w).unwrap(), e.loss_after);
+        last = e.loss_after;
+    }
+    verify_cli(&s);
+    // One process training the same tokens, epoch by epoch: an adapter of `local_steps`
+    // AdamW steps on batches of `nodes × batch_size` sequences, merged into the base.
+    let single = {
+        let t = TrainingSpec {
+            batch_size: p.batch_size * p.nodes as u32,
+            ..p.training()
+        };
+        let single = train::trainer_of(&t, JobId(s.job)).unwrap();
+        let mut w = single.init();
+        for epoch in 0..u64::from(p.epochs) {
+            let run = single
+                .local_delta(&w, &[0; 32], epoch * u64::from(p.local_steps))
+                .unwrap();
+            w = apply_adapter(&w, &run.delta, lora.scaling());
+        }
+        single.validation_loss(&w).unwrap()
+    };
+    let (first, gap) = (s.initial_loss.unwrap(), (last - single) / single);
+    eprintln!(
+        "LoRA: {first:.4} → federated {last:.4} vs single-process {single:.4} nats/token: {:+.2} %",
+        gap * 100.0
+    );
+    assert!(
+        gap.abs() <= 0.05,
+        "federated {last} vs single-process {single}"
+    );
+}

@@ -93,7 +93,7 @@ pub struct TrainingSpec {
     pub seq_len: u32,
     /// Language models: tokens of the held-out validation shard every delta is scored on
     /// (nats/token before and after), ≥ `seq_len`; the daemon refuses a job whose
-    /// validation would exceed its budget.
+    /// validation would exceed its budget (`validation.validation_budget_flops`).
     pub validation_tokens: u64,
     /// Language models: the local AdamW's hyper-parameters (its learning rate is
     /// `local_lr`).
@@ -105,8 +105,13 @@ pub struct TrainingSpec {
     /// `model = "qwen3"`: the architecture, a Hugging Face `config.json` text (the CLI reads
     /// a path or an inline `[training.architecture]` table into it).
     pub architecture: Option<String>,
-    /// Start from a published checkpoint instead of the seed's initial weights: its CID,
-    /// fetched from the object store and checked against it.
+    /// Start epoch 0 from a checkpoint instead of the seed's initial weights: the CID of
+    /// its `model.safetensors` bytes as Kubo's `ipfs add --cid-version=1` computes it (what
+    /// every published checkpoint is named by: `job status`, the publication records, the
+    /// model card), held in the orchestrator's object store. SubmitJob fetches it, checks
+    /// the bytes against the CID and that they load as this model's weights; nodes and the
+    /// validator fetch it like any epoch's base. Any job's published checkpoint of the same
+    /// model qualifies.
     pub base: Option<String>,
     /// Element type of the uploaded deltas: `"f32"` or `"bf16"`.
     pub delta_dtype: String,
@@ -220,8 +225,10 @@ pub struct EpochAssignment {
     /// The global step the node's local run starts at: `epoch × local_steps` (DESIGN §6;
     /// the upload must state it).
     pub step: u64,
-    /// The checkpoint to start from: the reference published for epoch − 1, `None` in
-    /// epoch 0 (the recipe's initial weights, derived from `training.seed`).
+    /// The checkpoint to start from ([`Job::base_of`]): the reference published for
+    /// epoch − 1; in epoch 0 the job's `training.base`, or `None` (the recipe's initial
+    /// weights, derived from `training.seed`). A reference is the CID of a checkpoint's
+    /// `model.safetensors` bytes (Kubo's `ipfs add --cid-version=1`).
     pub base: Option<String>,
     /// The recipe (model, dataset, local steps, batch size, learning rates, seed).
     pub training: TrainingSpec,
@@ -845,6 +852,17 @@ impl Job {
     pub fn is_terminal(&self) -> bool {
         self.phase.is_terminal()
     }
+
+    /// The checkpoint `epoch` trains from ([`EpochAssignment::base`]): the reference
+    /// published for `epoch − 1`, or in epoch 0 the spec's `training.base` (`None`: the
+    /// recipe's initial weights). `None` too for an epoch whose predecessor is not
+    /// published.
+    pub fn base_of(&self, epoch: u32) -> Option<&str> {
+        match epoch.checked_sub(1) {
+            None => self.spec.training.base.as_deref(),
+            Some(e) => self.checkpoints.get(e as usize).map(String::as_str),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -888,6 +906,23 @@ mod tests {
             }
         );
     }
+    /// Epoch 0 starts from the spec's base (or the seed's weights), every later epoch from
+    /// the checkpoint published before it.
+    #[test]
+    fn each_epoch_trains_from_the_base_or_the_last_checkpoint() {
+        let mut j = Job::new(JobId(1), spec(3), Timestamp(0));
+        assert_eq!(j.base_of(0), None);
+        j.spec.training.base = Some("bafkrei-base".into());
+        assert_eq!(j.base_of(0), Some("bafkrei-base"));
+        assert_eq!(j.base_of(1), None);
+        j.checkpoints = vec!["cid-0".into(), "cid-1".into()];
+        assert_eq!(j.base_of(0), Some("bafkrei-base"));
+        assert_eq!(j.base_of(1), Some("cid-0"));
+        assert_eq!(j.base_of(2), Some("cid-1"));
+        assert_eq!(j.base_of(3), None);
+        assert_eq!(j.base_of(u32::MAX), None);
+    }
+
     use proptest::prelude::*;
 
     fn spec(epochs: u32) -> JobSpec {

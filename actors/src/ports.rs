@@ -489,8 +489,9 @@ pub struct EpochInput<'a> {
     pub epoch: u32,
     /// The job's spec (its training recipe names the model and how to replay a node's steps).
     pub spec: &'a JobSpec,
-    /// The checkpoint the epoch trained from: the reference published for epoch − 1, `None`
-    /// in epoch 0 (the recipe's initial weights).
+    /// The checkpoint the epoch trained from ([`crate::job::Job::base_of`]): the reference
+    /// published for epoch − 1; in epoch 0 the spec's `training.base`, or `None` (the
+    /// recipe's initial weights).
     pub base: Option<&'a str>,
     /// The epoch's accepted receipts, one per node, in node order.
     pub deltas: &'a [DeltaReceipt],

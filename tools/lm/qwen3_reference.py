@@ -608,10 +608,27 @@ def cmd_bench(args: argparse.Namespace) -> None:
     model = Qwen3ForCausalLM._from_config(config, attn_implementation=args.attn, dtype=torch.float32)
     model = model.float().train()
     n_params = sum(p.numel() for p in model.parameters())  # parameters() de-duplicates a tied head
+    if args.lora_rank:
+        # The peer of benches/lm.rs lora_train_step: PEFT LoRA on all seven linear modules,
+        # lora_alpha = 2r, base frozen; only the adapter is optimised.
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=args.lora_rank,
+                lora_alpha=2 * args.lora_rank,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                lora_dropout=0.0,
+                bias="none",
+                task_type="CAUSAL_LM",
+            ),
+        ).train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
 
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq), generator=gen, dtype=torch.int64)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3) if args.optimizer == "adamw" else None
+    opt = torch.optim.AdamW(trainable, lr=1e-3) if args.optimizer == "adamw" else None
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
@@ -636,6 +653,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
                 "batch": args.batch,
                 "seq": args.seq,
                 "params": n_params,
+                "trainable": sum(p.numel() for p in trainable),
+                "lora_rank": args.lora_rank,
                 "steps": args.steps,
                 "seconds": round(seconds, 6),
                 "tokens_per_s": round(tokens / seconds, 2),
@@ -716,6 +735,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--optimizer", choices=["none", "adamw"], default="none", help="adamw: AdamW(lr=1e-3) step in the loop")
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa", help="attention implementation (HF default: sdpa)")
+    p.add_argument("--lora-rank", type=int, default=0, help="train a PEFT LoRA adapter of this rank on all seven linear modules (0: every parameter)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_bench)
 

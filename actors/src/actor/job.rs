@@ -139,10 +139,7 @@ impl JobState {
             job: self.job.id,
             epoch,
             step: u64::from(epoch) * u64::from(spec.training.local_steps),
-            base: epoch
-                .checked_sub(1)
-                .and_then(|e| self.job.checkpoints.get(e as usize))
-                .cloned(),
+            base: self.job.base_of(epoch).map(str::to_string),
             training: spec.training.clone(),
             deadline: self.phase_since.plus_ms(spec.epoch_deadline_ms),
         };
@@ -335,10 +332,7 @@ impl JobState {
         self.publishing = Some(epoch);
         let deltas: Vec<DeltaReceipt> = self.receipts.values().cloned().collect();
         let spec = self.job.spec.clone();
-        let base = epoch
-            .checked_sub(1)
-            .and_then(|e| self.job.checkpoints.get(e as usize))
-            .cloned();
+        let base = self.job.base_of(epoch).map(str::to_string);
         let sink = self.deps.sink.clone();
         let job = self.job.id;
         let deadline = Duration::from_millis(self.deps.cfg.publish_deadline_ms);

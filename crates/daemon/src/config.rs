@@ -272,6 +272,27 @@ pub struct ValidationSection {
     /// Keep every delta blob; `false` removes an epoch's deltas once the next epoch is
     /// published (slashing evidence is always kept).
     pub retain_deltas: bool,
+    /// The most floating-point operations validating one epoch of a job may cost, FLOPs
+    /// (> 0; `inf` admits everything). SubmitJob estimates a job's cost with
+    /// [`hanzod_pipeline::budget`]: `2·P·V·(N + 1) + ⌈rate·N⌉·6·P·R` for `P` parameters,
+    /// `V` validation tokens (samples for the MLP), `N = max_nodes` deltas and `R` tokens
+    /// (samples) of one node's local run, and refuses a job above this
+    /// `RESOURCE_EXHAUSTED`.
+    ///
+    /// The default, 1e14, is about 17 minutes of validation per epoch at 1e11 FLOP/s, the
+    /// order of magnitude a CPU daemon sustains. It admits, with the default
+    /// `spot_check_rate` of 0.1:
+    /// - qwen3-tiny (1.05 M parameters) as in `config/job.lm.example.toml` (V 2048, N 8,
+    ///   8 steps × 8 × 65 tokens): 2·1.05e6·2048·9 + 1·6·1.05e6·4160 = 6.5e10;
+    /// - qwen3-tiny with the recipe defaults (V 4096, 20 steps × 32 × 129 tokens) on 64
+    ///   nodes: 5.6e11 + 7·5.2e11 = 4.2e12;
+    /// - the `wine-mlp` of `config/job.example.toml` (1,473 parameters, 320 validation
+    ///   samples, N 16, 10,000 steps × 1,024 samples): 1.5e7 + 2·9.0e10 = 1.8e11;
+    ///
+    /// and refuses Qwen3-0.6B (596 M parameters, tied embeddings) with 4096 validation
+    /// tokens on 64 nodes: 2·5.96e8·4096·65 = 3.2e14 for the scoring alone, before any
+    /// spot-check replay. A daemon validating on accelerators raises it.
+    pub validation_budget_flops: f64,
 }
 
 impl ValidationSection {
@@ -668,6 +689,12 @@ impl Config {
                 return Err(format!("{key} must be within [0, 1], got {value}"));
             }
         }
+        if v.validation_budget_flops.is_nan() || v.validation_budget_flops <= 0.0 {
+            return Err(format!(
+                "validation.validation_budget_flops must be above 0 (inf: no limit), got {}",
+                v.validation_budget_flops
+            ));
+        }
         if s.tls.cert.is_empty() != s.tls.key.is_empty() {
             return Err("server.tls.cert and server.tls.key go together".into());
         }
@@ -783,6 +810,7 @@ mod tests {
         assert_eq!(c.deltas.upload_idle_ms, 30_000);
         assert_eq!(c.deltas.min_upload_bytes_per_s, 1 << 20);
         assert_eq!(c.deltas.chunk_bytes, 1 << 20);
+        assert_eq!(c.validation.validation_budget_flops, 1e14);
     }
 
     #[test]
@@ -866,6 +894,14 @@ mod tests {
             (
                 "[validation]\nspot_check_rate = 1.5\n",
                 "validation.spot_check_rate",
+            ),
+            (
+                "[validation]\nvalidation_budget_flops = 0.0\n",
+                "validation.validation_budget_flops",
+            ),
+            (
+                "[validation]\nvalidation_budget_flops = nan\n",
+                "validation.validation_budget_flops",
             ),
             (
                 "[validation]\nsuspect_threshold = -0.1\n",

@@ -3,7 +3,8 @@
 //! * [`node::NodeServiceImpl`]: challenge–response registration and the signed session
 //!   streams; [`sessions::GrpcNodeLink`] is the core's `NodeLink` over those streams.
 //! * [`upload::DeltaUploads`]: `UploadDelta`, bounded, verified, stored, then recorded.
-//! * [`jobs::JobServiceImpl`] and [`jobs::AdminServiceImpl`]: jobs, nodes and rings.
+//! * [`jobs::JobServiceImpl`] and [`jobs::AdminServiceImpl`]: jobs, nodes and rings;
+//!   [`admission`]: SubmitJob's validation budget and `training.base` checks.
 //! * [`server`]: assembles them with `grpc.health.v1`, reflection, TLS 1.3 and limits.
 //! * [`convert`]: every wire ↔ domain conversion.
 //!
@@ -11,6 +12,7 @@
 //! `rejected_messages{reason}` (delta uploads: in `deltas{outcome}`, see [`upload`]).
 
 pub use hanzod_protocol::convert;
+pub mod admission;
 pub mod jobs;
 pub mod node;
 pub mod server;

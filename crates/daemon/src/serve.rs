@@ -327,6 +327,10 @@ pub fn server_settings(
             min_bytes_per_s: cfg.deltas.min_upload_bytes_per_s,
             chunk_bytes: cfg.deltas.chunk_bytes,
         },
+        admission: crate::grpc::admission::AdmissionSettings {
+            validation_budget_flops: cfg.validation.validation_budget_flops,
+            spot_check_rate: cfg.validation.spot_check_rate,
+        },
     }
 }
 

@@ -19,9 +19,11 @@
 //!   signed record) so that a crash resumes it;
 //! - [`recovery`]: rebuilding jobs from their signed publication records after the state
 //!   store was lost;
-//! - [`inspect`]: the report of `hanzod delta inspect`.
+//! - [`inspect`]: the report of `hanzod delta inspect`;
+//! - [`budget`]: what validating one epoch of a job costs, in FLOPs (SubmitJob's budget).
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod inspect;
 pub mod lora;
 pub mod merge;

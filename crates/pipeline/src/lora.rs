@@ -25,17 +25,25 @@
 //! module 3072 × 1024) that is 12.6 MB per node taking part, independent of the layer count.
 //! The merged adapter is a full-rank update: the result is a full checkpoint, not an adapter.
 //!
+//! The factors come from any [`LoraFactors`] source: parsed HZDL deltas ([`DeltaView`], any
+//! dtype, decoded per module), or adapters already decoded to f32 in the adapter's layout
+//! ([`Weights`] of a LoRA [`Layout`], or a flat buffer with its layout, [`FlatAdapter`]: what
+//! the validator and the sink hold). [`add_adapter_update`] streams one node's adapter the
+//! same way, adding its `ΔW` to full weights and measuring `‖ΔW‖₂` and `⟨ΔW, v⟩` (the
+//! quality score's norm and convergence), module by module.
+//!
 //! Conventions are those of [`crate::merge`]: `weights[i]` belongs to `deltas[i]`, finite and
 //! `>= 0`; a weight of `0` takes no part (its `ΔWᵢ` is not even computed, though its shapes
 //! are checked); no deltas, or all weights zero, is [`MergeOutcome::KeepPrevious`] and the
 //! sink is never called. The same deltas and weights feed every module, so one
 //! [`MergeOutcome`] describes the whole merge.
 
+use std::borrow::Cow;
 use std::error::Error as StdError;
 
 use hanzod_protocol::hzdl::{DeltaKind, DeltaTensor, DeltaView};
 use hanzod_protocol::model::ModelSpec;
-use hanzod_train::Weights;
+use hanzod_train::{Layout, Trainer, Weights};
 
 use crate::merge::{Aggregator, KeepReason, MergeError, MergeOutcome};
 
@@ -136,6 +144,16 @@ pub enum LoraError {
         /// Bytes present.
         found: u64,
     },
+    /// A decoded adapter whose buffer length differs from its layout's ([`FlatAdapter`]).
+    #[error("delta {index}: the adapter holds {found} values for a layout of {expected}")]
+    AdapterLength {
+        /// Index of the delta.
+        index: usize,
+        /// The layout's length.
+        expected: usize,
+        /// The buffer's length.
+        found: usize,
+    },
     /// The weights (count, values) or the aggregator refused the merge.
     #[error(transparent)]
     Merge(#[from] MergeError),
@@ -162,9 +180,18 @@ pub enum LoraError {
         /// Element index in the row-major `[out, in]` update.
         index: usize,
     },
-    /// `outer_lr` is NaN or infinite.
+    /// `outer_lr` (or the scale of [`add_adapter_update`]) is NaN or infinite.
     #[error("outer learning rate {0} is not finite")]
     BadLearningRate(f32),
+    /// The vector [`add_adapter_update`] takes inner products with is not of the full
+    /// weights' length.
+    #[error("the comparison vector holds {found} values for a layout of {expected}")]
+    OtherLength {
+        /// The full weights' layout length.
+        expected: usize,
+        /// The vector's length.
+        found: usize,
+    },
     /// The base weights' buffer length differs from their layout's.
     #[error("base weights hold {found} values for a layout of {expected}")]
     BaseLength {
@@ -346,6 +373,19 @@ impl LoraPlan {
         Ok(plan)
     }
 
+    /// The plan of a trainer's LoRA adapter ([`Trainer::lora`]): [`LoraPlan::from_spec`] of
+    /// the adapter layout's spec with the job's `lora_alpha` rounded to f32 (so
+    /// [`LoraPlan::scaling`] is the trainer's `alpha / r` up to that rounding: exact for
+    /// alphas representable in f32, such as every integer up to 2²⁴). `Ok(None)` for a
+    /// full-parameter trainer; errors as [`LoraPlan::from_spec`] (a trainer whose adapter
+    /// layout does not follow the PEFT naming).
+    pub fn of_trainer(trainer: &Trainer) -> Result<Option<LoraPlan>, LoraError> {
+        let Some(lora) = trainer.lora() else {
+            return Ok(None);
+        };
+        LoraPlan::from_spec(&lora.layout().spec(), lora.alpha() as f32).map(Some)
+    }
+
     /// PEFT's `scaling = lora_alpha / r`, computed in f64 and rounded once to f32.
     pub fn scaling(&self) -> f32 {
         (f64::from(self.alpha) / self.rank as f64) as f32
@@ -402,34 +442,96 @@ impl LoraPlan {
     }
 }
 
-/// Checks one delta's kind and adapter tensors against `plan` (names, shapes `[r, in]` and
-/// `[out, r]`, data lengths, nothing else present).
-fn check_delta(plan: &LoraPlan, index: usize, view: &DeltaView<'_>) -> Result<(), LoraError> {
-    if view.header.kind != DeltaKind::Lora {
-        return Err(LoraError::WrongKind {
-            index,
-            found: view.header.kind,
-        });
+/// A source of one node's LoRA factors for [`merge_lora`] and [`add_adapter_update`]: a
+/// parsed HZDL delta ([`DeltaView`], any dtype), or an adapter already decoded to f32 in
+/// its LoRA layout ([`Weights`], [`FlatAdapter`]).
+pub trait LoraFactors {
+    /// Checks this adapter against `plan` before any work: kind LoRA
+    /// ([`LoraError::WrongKind`]), every adapter tensor of the plan present
+    /// ([`LoraError::MissingTensor`]) with shape `A [r, in]`, `B [out, r]`
+    /// ([`LoraError::WrongShape`]) and the data its shape needs ([`LoraError::DataLength`],
+    /// [`LoraError::AdapterLength`]), no other tensor ([`LoraError::UnexpectedTensor`]).
+    /// `index` names the adapter in errors.
+    fn check_factors(&self, plan: &LoraPlan, index: usize) -> Result<(), LoraError>;
+
+    /// The tensor `name` (an adapter tensor of a plan [`LoraFactors::check_factors`]
+    /// accepted) as row-major f32 values: borrowed when already decoded, converted from the
+    /// delta's dtype otherwise. [`LoraError::MissingTensor`] when absent.
+    fn factor(&self, index: usize, name: &str) -> Result<Cow<'_, [f32]>, LoraError>;
+}
+
+impl<T: LoraFactors + ?Sized> LoraFactors for &T {
+    fn check_factors(&self, plan: &LoraPlan, index: usize) -> Result<(), LoraError> {
+        (**self).check_factors(plan, index)
     }
-    let size = view.header.dtype.size() as u64;
+
+    fn factor(&self, index: usize, name: &str) -> Result<Cow<'_, [f32]>, LoraError> {
+        (**self).factor(index, name)
+    }
+}
+
+/// The adapter tensors of `plan` with the shapes it wants: `(A, [r, in])`, `(B, [out, r])`
+/// per module, in module order.
+fn plan_tensors(plan: &LoraPlan) -> impl Iterator<Item = (&String, [usize; 2])> {
     let r = plan.rank;
-    for m in &plan.modules {
-        for (name, expected) in [
+    plan.modules.iter().flat_map(move |m| {
+        [
             (&m.lora_a, [r, m.in_features]),
             (&m.lora_b, [m.out_features, r]),
-        ] {
-            let t = view.tensor(name).ok_or_else(|| LoraError::MissingTensor {
+        ]
+    })
+}
+
+/// [`LoraError::WrongShape`] unless `found == expected`.
+fn check_shape(
+    index: usize,
+    name: &str,
+    expected: [usize; 2],
+    found: &[usize],
+) -> Result<(), LoraError> {
+    if found == expected {
+        return Ok(());
+    }
+    Err(LoraError::WrongShape {
+        index,
+        tensor: name.to_string(),
+        expected: expected.to_vec(),
+        found: found.to_vec(),
+    })
+}
+
+/// The first of `names` that is not an adapter tensor of `plan`, as
+/// [`LoraError::UnexpectedTensor`] (called when the count says one is extra).
+fn unexpected<'n>(
+    plan: &LoraPlan,
+    index: usize,
+    mut names: impl Iterator<Item = &'n str>,
+) -> Result<(), LoraError> {
+    let known: std::collections::BTreeSet<&str> =
+        plan_tensors(plan).map(|(n, _)| n.as_str()).collect();
+    match names.find(|n| !known.contains(n)) {
+        Some(t) => Err(LoraError::UnexpectedTensor {
+            index,
+            tensor: t.to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
+impl LoraFactors for DeltaView<'_> {
+    /// Kind, names, shapes and data lengths of the parsed delta (values are not read: a
+    /// delta format-checked against the job's LoRA spec is finite).
+    fn check_factors(&self, plan: &LoraPlan, index: usize) -> Result<(), LoraError> {
+        if self.header.kind != DeltaKind::Lora {
+            return Err(LoraError::WrongKind {
                 index,
-                tensor: name.clone(),
-            })?;
-            if t.shape != expected {
-                return Err(LoraError::WrongShape {
-                    index,
-                    tensor: name.clone(),
-                    expected: expected.to_vec(),
-                    found: t.shape.clone(),
-                });
-            }
+                found: self.header.kind,
+            });
+        }
+        let size = self.header.dtype.size() as u64;
+        for (name, expected) in plan_tensors(plan) {
+            let t = adapter(self, index, name)?;
+            check_shape(index, name, expected, &t.shape)?;
             // Fits: the plan check bounded r·in and out·r by usize.
             let want = ((expected[0] * expected[1]) as u64).saturating_mul(size);
             if t.data.len() as u64 != want {
@@ -441,29 +543,20 @@ fn check_delta(plan: &LoraPlan, index: usize, view: &DeltaView<'_>) -> Result<()
                 });
             }
         }
-    }
-    if view.tensors.len() != 2 * plan.modules.len() {
-        // Every plan tensor is present (checked above) and names are unique, so one is extra.
-        let known: std::collections::BTreeSet<&str> = plan
-            .modules
-            .iter()
-            .flat_map(|m| [m.lora_a.as_str(), m.lora_b.as_str()])
-            .collect();
-        if let Some(t) = view
-            .tensors
-            .iter()
-            .find(|t| !known.contains(t.name.as_str()))
-        {
-            return Err(LoraError::UnexpectedTensor {
-                index,
-                tensor: t.name.clone(),
-            });
+        if self.tensors.len() != 2 * plan.modules.len() {
+            // Every plan tensor is present (checked above) and names are unique, so one is
+            // extra.
+            unexpected(plan, index, self.tensors.iter().map(|t| t.name.as_str()))?;
         }
+        Ok(())
     }
-    Ok(())
+
+    fn factor(&self, index: usize, name: &str) -> Result<Cow<'_, [f32]>, LoraError> {
+        Ok(Cow::Owned(self.to_f32(adapter(self, index, name)?)))
+    }
 }
 
-/// `tensor` of an already checked delta.
+/// `tensor` of a parsed delta.
 fn adapter<'v, 'a>(
     view: &'v DeltaView<'a>,
     index: usize,
@@ -473,6 +566,93 @@ fn adapter<'v, 'a>(
         index,
         tensor: name.to_string(),
     })
+}
+
+/// An adapter decoded to f32: `data` laid out by `layout` (an adapter layout: PEFT names,
+/// [`Layout::delta_kind`] LoRA, e.g. [`Trainer::delta_layout`] of a LoRA job), as the
+/// validator's verdicts carry it. The factors are borrowed, never copied.
+#[derive(Debug, Clone, Copy)]
+pub struct FlatAdapter<'a> {
+    /// The adapter's layout.
+    pub layout: &'a Layout,
+    /// Its values, `layout.len()` of them, in layout order.
+    pub data: &'a [f32],
+}
+
+impl<'a> FlatAdapter<'a> {
+    /// `data` laid out by `layout` (checked by [`LoraFactors::check_factors`]).
+    pub fn new(layout: &'a Layout, data: &'a [f32]) -> FlatAdapter<'a> {
+        FlatAdapter { layout, data }
+    }
+
+    /// The values of tensor `name`, borrowed for the buffer's lifetime.
+    fn tensor(&self, index: usize, name: &str) -> Result<&'a [f32], LoraError> {
+        let e = self
+            .layout
+            .entry(name)
+            .ok_or_else(|| LoraError::MissingTensor {
+                index,
+                tensor: name.to_string(),
+            })?;
+        self.data
+            .get(e.offset..e.offset + e.len)
+            .ok_or(LoraError::AdapterLength {
+                index,
+                expected: self.layout.len(),
+                found: self.data.len(),
+            })
+    }
+}
+
+impl LoraFactors for FlatAdapter<'_> {
+    /// The layout's kind (LoRA), names and shapes, and the buffer's length.
+    fn check_factors(&self, plan: &LoraPlan, index: usize) -> Result<(), LoraError> {
+        if self.layout.delta_kind() != DeltaKind::Lora {
+            return Err(LoraError::WrongKind {
+                index,
+                found: self.layout.delta_kind(),
+            });
+        }
+        if self.data.len() != self.layout.len() {
+            return Err(LoraError::AdapterLength {
+                index,
+                expected: self.layout.len(),
+                found: self.data.len(),
+            });
+        }
+        for (name, expected) in plan_tensors(plan) {
+            let e = self
+                .layout
+                .entry(name)
+                .ok_or_else(|| LoraError::MissingTensor {
+                    index,
+                    tensor: name.clone(),
+                })?;
+            check_shape(index, name, expected, &e.shape)?;
+        }
+        let entries = self.layout.entries();
+        if entries.len() != 2 * plan.modules.len() {
+            unexpected(plan, index, entries.iter().map(|e| e.name.as_str()))?;
+        }
+        Ok(())
+    }
+
+    fn factor(&self, index: usize, name: &str) -> Result<Cow<'_, [f32]>, LoraError> {
+        self.tensor(index, name).map(Cow::Borrowed)
+    }
+}
+
+impl LoraFactors for Weights {
+    /// As [`FlatAdapter`] over the weights' layout and values.
+    fn check_factors(&self, plan: &LoraPlan, index: usize) -> Result<(), LoraError> {
+        FlatAdapter::new(&self.layout, &self.data).check_factors(plan, index)
+    }
+
+    fn factor(&self, index: usize, name: &str) -> Result<Cow<'_, [f32]>, LoraError> {
+        FlatAdapter::new(&self.layout, &self.data)
+            .tensor(index, name)
+            .map(Cow::Borrowed)
+    }
 }
 
 /// `dw = s·B·A` for `b` `[out, r]`, `a` `[r, in]`, `dw` `[out, in]`, all row-major f32
@@ -545,35 +725,38 @@ fn lora_product_portable(b: &[f32], a: &[f32], r: usize, in_f: usize, s: f32, dw
 
 /// Merges N LoRA deltas module by module (Hu et al. 2022; DESIGN §6 "Merge").
 ///
-/// `deltas` are parsed LoRA deltas (each already format-checked against the job's LoRA
-/// spec; kind, names, shapes and data lengths are checked again here, cheaply, before any
-/// work), `weights[i]` (finite, `>= 0`) belongs to `deltas[i]`. For each module of `plan`
-/// in base-name order, every node with a non-zero weight gets
+/// `deltas` are the nodes' adapters ([`LoraFactors`]: parsed LoRA deltas, each already
+/// format-checked against the job's LoRA spec, or adapters decoded in the job's adapter
+/// layout; kind, names, shapes and data lengths are checked again here, cheaply, before
+/// any work), `weights[i]` (finite, `>= 0`) belongs to `deltas[i]`. For each module of
+/// `plan` in base-name order, every node with a non-zero weight gets
 /// `ΔWᵢ = (alpha / r)·Bᵢ·Aᵢ` `[out, in]` (f32, see the product's rounding in the module
 /// docs) in a scratch reused across modules; `aggregator` merges the `ΔWᵢ` with their
 /// weights into one `[out, in]` buffer, which is checked finite and handed to
-/// `sink(module, ΔW)`. Factors are decoded to f32 from the delta's dtype
-/// ([`DeltaView::to_f32`]).
+/// `sink(module, ΔW)`. Factors of a parsed delta are decoded to f32 from its dtype
+/// ([`DeltaView::to_f32`]); decoded ones are borrowed.
 ///
 /// Returns the one outcome of the merge: [`MergeOutcome::Merged`] with the aggregator's
 /// name and the number of deltas that took part (it is the same for every module), or
 /// [`MergeOutcome::KeepPrevious`] (no deltas, or every weight zero) without calling the
-/// sink. Errors: the plan's ([`LoraPlan`]), the deltas' ([`LoraError::WrongKind`],
-/// [`LoraError::MissingTensor`], [`LoraError::UnexpectedTensor`],
-/// [`LoraError::WrongShape`], [`LoraError::DataLength`]), the weights' and the aggregator's
-/// ([`LoraError::Merge`], e.g. [`MergeError::WeightCount`]) all come before the sink's first
-/// call; a sink error stops the merge ([`LoraError::Sink`]).
+/// sink. Errors: the plan's ([`LoraPlan`]), the deltas' ([`LoraFactors::check_factors`]:
+/// [`LoraError::WrongKind`], [`LoraError::MissingTensor`], [`LoraError::UnexpectedTensor`],
+/// [`LoraError::WrongShape`], [`LoraError::DataLength`], [`LoraError::AdapterLength`]), the
+/// weights' and the aggregator's ([`LoraError::Merge`], e.g. [`MergeError::WeightCount`])
+/// all come before the sink's first call; a sink error stops the merge
+/// ([`LoraError::Sink`]).
 ///
 /// Peak memory beyond the inputs: [`LoraPlan::scratch_floats`]`(N_used)` floats plus one
-/// node's decoded factors.
-pub fn merge_lora<F, E>(
+/// node's decoded factors (none for decoded adapters).
+pub fn merge_lora<D, F, E>(
     plan: &LoraPlan,
-    deltas: &[DeltaView<'_>],
+    deltas: &[D],
     weights: &[f32],
     aggregator: &dyn Aggregator,
     mut sink: F,
 ) -> Result<MergeOutcome, LoraError>
 where
+    D: LoraFactors,
     F: FnMut(&LoraModule, &[f32]) -> Result<(), E>,
     E: Into<Box<dyn StdError + Send + Sync>>,
 {
@@ -585,8 +768,8 @@ where
         }
         .into());
     }
-    for (index, view) in deltas.iter().enumerate() {
-        check_delta(plan, index, view)?;
+    for (index, delta) in deltas.iter().enumerate() {
+        delta.check_factors(plan, index)?;
     }
     let mut used = Vec::with_capacity(weights.len());
     for (index, &weight) in weights.iter().enumerate() {
@@ -620,9 +803,9 @@ where
     for m in &plan.modules {
         let len = m.weight_len();
         for (row, &i) in used.iter().enumerate() {
-            let view = &deltas[i];
-            let a = view.to_f32(adapter(view, i, &m.lora_a)?);
-            let b = view.to_f32(adapter(view, i, &m.lora_b)?);
+            let delta = &deltas[i];
+            let a = delta.factor(i, &m.lora_a)?;
+            let b = delta.factor(i, &m.lora_b)?;
             let dw = &mut scratch[row * len..(row + 1) * len];
             lora_product(&b, &a, plan.rank, m.in_features, s, dw);
         }
@@ -645,12 +828,7 @@ where
             }
             Some(_) => {}
         }
-        if let Some(index) = out.iter().position(|v| !v.is_finite()) {
-            return Err(LoraError::NonFiniteDelta {
-                tensor: m.base.clone(),
-                index,
-            });
-        }
+        check_finite_update(m, out)?;
         sink(m, out).map_err(|e| LoraError::Sink {
             module: m.base.clone(),
             source: e.into(),
@@ -659,31 +837,21 @@ where
     first.ok_or(LoraError::NoModules)
 }
 
-/// The outer step for a LoRA epoch: merges `deltas` with [`merge_lora`] and adds
-/// `outer_lr · ΔW` to each adapted module's base tensor in `base`
-/// (`w ← w + outer_lr·ΔW[j]`, element-wise in f32, no fused multiply-add, as
-/// [`Weights::add_scaled`]); every other tensor is left untouched, bit for bit. The result
-/// is the next full checkpoint.
-///
-/// Before anything is merged: `outer_lr` must be finite ([`LoraError::BadLearningRate`]),
-/// `base` consistent with its layout ([`LoraError::BaseLength`]) and every module's base
-/// tensor present with shape `[out, in]` ([`LoraError::BaseMissing`],
-/// [`LoraError::BaseShape`]); then the checks of [`merge_lora`]. On
-/// [`MergeOutcome::KeepPrevious`] and on those errors `base` is unchanged. A value that
-/// overflows to ±Inf ([`LoraError::NonFiniteDelta`], [`LoraError::NonFiniteWeights`])
-/// stops the merge with the modules before it already updated (as `add_scaled` leaves
-/// the weights updated): the caller keeps the previous checkpoint.
-pub fn apply_lora_merge(
-    base: &mut Weights,
-    plan: &LoraPlan,
-    deltas: &[DeltaView<'_>],
-    weights: &[f32],
-    aggregator: &dyn Aggregator,
-    outer_lr: f32,
-) -> Result<MergeOutcome, LoraError> {
-    if !outer_lr.is_finite() {
-        return Err(LoraError::BadLearningRate(outer_lr));
+/// [`LoraError::NonFiniteDelta`] at the first NaN or ±Inf of a module's update.
+fn check_finite_update(m: &LoraModule, dw: &[f32]) -> Result<(), LoraError> {
+    match dw.iter().position(|v| !v.is_finite()) {
+        Some(index) => Err(LoraError::NonFiniteDelta {
+            tensor: m.base.clone(),
+            index,
+        }),
+        None => Ok(()),
     }
+}
+
+/// Checks that `base` can take every module of `plan`: its buffer fits its layout
+/// ([`LoraError::BaseLength`]) and each module's base tensor is there
+/// ([`LoraError::BaseMissing`]) with shape `[out, in]` ([`LoraError::BaseShape`]).
+fn check_base(base: &Weights, plan: &LoraPlan) -> Result<(), LoraError> {
     if base.data.len() != base.layout.len() {
         return Err(LoraError::BaseLength {
             expected: base.layout.len(),
@@ -705,30 +873,221 @@ pub fn apply_lora_merge(
             });
         }
     }
+    Ok(())
+}
+
+/// `w ← w + scale·ΔW` on module `m`'s base tensor of `base` (element-wise in f32, no fused
+/// multiply-add, as [`Weights::add_scaled`]); [`LoraError::NonFiniteWeights`] when a
+/// weight overflows (the tensor is left updated).
+fn add_to_base(
+    base: &mut Weights,
+    m: &LoraModule,
+    dw: &[f32],
+    scale: f32,
+) -> Result<(), LoraError> {
+    let w = base
+        .tensor_mut(&m.base)
+        .ok_or_else(|| LoraError::BaseMissing {
+            tensor: m.base.clone(),
+        })?;
+    for (w, &d) in w.iter_mut().zip(dw) {
+        *w += scale * d;
+    }
+    match w.iter().position(|v| !v.is_finite()) {
+        Some(index) => Err(LoraError::NonFiniteWeights {
+            tensor: m.base.clone(),
+            index,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The outer step for a LoRA epoch: merges `deltas` with [`merge_lora`] and adds
+/// `outer_lr · ΔW` to each adapted module's base tensor in `base`
+/// (`w ← w + outer_lr·ΔW[j]`, element-wise in f32, no fused multiply-add, as
+/// [`Weights::add_scaled`]); every other tensor is left untouched, bit for bit. The result
+/// is the next full checkpoint.
+///
+/// Before anything is merged: `outer_lr` must be finite ([`LoraError::BadLearningRate`]),
+/// `base` consistent with its layout ([`LoraError::BaseLength`]) and every module's base
+/// tensor present with shape `[out, in]` ([`LoraError::BaseMissing`],
+/// [`LoraError::BaseShape`]); then the checks of [`merge_lora`]. On
+/// [`MergeOutcome::KeepPrevious`] and on those errors `base` is unchanged. A value that
+/// overflows to ±Inf ([`LoraError::NonFiniteDelta`], [`LoraError::NonFiniteWeights`])
+/// stops the merge with the modules before it already updated (as `add_scaled` leaves
+/// the weights updated): the caller keeps the previous checkpoint.
+pub fn apply_lora_merge<D: LoraFactors>(
+    base: &mut Weights,
+    plan: &LoraPlan,
+    deltas: &[D],
+    weights: &[f32],
+    aggregator: &dyn Aggregator,
+    outer_lr: f32,
+) -> Result<MergeOutcome, LoraError> {
+    apply_merge(base, plan, deltas, weights, aggregator, outer_lr, None)
+}
+
+/// [`apply_lora_merge`] that also writes the merged update `ΔW` (before the `outer_lr`
+/// scaling) into `update`, a buffer in `base`'s (full) layout: each adapted module's slot
+/// gets its merged `ΔW`, every other value is left as it is (pass zeros to get the full
+/// update, the zero elsewhere of a LoRA merge). What the next epoch's convergence score
+/// compares with. [`LoraError::OtherLength`] when `update` is not of the layout's length
+/// (checked first; `base` and `update` are then unchanged). On
+/// [`MergeOutcome::KeepPrevious`] `update` is unchanged; on an error after the merge began
+/// the slots of the modules handed over are written.
+pub fn apply_lora_merge_with_update<D: LoraFactors>(
+    base: &mut Weights,
+    plan: &LoraPlan,
+    deltas: &[D],
+    weights: &[f32],
+    aggregator: &dyn Aggregator,
+    outer_lr: f32,
+    update: &mut [f32],
+) -> Result<MergeOutcome, LoraError> {
+    if update.len() != base.layout.len() {
+        return Err(LoraError::OtherLength {
+            expected: base.layout.len(),
+            found: update.len(),
+        });
+    }
+    apply_merge(
+        base,
+        plan,
+        deltas,
+        weights,
+        aggregator,
+        outer_lr,
+        Some(update),
+    )
+}
+
+fn apply_merge<D: LoraFactors>(
+    base: &mut Weights,
+    plan: &LoraPlan,
+    deltas: &[D],
+    weights: &[f32],
+    aggregator: &dyn Aggregator,
+    outer_lr: f32,
+    mut update: Option<&mut [f32]>,
+) -> Result<MergeOutcome, LoraError> {
+    if !outer_lr.is_finite() {
+        return Err(LoraError::BadLearningRate(outer_lr));
+    }
+    check_base(base, plan)?;
+    let layout = base.layout.clone();
     let r = merge_lora(plan, deltas, weights, aggregator, |m, dw| {
-        let w = base
-            .tensor_mut(&m.base)
-            .ok_or_else(|| LoraError::BaseMissing {
-                tensor: m.base.clone(),
-            })?;
-        for (w, &d) in w.iter_mut().zip(dw) {
-            *w += outer_lr * d;
+        if let (Some(u), Some(e)) = (update.as_deref_mut(), layout.entry(&m.base)) {
+            u[e.offset..e.offset + e.len].copy_from_slice(dw);
         }
-        match w.iter().position(|v| !v.is_finite()) {
-            Some(index) => Err(LoraError::NonFiniteWeights {
-                tensor: m.base.clone(),
-                index,
-            }),
-            None => Ok(()),
-        }
+        add_to_base(base, m, dw, outer_lr)
     });
     // The sink's own errors are `LoraError`s: return them as they are, not wrapped.
-    r.map_err(|e| match e {
+    r.map_err(unwrap_sink)
+}
+
+/// A [`LoraError::Sink`] whose source is itself a [`LoraError`], as that error.
+fn unwrap_sink(e: LoraError) -> LoraError {
+    match e {
         LoraError::Sink { module, source } => match source.downcast::<LoraError>() {
             Ok(inner) => *inner,
             Err(source) => LoraError::Sink { module, source },
         },
         other => other,
+    }
+}
+
+/// Streams one adapter's effective updates, module by module in base-name order:
+/// `sink(module, ΔW)` with `ΔW = (alpha / r)·B·A` `[out, in]` (Hu et al. 2022, eq. 3; the
+/// kernel and rounding of [`merge_lora`]) in one scratch of the largest module's `out·in`
+/// floats, reused. The adapter is checked first ([`LoraFactors::check_factors`], index 0),
+/// and every `ΔW` is checked finite before the sink sees it ([`LoraError::NonFiniteDelta`]);
+/// a sink error stops the stream ([`LoraError::Sink`]).
+pub fn for_each_update<D, F, E>(plan: &LoraPlan, adapter: &D, mut sink: F) -> Result<(), LoraError>
+where
+    D: LoraFactors + ?Sized,
+    F: FnMut(&LoraModule, &[f32]) -> Result<(), E>,
+    E: Into<Box<dyn StdError + Send + Sync>>,
+{
+    let max_len = plan.check()?;
+    adapter.check_factors(plan, 0)?;
+    let mut scratch = vec![0.0f32; max_len];
+    let s = plan.scaling();
+    for m in &plan.modules {
+        let a = adapter.factor(0, &m.lora_a)?;
+        let b = adapter.factor(0, &m.lora_b)?;
+        let dw = &mut scratch[..m.weight_len()];
+        lora_product(&b, &a, plan.rank, m.in_features, s, dw);
+        check_finite_update(m, dw)?;
+        sink(m, dw).map_err(|e| LoraError::Sink {
+            module: m.base.clone(),
+            source: e.into(),
+        })?;
+    }
+    Ok(())
+}
+
+/// What [`add_adapter_update`] measured of one adapter's update `ΔW` (every adapted
+/// module's `ΔW`, flattened; zero on the tensors it does not adapt).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UpdateStats {
+    /// `‖ΔW‖₂` over every adapted module, accumulated in f64 from the f32 `ΔW` (the norm
+    /// of the full-model update the adapter stands for; the factors' norms say nothing:
+    /// `B·A = (B·R)·(R⁻¹·A)`).
+    pub norm: f64,
+    /// `⟨ΔW, other⟩` (f64 accumulation) over the adapted modules' slots of the full-layout
+    /// vector `other`, when one was given; the slots of unadapted tensors add nothing, as
+    /// `ΔW` is zero there.
+    pub dot: Option<f64>,
+}
+
+/// Adds one adapter's update to full weights and measures it (the validator's view of a
+/// LoRA delta, DESIGN §6): for every module of `plan`, `w ← w + scale·ΔW` on its base
+/// tensor of `target` (element-wise in f32 as [`Weights::add_scaled`]; `scale = 1` gives
+/// `base + ΔW`), every other tensor untouched; returns `‖ΔW‖₂` and, given `other` (a
+/// vector in `target`'s full layout, e.g. the last merged update), `⟨ΔW, other⟩`. Streams
+/// with [`for_each_update`]: one `[out, in]` scratch, nothing model-sized.
+///
+/// Checked before anything is written: `scale` finite ([`LoraError::BadLearningRate`]),
+/// `target` able to take every module ([`LoraError::BaseLength`],
+/// [`LoraError::BaseMissing`], [`LoraError::BaseShape`]), `other` of the layout's length
+/// ([`LoraError::OtherLength`]), the plan and the adapter ([`for_each_update`]). A value
+/// that overflows ([`LoraError::NonFiniteDelta`], [`LoraError::NonFiniteWeights`]) stops
+/// with the modules before it updated.
+pub fn add_adapter_update<D: LoraFactors + ?Sized>(
+    target: &mut Weights,
+    plan: &LoraPlan,
+    adapter: &D,
+    scale: f32,
+    other: Option<&[f32]>,
+) -> Result<UpdateStats, LoraError> {
+    if !scale.is_finite() {
+        return Err(LoraError::BadLearningRate(scale));
+    }
+    check_base(target, plan)?;
+    if let Some(o) = other.filter(|o| o.len() != target.layout.len()) {
+        return Err(LoraError::OtherLength {
+            expected: target.layout.len(),
+            found: o.len(),
+        });
+    }
+    let layout = target.layout.clone();
+    let (mut norm_sq, mut dot) = (0.0f64, 0.0f64);
+    for_each_update(plan, adapter, |m, dw| {
+        norm_sq += dw.iter().map(|&d| f64::from(d) * f64::from(d)).sum::<f64>();
+        if let (Some(o), Some(e)) = (other, layout.entry(&m.base)) {
+            let slot = &o[e.offset..e.offset + e.len];
+            dot += dw
+                .iter()
+                .zip(slot)
+                .map(|(&d, &v)| f64::from(d) * f64::from(v))
+                .sum::<f64>();
+        }
+        add_to_base(target, m, dw, scale)
+    })
+    .map_err(unwrap_sink)?;
+    Ok(UpdateStats {
+        norm: norm_sq.sqrt(),
+        dot: other.map(|_| dot),
     })
 }
 
@@ -798,9 +1157,9 @@ mod tests {
     type Received = Vec<(String, Vec<f32>)>;
 
     /// Runs `merge_lora` and collects what the sink received, in call order.
-    fn collect(
+    fn collect<D: LoraFactors>(
         plan: &LoraPlan,
-        views: &[DeltaView<'_>],
+        views: &[D],
         w: &[f32],
         agg: &dyn Aggregator,
     ) -> (Result<MergeOutcome, LoraError>, Received) {
@@ -1103,7 +1462,7 @@ mod tests {
     #[test]
     fn nothing_to_merge_keeps_previous_without_calling_the_sink() {
         let plan = tiny_plan(2, &["q_proj"], 8.0);
-        let (r, got) = collect(&plan, &[], &[], &WeightedMean);
+        let (r, got) = collect::<DeltaView<'_>>(&plan, &[], &[], &WeightedMean);
         assert_eq!(
             r.unwrap(),
             MergeOutcome::KeepPrevious {
@@ -1547,5 +1906,325 @@ mod tests {
                 }
             }
         }
+    }
+
+    // (f) Decoded adapters: the f32 sources (`Weights`, `FlatAdapter`) run the same kernel
+    // as parsed deltas.
+
+    /// The adapter layout of `plan` (kind LoRA): its A and B tensors, name order.
+    fn adapter_layout(plan: &LoraPlan) -> Arc<Layout> {
+        let spec = ModelSpec {
+            name: "adapter".into(),
+            params: plan_tensors(plan)
+                .map(|(n, s)| (n.clone(), s.to_vec()))
+                .collect(),
+            lora: Some(hanzod_protocol::model::LoraConfig {
+                rank: plan.rank,
+                target_modules: vec!["proj".into()],
+            }),
+        };
+        Arc::new(Layout::new(&spec).unwrap())
+    }
+
+    /// `t` decoded into `layout`.
+    fn to_weights(layout: &Arc<Layout>, t: &Tensors) -> Weights {
+        let data = layout
+            .entries()
+            .iter()
+            .flat_map(|e| t[&e.name].1.iter().copied())
+            .collect();
+        Weights::from_vec(layout.clone(), data).unwrap()
+    }
+
+    /// The full model of a `custom_plan`: every module's base `[out, in]` and one
+    /// unadapted tensor `norm.weight [3]`.
+    fn full_layout(plan: &LoraPlan) -> Arc<Layout> {
+        let mut params: BTreeMap<String, Vec<usize>> = plan
+            .modules
+            .iter()
+            .map(|m| (m.base.clone(), vec![m.out_features, m.in_features]))
+            .collect();
+        params.insert("norm.weight".into(), vec![3]);
+        let spec = ModelSpec {
+            name: "full".into(),
+            params,
+            lora: None,
+        };
+        Arc::new(Layout::new(&spec).unwrap())
+    }
+
+    fn random_vec(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
+        (0..len).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Over shapes, ranks, node counts and weights: merging decoded adapters (as
+        /// `Weights`, as `FlatAdapter`s, by reference) gives the bits of merging the same
+        /// factors as parsed f32 deltas, and the weighted mean is the dense f64 weighted
+        /// mean of the products within `REL_TOL` of the magnitude sum.
+        #[test]
+        fn decoded_adapters_merge_like_parsed_deltas_and_the_dense_reference(
+            rank in 1usize..=4,
+            dims in prop::collection::vec((1usize..=9, 1usize..=9), 1..=3),
+            w in prop::collection::vec(weight_strategy(), 1..=5),
+            alpha in 0.5f32..64.0,
+            seed in any::<u64>(),
+        ) {
+            let plan = custom_plan(rank, &dims, alpha);
+            let layout = adapter_layout(&plan);
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let tensors: Vec<Tensors> = w.iter().map(|_| random_adapter(&plan, &mut rng)).collect();
+            let bytes: Vec<Vec<u8>> = tensors
+                .iter()
+                .map(|t| encode(DeltaKind::Lora, DeltaDtype::F32, t))
+                .collect();
+            let views = parse_all(&bytes);
+            let adapters: Vec<Weights> = tensors.iter().map(|t| to_weights(&layout, t)).collect();
+            let flats: Vec<FlatAdapter<'_>> =
+                adapters.iter().map(|a| FlatAdapter::new(&layout, &a.data)).collect();
+            let refs: Vec<&Weights> = adapters.iter().collect();
+            for agg in [&WeightedMean as &dyn Aggregator, &CoordinateMedian] {
+                let (rv, gv) = collect(&plan, &views, &w, agg);
+                let rv = rv.unwrap();
+                for (r, g) in [
+                    collect(&plan, &adapters, &w, agg),
+                    collect(&plan, &flats, &w, agg),
+                    collect(&plan, &refs, &w, agg),
+                ] {
+                    prop_assert_eq!(r.unwrap(), rv);
+                    prop_assert_eq!(&g, &gv);
+                }
+            }
+            if w.iter().all(|&x| x == 0.0) {
+                return Ok(());
+            }
+            let (_, got) = collect(&plan, &flats, &w, &WeightedMean);
+            for ((name, g), (_, v, mag)) in got.iter().zip(ref_weighted(&plan, &views, &w)) {
+                for j in 0..g.len() {
+                    let err = (f64::from(g[j]) - v[j]).abs();
+                    prop_assert!(err <= REL_TOL * mag[j] + 1e-30, "{}[{}] {} vs {}", name, j, g[j], v[j]);
+                }
+            }
+        }
+
+        /// `add_adapter_update` is `w + scale·ΔW` on the adapted tensors (every other
+        /// tensor bit-identical), with `‖ΔW‖₂` and `⟨ΔW, other⟩` of the dense update.
+        #[test]
+        fn add_adapter_update_is_base_plus_the_scaled_dense_update(
+            rank in 1usize..=4,
+            dims in prop::collection::vec((1usize..=9, 1usize..=9), 1..=3),
+            alpha in 0.5f32..64.0,
+            scale in -2.0f32..2.0,
+            with_other in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            let plan = custom_plan(rank, &dims, alpha);
+            let full = full_layout(&plan);
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let t = random_adapter(&plan, &mut rng);
+            let adapter = to_weights(&adapter_layout(&plan), &t);
+            let base = Weights::from_vec(full.clone(), random_vec(&mut rng, full.len())).unwrap();
+            let other = with_other.then(|| random_vec(&mut rng, full.len()));
+            let mut after = base.clone();
+            let stats = add_adapter_update(&mut after, &plan, &adapter, scale, other.as_deref()).unwrap();
+            prop_assert_eq!(stats.dot.is_some(), with_other);
+
+            let bytes = [encode(DeltaKind::Lora, DeltaDtype::F32, &t)];
+            let views = parse_all(&bytes);
+            let (mut norm_sq, mut norm_mag, mut dot, mut dot_mag) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+            for m in &plan.modules {
+                let (dw, mag) = ref_dw(&views[0], m, &plan);
+                let e = full.entry(&m.base).unwrap();
+                let (b, a) = (base.tensor(&m.base).unwrap(), after.tensor(&m.base).unwrap());
+                for j in 0..dw.len() {
+                    let want = f64::from(b[j]) + f64::from(scale) * dw[j];
+                    let tol = REL_TOL * (f64::from(scale.abs()) * mag[j] + f64::from(b[j].abs()));
+                    let err = (f64::from(a[j]) - want).abs();
+                    prop_assert!(err <= tol + 1e-30, "{}[{}] {} vs {}", m.base, j, a[j], want);
+                    norm_sq += dw[j] * dw[j];
+                    norm_mag += mag[j] * mag[j];
+                    if let Some(o) = &other {
+                        let v = f64::from(o[e.offset + j]);
+                        dot += dw[j] * v;
+                        dot_mag += mag[j] * v.abs();
+                    }
+                }
+            }
+            prop_assert_eq!(after.tensor("norm.weight").unwrap(), base.tensor("norm.weight").unwrap());
+            let err = (stats.norm - norm_sq.sqrt()).abs();
+            prop_assert!(err <= REL_TOL * norm_mag.sqrt() + 1e-30, "norm {} vs {}", stats.norm, norm_sq.sqrt());
+            if let Some(d) = stats.dot {
+                prop_assert!((d - dot).abs() <= REL_TOL * dot_mag + 1e-30, "dot {} vs {}", d, dot);
+            }
+        }
+    }
+
+    /// `for_each_update` streams the same `ΔW` bits as a merge of that one adapter.
+    #[test]
+    fn for_each_update_streams_the_merge_kernel() {
+        let plan = tiny_plan(3, &["q_proj", "down_proj"], 6.0);
+        let t = random_adapter(&plan, &mut ChaCha8Rng::seed_from_u64(11));
+        let adapter = to_weights(&adapter_layout(&plan), &t);
+        let (r, merged) = collect(&plan, std::slice::from_ref(&adapter), &[1.0], &WeightedMean);
+        r.unwrap();
+        let mut streamed = Vec::new();
+        for_each_update(&plan, &adapter, |m, dw| -> Result<(), Infallible> {
+            streamed.push((m.base.clone(), dw.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(streamed, merged);
+    }
+
+    #[test]
+    fn decoded_adapter_errors() {
+        let (plan, t) = error_fixture();
+        let layout = adapter_layout(&plan);
+        let good = to_weights(&layout, &t);
+        let first_err = |d: &dyn Fn() -> Result<(), LoraError>| d().unwrap_err();
+
+        // Kind: a full-parameter layout.
+        let full = Arc::new(Layout::new(&tiny_base()).unwrap());
+        let w = Weights::zeros(full.clone());
+        assert!(matches!(
+            first_err(&|| w.check_factors(&plan, 2)),
+            LoraError::WrongKind {
+                index: 2,
+                found: DeltaKind::Full
+            }
+        ));
+        // A buffer shorter than its layout.
+        let short = &good.data[..good.data.len() - 1];
+        assert!(matches!(
+            first_err(&|| FlatAdapter::new(&layout, short).check_factors(&plan, 0)),
+            LoraError::AdapterLength { index: 0, expected, found } if found + 1 == expected
+        ));
+        // Another rank.
+        let other = tiny_plan(3, &["q_proj", "up_proj"], 8.0);
+        let r3 = to_weights(
+            &adapter_layout(&other),
+            &random_adapter(&other, &mut ChaCha8Rng::seed_from_u64(12)),
+        );
+        match first_err(&|| r3.check_factors(&plan, 1)) {
+            LoraError::WrongShape {
+                index: 1,
+                expected,
+                found,
+                ..
+            } => {
+                assert_eq!(expected[0], 2);
+                assert_eq!(found[0], 3);
+            }
+            e => panic!("{e:?}"),
+        }
+        // Fewer modules than the plan; more modules than the plan.
+        let fewer = tiny_plan(2, &["q_proj"], 8.0);
+        let w = to_weights(
+            &adapter_layout(&fewer),
+            &random_adapter(&fewer, &mut ChaCha8Rng::seed_from_u64(13)),
+        );
+        assert!(matches!(
+            first_err(&|| w.check_factors(&plan, 0)),
+            LoraError::MissingTensor { .. }
+        ));
+        let more = tiny_plan(2, &["q_proj", "up_proj", "k_proj"], 8.0);
+        let w = to_weights(
+            &adapter_layout(&more),
+            &random_adapter(&more, &mut ChaCha8Rng::seed_from_u64(14)),
+        );
+        assert!(matches!(
+            first_err(&|| w.check_factors(&plan, 0)),
+            LoraError::UnexpectedTensor { ref tensor, .. } if tensor.contains("k_proj")
+        ));
+        // The merge reports them before its sink's first call.
+        let (r, got) = collect(&plan, &[good.clone(), w], &[1.0, 0.0], &WeightedMean);
+        assert!(got.is_empty());
+        assert!(matches!(
+            r,
+            Err(LoraError::UnexpectedTensor { index: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn apply_with_update_and_add_adapter_update_refuse_what_they_cannot_use() {
+        let spec = tiny_base();
+        let full = Arc::new(Layout::new(&spec).unwrap());
+        let mut rng = ChaCha8Rng::seed_from_u64(15);
+        let base = Weights::from_vec(full.clone(), random_vec(&mut rng, full.len())).unwrap();
+        let plan = tiny_plan(2, &["q_proj", "down_proj"], 8.0);
+        let adapters: Vec<Weights> = (0..2)
+            .map(|_| to_weights(&adapter_layout(&plan), &random_adapter(&plan, &mut rng)))
+            .collect();
+
+        // With the update recorded: the same checkpoint bits as without; the update holds
+        // the merged ΔW at the adapted slots and what it held elsewhere.
+        let (mut a, mut b) = (base.clone(), base.clone());
+        apply_lora_merge(&mut a, &plan, &adapters, &[1.0, 3.0], &WeightedMean, 0.5).unwrap();
+        let mut update = vec![7.0f32; full.len()];
+        apply_lora_merge_with_update(
+            &mut b,
+            &plan,
+            &adapters,
+            &[1.0, 3.0],
+            &WeightedMean,
+            0.5,
+            &mut update,
+        )
+        .unwrap();
+        assert_eq!(a, b);
+        let (_, merged) = collect(&plan, &adapters, &[1.0, 3.0], &WeightedMean);
+        for e in full.entries() {
+            let slot = &update[e.offset..e.offset + e.len];
+            match merged.iter().find(|(n, _)| *n == e.name) {
+                Some((_, dw)) => assert_eq!(slot, dw.as_slice()),
+                None => assert!(slot.iter().all(|&x| x == 7.0), "{}", e.name),
+            }
+        }
+        let mut short = vec![0.0; full.len() - 1];
+        let mut c = base.clone();
+        assert!(matches!(
+            apply_lora_merge_with_update(
+                &mut c,
+                &plan,
+                &adapters,
+                &[1.0, 1.0],
+                &WeightedMean,
+                0.5,
+                &mut short
+            ),
+            Err(LoraError::OtherLength { .. })
+        ));
+        assert_eq!(c, base);
+
+        let mut c = base.clone();
+        assert!(matches!(
+            add_adapter_update(&mut c, &plan, &adapters[0], f32::NAN, None),
+            Err(LoraError::BadLearningRate(_))
+        ));
+        assert!(matches!(
+            add_adapter_update(&mut c, &plan, &adapters[0], 1.0, Some(&[0.0; 3])),
+            Err(LoraError::OtherLength { expected, found: 3 }) if expected == full.len()
+        ));
+        let mut other = plan.clone();
+        other.modules[0].base = "model.layers.0.self_attn.x_proj.weight".into();
+        assert!(matches!(
+            add_adapter_update(&mut c, &other, &adapters[0], 1.0, None),
+            Err(LoraError::BaseMissing { .. })
+        ));
+        assert!(matches!(
+            add_adapter_update(&mut c, &plan, &Weights::zeros(full.clone()), 1.0, None),
+            Err(LoraError::WrongKind {
+                index: 0,
+                found: DeltaKind::Full
+            })
+        ));
+        assert_eq!(c, base, "refused before any write");
+        // An overflowing update is the typed error, not a wrapped sink error.
+        assert!(matches!(
+            add_adapter_update(&mut c, &plan, &adapters[0], f32::MAX, None),
+            Err(LoraError::NonFiniteWeights { .. })
+        ));
     }
 }

@@ -281,11 +281,16 @@ impl CosineAccumulator {
     /// `cos(a, b) = a·b / (|a| |b|)` in `[-1, 1]`; `0` when either vector is zero (a zero
     /// delta has no direction, so it contributes nothing to convergence).
     pub fn cosine(&self) -> f64 {
-        if self.norm_a == 0.0 || self.norm_b == 0.0 {
-            return 0.0;
-        }
-        (self.dot / (self.norm_a.sqrt() * self.norm_b.sqrt())).clamp(-1.0, 1.0)
+        cosine_of(self.dot, self.norm_a.sqrt(), self.norm_b.sqrt())
     }
+}
+
+/// `a·b / (|a| |b|)` clamped to `[-1, 1]`, `0` when either norm is zero.
+fn cosine_of(dot: f64, norm_a: f64, norm_b: f64) -> f64 {
+    if norm_a == 0.0 || norm_b == 0.0 {
+        return 0.0;
+    }
+    (dot / (norm_a * norm_b)).clamp(-1.0, 1.0)
 }
 
 /// Cosine similarity of two f32 vectors of equal length, f64 accumulation, in `[-1, 1]`;
@@ -306,6 +311,28 @@ pub fn convergence(delta: &[f32], last_merged: Option<&[f32]>) -> Result<Option<
         None => Ok(None),
         Some(prev) => Ok(Some(cosine_similarity(delta, prev)?.max(0.0))),
     }
+}
+
+/// Convergence `c = max(0, cos(delta, last merged))` (paper §5.1, as [`convergence`]) from
+/// parts computed elsewhere: `dot = ⟨delta, last⟩`, `norm = ‖delta‖₂`,
+/// `last_norm = ‖last‖₂` (e.g. a LoRA delta's update `ΔW`, streamed module by module by
+/// [`crate::lora::add_adapter_update`], against the last merged update in the full layout).
+/// `0` when either norm is zero; the ratio is clamped to `[-1, 1]` against rounding.
+///
+/// Errors: [`ScoreError::NonFinite`] for a NaN or ±∞ input, [`ScoreError::OutOfRange`] for
+/// a negative norm.
+pub fn convergence_of_parts(dot: f64, norm: f64, last_norm: f64) -> Result<f64, ScoreError> {
+    finite("dot product", dot)?;
+    for (what, n) in [("delta norm", norm), ("last merged norm", last_norm)] {
+        if finite(what, n)? < 0.0 {
+            return Err(ScoreError::OutOfRange {
+                what,
+                value: n,
+                range: "[0, ∞)",
+            });
+        }
+    }
+    Ok(cosine_of(dot, norm, last_norm).max(0.0))
 }
 
 /// Composite quality `q = 0.5 dl + 0.3 s + 0.2 c` (paper §5.1); without a convergence term
@@ -544,6 +571,44 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-12
+    }
+
+    proptest! {
+        /// The convergence from parts is the convergence of the vectors the parts come
+        /// from, and refuses what is not a norm.
+        #[test]
+        fn convergence_of_parts_is_the_convergence_of_the_vectors(
+            pairs in proptest::collection::vec((-1e3f32..1e3, -1e3f32..1e3), 0..48),
+            zero_a in any::<bool>(),
+        ) {
+            let a: Vec<f32> = pairs.iter().map(|p| if zero_a { 0.0 } else { p.0 }).collect();
+            let b: Vec<f32> = pairs.iter().map(|p| p.1).collect();
+            let dot: f64 = a.iter().zip(&b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+            let got = convergence_of_parts(dot, l2_norm(&a).unwrap(), l2_norm(&b).unwrap()).unwrap();
+            let want = convergence(&a, Some(&b)).unwrap().unwrap();
+            prop_assert!((got - want).abs() <= 1e-12, "{} vs {}", got, want);
+            prop_assert!((0.0..=1.0).contains(&got));
+        }
+    }
+
+    #[test]
+    fn convergence_of_parts_refuses_bad_inputs() {
+        assert!(matches!(
+            convergence_of_parts(f64::NAN, 1.0, 1.0),
+            Err(ScoreError::NonFinite { .. })
+        ));
+        assert!(matches!(
+            convergence_of_parts(1.0, f64::INFINITY, 1.0),
+            Err(ScoreError::NonFinite { .. })
+        ));
+        assert!(matches!(
+            convergence_of_parts(1.0, 1.0, -1.0),
+            Err(ScoreError::OutOfRange { .. })
+        ));
+        assert_eq!(convergence_of_parts(0.0, 0.0, 2.0).unwrap(), 0.0);
+        assert_eq!(convergence_of_parts(-3.0, 1.0, 3.0).unwrap(), 0.0);
+        // Rounding past ±1 is clamped.
+        assert_eq!(convergence_of_parts(2.0 + 1e-15, 1.0, 2.0).unwrap(), 1.0);
     }
 
     // ---- loss improvement ----

@@ -32,6 +32,12 @@
 //! keeper holds (what is owed is retried) and the publication journal (an epoch it was
 //! staging is finished as staged).
 //!
+//! **LoRA jobs.** Nodes upload adapters (the factors `A`, `B` in the trainer's delta layout);
+//! the validator judges each by its update `ΔW = (alpha/r)·B·A` on the full model, and the
+//! merge aggregates the nodes' `ΔWᵢ` module by module ([`crate::lora`]), never the factors.
+//! Every checkpoint is a full model (`base + outer_lr·ΔW`), and the last merged update kept
+//! for the next epoch's convergence score is `ΔW` in the full layout.
+//!
 //! Checkpoint references are the IPFS CIDs of the safetensors bytes (Kubo's
 //! `ipfs add --cid-version=1`). Idempotent per (job, epoch): a second call returns the
 //! first reference, and a publication staged in the journal before a crash
@@ -53,6 +59,7 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent};
 use serde::{Deserialize, Serialize};
 
+use crate::lora::{apply_lora_merge_with_update, FlatAdapter, LoraError, LoraPlan};
 use crate::merge::{
     Aggregator, CoordinateMedian, KeepReason, MergeOutcome, RobustPolicy, WeightedMean,
 };
@@ -77,7 +84,7 @@ use hanzod_store::blobs::BlobStore;
 use hanzod_store::registry::Location;
 use hanzod_store::{MemoryObjectStore, ModelCard, ModelRegistry, ModelUpload, ObjectStore};
 use hanzod_train::catalog::ModelCatalog;
-use hanzod_train::{Trainer, Weights};
+use hanzod_train::{Layout, Trainer, Weights};
 
 /// Tunables of the sink.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -302,6 +309,7 @@ struct JobModel {
     current: Arc<Weights>,
     current_ref: Option<String>,
     norms: NormTracker,
+    /// The last merged update, in the model's (full) layout ([`Merged::delta`]).
     last_merged: Option<Arc<Vec<f32>>>,
     /// Blobs of the previous epoch's deltas, removed once the next epoch is published.
     collectable: Vec<[u8; 32]>,
@@ -620,6 +628,8 @@ async fn blocking<T: Send + 'static>(
 
 /// One accepted delta, as the merge sees it.
 struct MergeInput {
+    /// The delta as the verdict holds it, in the trainer's delta layout
+    /// ([`Trainer::delta_layout`]): the model's tensors, or a LoRA adapter's factors.
     delta: Arc<Vec<f32>>,
     /// Its composite score.
     weight: f32,
@@ -632,9 +642,114 @@ struct Merged {
     loss_after: f64,
     aggregator: Option<&'static str>,
     kept: Option<String>,
+    /// The merged update (before `outer_lr`) in the model's (full) layout: for a LoRA job
+    /// the merged `ΔW` on the adapted modules and zeros elsewhere, so the next epoch's
+    /// convergence compares like with like.
     delta: Option<Arc<Vec<f32>>>,
     /// `next` as safetensors.
     bytes: Vec<u8>,
+}
+
+/// How an epoch's deltas become an update of the model.
+enum DeltaForm {
+    /// Full-parameter deltas, in the model's layout: merged coordinate-wise.
+    Full,
+    /// LoRA adapters in `layout` (the trainer's delta layout): merged on each node's
+    /// `ΔWᵢ = (alpha/r)·Bᵢ·Aᵢ`, module by module ([`crate::lora`]).
+    Lora {
+        /// The adapted modules, rank and alpha.
+        plan: LoraPlan,
+        /// The adapters' layout.
+        layout: Arc<Layout>,
+    },
+}
+
+impl DeltaForm {
+    /// The form of `trainer`'s deltas; an error names a LoRA adapter the merge cannot
+    /// read (a trainer whose adapter layout is not PEFT-named).
+    fn of(trainer: &Trainer) -> Result<DeltaForm, String> {
+        match LoraPlan::of_trainer(trainer) {
+            Ok(None) => Ok(DeltaForm::Full),
+            Ok(Some(plan)) => Ok(DeltaForm::Lora {
+                plan,
+                layout: trainer.delta_layout(),
+            }),
+            Err(e) => Err(format!("the job's LoRA adapter cannot be merged: {e}")),
+        }
+    }
+}
+
+/// One aggregator's try at an epoch's update.
+enum Attempt {
+    /// The next checkpoint `base + outer_lr·update` and the update, in the model's layout.
+    Applied {
+        /// The next checkpoint.
+        next: Weights,
+        /// The merged update.
+        update: Vec<f32>,
+    },
+    /// Nothing to merge.
+    Keep(KeepReason),
+    /// The aggregator (or the LoRA merge's input checks) refused the inputs.
+    Failed(String),
+    /// The merged update does not give a finite model.
+    Unusable(String),
+}
+
+/// Merges `inputs` with `aggregator` and `weights` and applies the result to `base` with
+/// `outer_lr`: a full-parameter update coordinate-wise ([`Aggregator::merge`], then
+/// [`Weights::add_scaled`]); a LoRA epoch on the adapters' updates
+/// ([`apply_lora_merge_with_update`]: one module at a time, besides `next` and the
+/// full-layout update only the merge's module scratch is held).
+fn attempt(
+    base: &Weights,
+    form: &DeltaForm,
+    inputs: &[MergeInput],
+    aggregator: &dyn Aggregator,
+    weights: &[f32],
+    outer_lr: f32,
+) -> Attempt {
+    match form {
+        DeltaForm::Full => {
+            let refs: Vec<&[f32]> = inputs.iter().map(|i| i.delta.as_slice()).collect();
+            let mut out = vec![0.0f32; base.data.len()];
+            match aggregator.merge(&refs, weights, &mut out) {
+                Ok(MergeOutcome::Merged { .. }) => {}
+                Ok(MergeOutcome::KeepPrevious { reason }) => return Attempt::Keep(reason),
+                Err(e) => return Attempt::Failed(e.to_string()),
+            }
+            let mut next = base.clone();
+            match next.add_scaled(&out, outer_lr) {
+                Ok(()) => Attempt::Applied { next, update: out },
+                Err(e) => Attempt::Unusable(e.to_string()),
+            }
+        }
+        DeltaForm::Lora { plan, layout } => {
+            let adapters: Vec<FlatAdapter<'_>> = inputs
+                .iter()
+                .map(|i| FlatAdapter::new(layout, &i.delta))
+                .collect();
+            let mut next = base.clone();
+            let mut update = vec![0.0f32; base.data.len()];
+            let merged = apply_lora_merge_with_update(
+                &mut next,
+                plan,
+                &adapters,
+                weights,
+                aggregator,
+                outer_lr,
+                &mut update,
+            );
+            match merged {
+                Ok(MergeOutcome::Merged { .. }) => Attempt::Applied { next, update },
+                Ok(MergeOutcome::KeepPrevious { reason }) => Attempt::Keep(reason),
+                Err(
+                    e @ (LoraError::NonFiniteDelta { .. } | LoraError::NonFiniteWeights { .. }),
+                ) => Attempt::Unusable(e.to_string()),
+                Err(e) => Attempt::Failed(e.to_string()),
+            }
+        }
+    }
 }
 
 /// Merges an epoch (paper §6, DESIGN §6) and applies it with the outer learning rate.
@@ -647,6 +762,10 @@ struct Merged {
 /// [`SUSPECT_LOSS_RISE`] is not published: the weighted mean falls back to the median, and
 /// when that fails too the epoch keeps the base checkpoint and says why. Nothing here fails
 /// the job.
+///
+/// A LoRA job's deltas (adapters) are merged on their updates `ΔWᵢ`, never on the factors
+/// ([`crate::lora`]): the next checkpoint is the full model `base + outer_lr·ΔW` with every
+/// unadapted tensor unchanged, and [`Merged::delta`] the merged `ΔW` in the full layout.
 fn merge_epoch(
     base: &Arc<Weights>,
     trainer: &Trainer,
@@ -656,7 +775,6 @@ fn merge_epoch(
     outer_lr: f32,
     rejected_all: bool,
 ) -> Merged {
-    let refs: Vec<&[f32]> = inputs.iter().map(|i| i.delta.as_slice()).collect();
     let scored: Vec<f32> = inputs
         .iter()
         .map(|i| if i.suspect { 0.0 } else { i.weight })
@@ -675,49 +793,55 @@ fn merge_epoch(
         delta: None,
         bytes: base.to_safetensors(),
     };
+    let form = match DeltaForm::of(trainer) {
+        Ok(f) => f,
+        Err(why) => {
+            tracing::warn!(reason = %why, "merge refused");
+            return keep(why);
+        }
+    };
     let mut why = if rejected_all {
         "every delta was rejected".to_string()
     } else {
         KeepReason::NoDeltas.to_string()
     };
     for (aggregator, weights) in plans {
-        let mut out = vec![0.0f32; base.data.len()];
-        match aggregator.merge(&refs, weights, &mut out) {
-            Ok(MergeOutcome::Merged { .. }) => {}
-            Ok(MergeOutcome::KeepPrevious { reason }) => {
+        let name = aggregator.name();
+        let loss = match attempt(base, &form, inputs, aggregator, weights, outer_lr) {
+            Attempt::Applied { next, update } => match trainer.validation_loss(&next) {
+                Ok(l) => Ok((l, next, update)),
+                Err(e) => Err(e.to_string()),
+            },
+            Attempt::Keep(reason) => {
                 if !(rejected_all && reason == KeepReason::NoDeltas) {
                     why = reason.to_string();
                 }
                 continue;
             }
-            Err(e) => {
-                why = format!("{} merge failed: {e}", aggregator.name());
+            Attempt::Failed(e) => {
+                why = format!("{name} merge failed: {e}");
                 continue;
             }
-        }
-        let mut next = (**base).clone();
-        let loss = next
-            .add_scaled(&out, outer_lr)
-            .and_then(|()| trainer.validation_loss(&next));
+            Attempt::Unusable(e) => Err(e),
+        };
         let limit = loss_before * (1.0 + SUSPECT_LOSS_RISE);
         match loss {
-            Ok(l) if l <= limit => {
+            Ok((l, next, update)) if l <= limit => {
                 return Merged {
                     bytes: next.to_safetensors(),
                     next: Arc::new(next),
                     loss_after: l,
-                    aggregator: Some(aggregator.name()),
+                    aggregator: Some(name),
                     kept: None,
-                    delta: Some(Arc::new(out)),
+                    delta: Some(Arc::new(update)),
                 };
             }
-            Ok(l) => {
+            Ok((l, ..)) => {
                 why = format!(
-                    "the {} merge would raise the validation loss from {loss_before:.6} to {l:.6}",
-                    aggregator.name()
+                    "the {name} merge would raise the validation loss from {loss_before:.6} to {l:.6}"
                 );
             }
-            Err(e) => why = format!("the {} merge is not a usable model: {e}", aggregator.name()),
+            Err(e) => why = format!("the {name} merge is not a usable model: {e}"),
         }
         tracing::warn!(reason = %why, "merge refused");
     }
@@ -1810,9 +1934,9 @@ mod tests {
         let sample = "It is a truth universally acknowledged, that a single man in possession \
                       of a good fortune, must be in want of a wife.\n\nMr. Darcy's £10,000 a year!";
         let transformers: [u32; 52] = [
-            935, 365, 259, 1992, 499, 73, 1173, 559, 1960, 743, 785, 12, 339, 259, 261, 278, 293,
-            547, 294, 1767, 2010, 282, 259, 588, 1797, 12, 482, 288, 294, 797, 282, 259, 1482, 14,
-            199, 199, 717, 14, 1100, 370, 221, 127, 97, 17, 16, 12, 16, 16, 16, 259, 1775, 1,
+            1030, 364, 259, 1911, 470, 73, 1191, 557, 1816, 740, 785, 12, 335, 259, 261, 280, 296,
+            532, 293, 893, 1974, 282, 259, 563, 1731, 12, 475, 287, 293, 757, 282, 259, 1420, 14,
+            199, 199, 897, 14, 1074, 373, 221, 127, 97, 17, 16, 12, 16, 16, 16, 259, 1729, 1,
         ];
         assert_eq!(tokenizer.encode(sample), transformers);
         assert_eq!(tokenizer.decode(&transformers), sample);
@@ -1848,6 +1972,204 @@ mod tests {
                 "transformers_version": TRANSFORMERS_VERSION,
             })
         );
+    }
+
+    /// f32 products (rank 4) and the aggregation carry about `(r + N + 2)·2⁻²⁴` relative
+    /// error with respect to the sum of absolute terms; `1e-5` leaves margin.
+    const LORA_REL_TOL: f64 = 1e-5;
+
+    /// The merge inputs of the LoRA fixture's two honest adapters.
+    fn lora_inputs(weights: [f32; 2], suspect: [bool; 2]) -> Vec<MergeInput> {
+        let f = crate::validate::lora_tests::lora_fixture();
+        f.deltas
+            .iter()
+            .zip(weights.into_iter().zip(suspect))
+            .map(|(d, (weight, suspect))| MergeInput {
+                delta: Arc::new(d.delta.data.clone()),
+                weight,
+                suspect,
+            })
+            .collect()
+    }
+
+    /// Checks a LoRA epoch's merge against `(c₁ΔW₁ + c₂ΔW₂)` (f64 reference): the update in
+    /// the full layout (zeros on unadapted tensors, exactly), and the checkpoint
+    /// `base + lr·update` with every unadapted tensor bit-identical to the base. Returns the
+    /// largest tolerance used on the checkpoint.
+    fn check_lora_merge(merged: &Merged, c: [f64; 2], lr: f32) -> f64 {
+        use crate::validate::lora_tests::{dense_update, lora_fixture};
+        let f = lora_fixture();
+        let full = f.trainer.layout();
+        let (d1, m1) = dense_update(&f.plan, &f.deltas[0].delta, &full);
+        let (d2, m2) = dense_update(&f.plan, &f.deltas[1].delta, &full);
+        let update = merged.delta.as_ref().expect("an update");
+        assert_eq!(update.len(), full.len());
+        let (base, next) = (&f.base.data, &merged.next.data);
+        let adapted: BTreeSet<&str> = f.plan.modules.iter().map(|m| m.base.as_str()).collect();
+        assert_eq!(adapted.len(), 8);
+        let mut bound = 0.0f64;
+        for e in full.entries() {
+            let range = e.offset..e.offset + e.len;
+            if !adapted.contains(e.name.as_str()) {
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&next[range.clone()]),
+                    bits(&base[range.clone()]),
+                    "{}",
+                    e.name
+                );
+                assert!(
+                    update[range].iter().all(|&u| u.to_bits() == 0),
+                    "{}",
+                    e.name
+                );
+                continue;
+            }
+            for j in range {
+                let want = c[0] * d1[j] + c[1] * d2[j];
+                let mag = c[0] * m1[j] + c[1] * m2[j];
+                let err = (f64::from(update[j]) - want).abs();
+                assert!(
+                    err <= LORA_REL_TOL * mag + 1e-30,
+                    "{}: {} vs {want}",
+                    e.name,
+                    update[j]
+                );
+                let want_next = f64::from(base[j]) + f64::from(lr) * want;
+                let tol = LORA_REL_TOL * (f64::from(lr) * mag + f64::from(base[j].abs()));
+                let err = (f64::from(next[j]) - want_next).abs();
+                assert!(err <= tol + 1e-30, "{}: {} vs {want_next}", e.name, next[j]);
+                bound = bound.max(tol);
+            }
+        }
+        // The checkpoint is the full model, as published.
+        let back = Weights::from_safetensors(&merged.bytes, full).expect("safetensors");
+        assert_eq!(back, *merged.next);
+        bound
+    }
+
+    /// Two honest LoRA deltas merged with the weighted mean give
+    /// `base + lr·(w₁ΔW₁ + w₂ΔW₂)/(w₁ + w₂)` on the adapted modules and leave every other
+    /// tensor bit-identical; averaging the factors instead gives another checkpoint.
+    #[test]
+    fn a_lora_epoch_merges_the_nodes_updates_into_a_full_checkpoint() {
+        let f = crate::validate::lora_tests::lora_fixture();
+        let (w, lr) = ([0.3f32, 0.7], 0.7f32);
+        let inputs = lora_inputs(w, [false; 2]);
+        let merged = merge_epoch(
+            &f.base,
+            &f.trainer,
+            f.loss_before,
+            &inputs,
+            false,
+            lr,
+            false,
+        );
+        assert_eq!(
+            merged.aggregator,
+            Some("weighted_mean"),
+            "{:?}",
+            merged.kept
+        );
+        assert!(merged.kept.is_none());
+        assert_eq!(
+            merged.loss_after,
+            f.trainer.validation_loss(&merged.next).expect("loss")
+        );
+        let sum = f64::from(w[0]) + f64::from(w[1]);
+        let c = [f64::from(w[0]) / sum, f64::from(w[1]) / sum];
+        let bound = check_lora_merge(&merged, c, lr);
+
+        // Averaging the factors: mean A, mean B (same weights), then one product.
+        let mut mean = f.deltas[0].delta.clone();
+        for (x, y) in mean.data.iter_mut().zip(&f.deltas[1].delta.data) {
+            *x = ((c[0] * f64::from(*x)) + c[1] * f64::from(*y)) as f32;
+        }
+        let full = f.trainer.layout();
+        let (dm, _) = crate::validate::lora_tests::dense_update(&f.plan, &mean, &full);
+        let diff = f
+            .base
+            .data
+            .iter()
+            .zip(&merged.next.data)
+            .zip(&dm)
+            .map(|((&b, &n), &d)| (f64::from(b) + f64::from(lr) * d - f64::from(n)).abs())
+            .fold(0.0f64, f64::max);
+        assert!(
+            diff > 10.0 * bound,
+            "factor averaging differs by {diff:e}, rounding allows {bound:e}"
+        );
+    }
+
+    /// The median (robust) takes both adapters' updates unweighted; a suspect adapter has
+    /// weight 0 in the weighted mean.
+    #[test]
+    fn a_lora_epochs_median_and_suspect_weights_act_on_the_updates() {
+        let f = crate::validate::lora_tests::lora_fixture();
+        let lr = 1.0f32;
+        let inputs = lora_inputs([0.3, 0.7], [false; 2]);
+        let merged = merge_epoch(&f.base, &f.trainer, f.loss_before, &inputs, true, lr, false);
+        assert_eq!(merged.aggregator, Some("median"), "{:?}", merged.kept);
+        check_lora_merge(&merged, [0.5, 0.5], lr);
+
+        let inputs = lora_inputs([0.3, 0.7], [false, true]);
+        let merged = merge_epoch(
+            &f.base,
+            &f.trainer,
+            f.loss_before,
+            &inputs,
+            false,
+            lr,
+            false,
+        );
+        assert_eq!(
+            merged.aggregator,
+            Some("weighted_mean"),
+            "{:?}",
+            merged.kept
+        );
+        check_lora_merge(&merged, [1.0, 0.0], lr);
+
+        // Nothing accepted: the base is kept, with no update.
+        let merged = merge_epoch(&f.base, &f.trainer, f.loss_before, &[], false, lr, true);
+        assert_eq!(merged.kept.as_deref(), Some("every delta was rejected"));
+        assert!(merged.delta.is_none());
+        assert_eq!(*merged.next, *f.base);
+    }
+
+    /// A merged update that overflows is not published: both aggregators refuse it and the
+    /// epoch keeps its base (the loss-rise guard after a finite merge is the full path's).
+    #[test]
+    fn a_lora_merge_that_is_not_a_usable_model_is_refused() {
+        let f = crate::validate::lora_tests::lora_fixture();
+        let mut inputs = lora_inputs([1.0, 1.0], [false; 2]);
+        // B = f32::MAX / 2: (alpha/r)·B overflows, so does every ΔW.
+        let layout = f.trainer.delta_layout();
+        for input in &mut inputs {
+            let mut d = (*input.delta).clone();
+            for m in &f.plan.modules {
+                let e = layout.entry(&m.lora_b).expect("B");
+                d[e.offset..e.offset + e.len].fill(f32::MAX / 2.0);
+            }
+            input.delta = Arc::new(d);
+        }
+        let merged = merge_epoch(
+            &f.base,
+            &f.trainer,
+            f.loss_before,
+            &inputs,
+            false,
+            1.0,
+            false,
+        );
+        assert!(merged.aggregator.is_none());
+        let why = merged.kept.expect("kept");
+        assert!(
+            why.starts_with("the median merge is not a usable model"),
+            "{why}"
+        );
+        assert!(merged.delta.is_none());
+        assert_eq!(*merged.next, *f.base);
     }
 
     /// A language model's config.json is its Hugging Face config plus `hanzod_job`, which

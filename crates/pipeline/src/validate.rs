@@ -13,16 +13,22 @@
 //!    node key, DESIGN §6) — [`Rejection::Signature`];
 //! 2. the step: a node's local run of epoch `e` starts at global step `e × local_steps`
 //!    — [`Rejection::WrongStep`];
-//! 3. the format check against the job's model (DESIGN §6) and the base checkpoint
-//!    version — [`Rejection::Format`], [`Rejection::StaleBase`];
+//! 3. the format check against the job's delta layout ([`Trainer::delta_layout`]: the
+//!    model's tensors, or for a LoRA job the adapter's PEFT-named factors; DESIGN §6) and
+//!    the base checkpoint version — [`Rejection::Format`], [`Rejection::StaleBase`];
 //! 4. quality (paper §5.1 with DESIGN §12): loss after applying the delta to the base on the
 //!    validation shard, stability against the running norm average, convergence against
-//!    the last merged delta, the composite;
+//!    the last merged delta, the composite. A LoRA delta is judged by the update it stands
+//!    for, `ΔW = (alpha/r)·B·A` per adapted module (Hu et al. 2022, eq. 3; [`crate::lora`]):
+//!    the loss after is that of `base + ΔW`, the norm is `‖ΔW‖₂`, the convergence compares
+//!    `ΔW` with the last merged update, so the score sees what it sees for a full delta;
 //! 5. when selected by the epoch secret (DESIGN §6: `SHA-256(secret ‖ delta hash)` as a
 //!    big-endian u64 below `rate × 2⁶⁴`): the claimed loss against the pre-delta weights on
 //!    the step's batch (within 5 % relative), then a deterministic re-run of the node's
-//!    local steps compared with the delta — [`Rejection::SpotCheckLoss`],
-//!    [`Rejection::SpotCheckReplay`]. These failures carry [`SlashEvidence`].
+//!    local steps ([`Trainer::local_delta`]) compared with the delta (for LoRA, the
+//!    factors: the same `A` initialisation and batches replay them) —
+//!    [`Rejection::SpotCheckLoss`], [`Rejection::SpotCheckReplay`]. These failures carry
+//!    [`SlashEvidence`].
 
 use hanzod_actors::ports::Counter;
 use std::collections::VecDeque;
@@ -31,16 +37,18 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde::{Deserialize, Serialize};
 
+use crate::lora::{add_adapter_update, LoraPlan, LORA_A_SUFFIX, LORA_B_SUFFIX};
 use crate::score::{
-    is_spot_checked, l2_norm, loss_matches, selection_value, EpochSecret, NormTracker, QualityScore,
+    convergence_of_parts, is_spot_checked, l2_norm, loss_matches, selection_value, EpochSecret,
+    NormTracker, QualityScore,
 };
 use hanzod_actors::ports::{DeltaReceipt, Metrics};
 use hanzod_actors::types::NodeId;
 use hanzod_protocol::hzdl::{
-    payload_hash, verify_claimed_statement, DeltaDtype, DeltaView, Statement,
+    payload_hash, verify_claimed_statement, DeltaDtype, DeltaKind, DeltaView, Statement,
 };
 use hanzod_protocol::identity::verifying_key;
-use hanzod_train::{Trainer, Weights};
+use hanzod_train::{Layout, Trainer, Weights};
 
 /// Tunables of the validator (DESIGN §6 defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -51,7 +59,8 @@ pub struct ValidationConfig {
     /// Relative tolerance of the claimed-loss comparison (paper §5.2: 0.05).
     pub loss_rel_tol: f64,
     /// Relative L2 distance `‖submitted − replayed‖ / ‖replayed‖` allowed between a delta and
-    /// its deterministic re-run, on top of the rounding of the delta's dtype (f16: 2⁻¹¹,
+    /// its deterministic re-run ([`replay_distance`]: for a LoRA adapter, of its `A` and of
+    /// its `B` factors, the larger), on top of the rounding of the delta's dtype (f16: 2⁻¹¹,
     /// bf16: 2⁻⁸). Default 1e-2: a re-run on the same build is bit-identical, but between
     /// CPU families (gemm picks SSE/AVX2/NEON kernels at run time) low-order bits differ,
     /// and one ReLU flipped by such a difference moves a small model's delta by ~5e-4; a
@@ -91,8 +100,9 @@ pub struct EpochContext {
     pub loss_before: f64,
     /// Accepted-norm average as of the epoch's start.
     pub norms: NormTracker,
-    /// The delta merged at the end of the previous epoch (`None` in epoch 0, or after a
-    /// kept checkpoint).
+    /// The update merged at the end of the previous epoch, flattened in the model's (full)
+    /// layout, [`Trainer::layout`]; for a LoRA job the merged `ΔW` on the adapted modules
+    /// and zero elsewhere (`None` in epoch 0, or after a kept checkpoint).
     pub last_merged: Option<Arc<Vec<f32>>>,
     /// The revealed epoch secret (DESIGN §6).
     pub secret: EpochSecret,
@@ -127,7 +137,8 @@ pub struct SpotCheck {
     pub claimed_loss: f64,
     /// The loss the validator measured: pre-delta weights on the step's batch.
     pub measured_loss: f64,
-    /// Relative L2 distance between the delta and its re-run, when re-run.
+    /// Relative L2 distance between the delta and its re-run ([`replay_distance`]), when
+    /// re-run.
     pub replay_distance: Option<f64>,
     /// Whether every comparison passed.
     pub passed: bool,
@@ -282,7 +293,8 @@ pub struct Verdict {
     pub delta_hash: [u8; 32],
     /// Validation loss of the epoch's base (the context's loss before).
     pub loss_before: f64,
-    /// L2 norm of the delta (all tensors flattened), when it was read.
+    /// L2 norm of the delta (all tensors flattened; for a LoRA delta of its update `ΔW`
+    /// over every adapted module, not of the factors), when it was read.
     pub norm: Option<f64>,
     /// Validation loss of base + delta, when measured.
     pub loss_after: Option<f64>,
@@ -290,7 +302,12 @@ pub struct Verdict {
     pub score: Option<QualityScore>,
     /// The spot-check, when the delta was selected and got that far.
     pub spot_check: Option<SpotCheck>,
-    /// `Ok(delta)` (flattened, in the model's layout order) when accepted.
+    /// `Ok(delta)` when accepted: the delta as uploaded, decoded to f32 and flattened in
+    /// the job's delta layout ([`Trainer::delta_layout`]): the model's tensors for a
+    /// full-parameter job; for a LoRA job the adapter's factors `A`, `B` (PEFT names,
+    /// layout order), not `ΔW`: the merge needs each node's factors
+    /// ([`crate::lora::merge_lora`]), and they are `r·(in + out)` floats per module rather
+    /// than `out·in`.
     pub outcome: Result<Arc<Vec<f32>>, Rejection>,
 }
 
@@ -451,15 +468,19 @@ pub fn validate(ctx: &EpochContext, sub: &Submission) -> Verdict {
             got: view.header.base_version,
         });
     }
-    let delta = match Weights::from_delta_view(&view, ctx.base.layout.clone()) {
+    let delta = match Weights::from_delta_view(&view, ctx.trainer.delta_layout()) {
         Ok(d) => d,
         Err(e) => return reject(Rejection::Format(e.to_string())),
+    };
+    let plan = match LoraPlan::of_trainer(&ctx.trainer) {
+        Ok(p) => p,
+        Err(e) => return reject(Rejection::Format(format!("the job's LoRA adapter: {e}"))),
     };
     let dtype = view.header.dtype;
     drop(view);
     // 4. Quality.
     let selected = is_spot_checked(&ctx.secret, &r.delta_hash, ctx.config.spot_check_rate);
-    let (norm, loss_after, score) = match measure(ctx, &delta.data) {
+    let (norm, loss_after, score) = match measure(ctx, &delta, plan.as_ref()) {
         Ok(q) => q,
         Err(why) => {
             // A delta that breaks the model is still spot-checked when selected, so a
@@ -498,17 +519,48 @@ pub fn validate(ctx: &EpochContext, sub: &Submission) -> Verdict {
     verdict
 }
 
-/// Norm, loss after and the composite score of `delta` (paper §5.1, DESIGN §12).
-fn measure(ctx: &EpochContext, delta: &[f32]) -> Result<(f64, f64, QualityScore), Rejection> {
+/// Norm, loss after and the composite score of `delta` (paper §5.1, DESIGN §12), a delta
+/// in the job's delta layout. For a full delta: `‖delta‖₂`, the loss of `base + delta`,
+/// `cos(delta, last merged)`. For a LoRA delta (`plan`) the same of its update
+/// `ΔW = (alpha/r)·B·A` ([`add_adapter_update`], streamed module by module): `‖ΔW‖₂`, the
+/// loss of `base + ΔW`, `cos(ΔW, last merged)` with the last merged update in the full
+/// layout.
+fn measure(
+    ctx: &EpochContext,
+    delta: &Weights,
+    plan: Option<&LoraPlan>,
+) -> Result<(f64, f64, QualityScore), Rejection> {
     let quality = |e: &dyn std::fmt::Display| Rejection::Quality(e.to_string());
-    let norm = l2_norm(delta).map_err(|e| quality(&e))?;
+    let last = ctx.last_merged.as_deref().map(|v| &v[..]);
     let mut after = (*ctx.base).clone();
-    after.add_scaled(delta, 1.0).map_err(|e| quality(&e))?;
+    let (norm, convergence) = match plan {
+        None => {
+            let norm = l2_norm(&delta.data).map_err(|e| quality(&e))?;
+            after
+                .add_scaled(&delta.data, 1.0)
+                .map_err(|e| quality(&e))?;
+            let c = crate::score::convergence(&delta.data, last).map_err(|e| quality(&e))?;
+            (norm, c)
+        }
+        Some(plan) => {
+            let stats =
+                add_adapter_update(&mut after, plan, delta, 1.0, last).map_err(|e| quality(&e))?;
+            let c = match (last, stats.dot) {
+                (Some(last), Some(dot)) => {
+                    let last_norm = l2_norm(last).map_err(|e| quality(&e))?;
+                    Some(
+                        convergence_of_parts(dot, stats.norm, last_norm)
+                            .map_err(|e| quality(&e))?,
+                    )
+                }
+                _ => None,
+            };
+            (stats.norm, c)
+        }
+    };
     let loss_after = ctx
         .trainer
         .validation_loss(&after)
-        .map_err(|e| quality(&e))?;
-    let convergence = crate::score::convergence(delta, ctx.last_merged.as_deref().map(|v| &v[..]))
         .map_err(|e| quality(&e))?;
     let score = QualityScore::evaluate(ctx.loss_before, loss_after, norm, &ctx.norms, convergence)
         .map_err(|e| quality(&e))?;
@@ -516,7 +568,10 @@ fn measure(ctx: &EpochContext, delta: &[f32]) -> Result<(f64, f64, QualityScore)
 }
 
 /// The spot-check of DESIGN §6: the claimed loss of the pre-delta weights on the step's
-/// batch, then (when configured) a re-run of the node's local steps.
+/// batch (for LoRA too: the node's run starts from a fresh adapter, `B = 0`, so the base's
+/// loss is the claim), then (when configured) a re-run of the node's local steps,
+/// [`Trainer::local_delta`], compared with `delta` in the delta layout (for LoRA the
+/// factors: the same `A` initialisation and batches give the same adapter).
 fn spot_check(
     ctx: &EpochContext,
     r: &DeltaReceipt,
@@ -548,15 +603,12 @@ fn spot_check(
         );
     }
     if ctx.config.replay {
-        let rerun = ctx
-            .trainer
-            .train_local(&ctx.base, &r.node.0, r.step)
-            .and_then(|run| run.weights.sub(&ctx.base));
+        let rerun = ctx.trainer.local_delta(&ctx.base, &r.node.0, r.step);
         let replayed = match rerun {
-            Ok(w) => w.data,
+            Ok(run) => run.delta.data,
             Err(e) => return (check, Some(Rejection::Quality(e.to_string()))),
         };
-        let distance = relative_distance(delta, &replayed);
+        let distance = replay_distance(&ctx.trainer.delta_layout(), delta, &replayed);
         check.replay_distance = Some(distance);
         let tol = ctx.config.replay_rel_tol + dtype_rounding(dtype);
         // NaN distances fail too.
@@ -576,6 +628,57 @@ fn dtype_rounding(dtype: DeltaDtype) -> f64 {
         DeltaDtype::F16 => 2f64.powi(-11),
         DeltaDtype::Bf16 => 2f64.powi(-8),
     }
+}
+
+/// The spot-check's re-run distance of `delta` from its re-run `replayed`, both flattened in
+/// `layout` (the job's delta layout): [`relative_distance`] over the whole delta for a
+/// full-parameter layout; for a LoRA adapter layout ([`Layout::delta_kind`] LoRA) the
+/// larger of the relative distances of its `A` factors (`*.lora_A.weight`, all together)
+/// and of its `B` factors (`*.lora_B.weight`; any other tensor a third group). Per factor,
+/// because every epoch's adapter starts from `B = 0` and a shared `A` initialisation:
+/// after a local run `‖A‖` dwarfs `‖B‖` (qwen3-tiny, r = 4, 2 steps: 3.3 against 0.26), so
+/// one distance over both would dilute a tampered `B` (`B × 0.9`, i.e. `ΔW × 0.9`, came to
+/// 0.008, under the default tolerance); per factor it is 0.1.
+///
+/// ∞ for different lengths or a buffer that does not fit `layout`; NaN inputs give NaN
+/// (failing every `≤` comparison).
+pub fn replay_distance(layout: &Layout, delta: &[f32], replayed: &[f32]) -> f64 {
+    if layout.delta_kind() != DeltaKind::Lora {
+        return relative_distance(delta, replayed);
+    }
+    if delta.len() != replayed.len() || delta.len() != layout.len() {
+        return f64::INFINITY;
+    }
+    // (‖a − b‖², ‖b‖²) of the A factors, the B factors, anything else.
+    let mut groups = [(0.0f64, 0.0f64, false); 3];
+    for e in layout.entries() {
+        let g = if e.name.ends_with(LORA_A_SUFFIX) {
+            0
+        } else if e.name.ends_with(LORA_B_SUFFIX) {
+            1
+        } else {
+            2
+        };
+        let range = e.offset..e.offset + e.len;
+        for (&x, &y) in delta[range.clone()].iter().zip(&replayed[range]) {
+            let d = f64::from(x) - f64::from(y);
+            groups[g].0 += d * d;
+            groups[g].1 += f64::from(y) * f64::from(y);
+        }
+        groups[g].2 = true;
+    }
+    groups
+        .iter()
+        .filter(|g| g.2)
+        .map(|&(diff, norm, _)| diff.sqrt() / norm.sqrt().max(1e-12))
+        // NaN wins: `f64::max` would drop it.
+        .fold(0.0f64, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.max(d)
+            }
+        })
 }
 
 /// `‖a − b‖₂ / max(‖b‖₂, 1e-12)`, accumulated in f64 (∞ for different lengths, NaN
@@ -918,5 +1021,449 @@ mod tests {
         near.rescore(&NormTracker::from_average(Some(1.0)).unwrap());
         assert!(!near.suspect(), "{:?}", near.score);
         assert!(seed_norms(&[verdict(2.0, false)]).is_none());
+    }
+}
+
+/// LoRA jobs (issue 17): a `qwen3-tiny` adapter of rank 4 on `q_proj`, `v_proj`, judged as
+/// the update it stands for. The fixture (trainer, base, two nodes' honest adapters) is
+/// built once per test binary and shared with the sink's merge tests.
+#[cfg(test)]
+pub(crate) mod lora_tests {
+    use super::*;
+    use hanzod_actors::job::{LoraSpec, TrainMode, TrainingSpec};
+    use hanzod_actors::types::JobId;
+    use hanzod_protocol::hzdl::sign_statement;
+    use hanzod_protocol::identity::Identity;
+    use hanzod_train::lm::LocalDelta;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    /// The job's training spec: `qwen3-tiny` on the corpus, tiny shapes (the debug-build
+    /// forward is slow), a rank-`rank` adapter with alpha 8 on `q_proj` and `v_proj`.
+    pub(crate) fn lora_training(rank: u32) -> TrainingSpec {
+        TrainingSpec {
+            model: hanzod_train::lm::QWEN3_TINY.into(),
+            dataset: hanzod_train::text::AUSTEN.into(),
+            local_lr: 3e-3,
+            seq_len: 16,
+            batch_size: 2,
+            local_steps: 2,
+            validation_tokens: 64,
+            mode: TrainMode::Lora,
+            lora: LoraSpec {
+                rank,
+                alpha: 8.0,
+                target_modules: vec!["q_proj".into(), "v_proj".into()],
+                dropout: 0.0,
+            },
+            ..TrainingSpec::default()
+        }
+    }
+
+    /// A LoRA job, its base, and two nodes' honest deltas of epoch 0.
+    pub(crate) struct LoraFixture {
+        pub trainer: Trainer,
+        pub plan: LoraPlan,
+        pub base: Arc<Weights>,
+        pub loss_before: f64,
+        pub nodes: [Identity; 2],
+        pub deltas: [LocalDelta; 2],
+    }
+
+    pub(crate) fn lora_fixture() -> &'static LoraFixture {
+        static FIXTURE: OnceLock<LoraFixture> = OnceLock::new();
+        FIXTURE.get_or_init(|| {
+            let trainer = hanzod_train::trainer_of(&lora_training(4), JobId(1)).expect("trainer");
+            let plan = LoraPlan::of_trainer(&trainer)
+                .expect("plan")
+                .expect("a LoRA trainer");
+            let base = Arc::new(trainer.init());
+            let loss_before = trainer.validation_loss(&base).expect("loss");
+            let nodes = [Identity::from_seed([7; 32]), Identity::from_seed([8; 32])];
+            let deltas = nodes.clone().map(|id| {
+                trainer
+                    .local_delta(&base, &id.node_id().0, 0)
+                    .expect("local run")
+            });
+            LoraFixture {
+                trainer,
+                plan,
+                base,
+                loss_before,
+                nodes,
+                deltas,
+            }
+        })
+    }
+
+    /// Epoch 0's context for the fixture's job.
+    pub(crate) fn lora_context(
+        f: &LoraFixture,
+        spot_check_rate: f64,
+        norms: NormTracker,
+        last_merged: Option<Arc<Vec<f32>>>,
+    ) -> EpochContext {
+        EpochContext {
+            job: 1,
+            epoch: 0,
+            trainer: f.trainer.clone(),
+            base: f.base.clone(),
+            base_version: 0,
+            loss_before: f.loss_before,
+            norms,
+            last_merged,
+            secret: EpochSecret::from_bytes([9; 32]),
+            config: ValidationConfig {
+                spot_check_rate,
+                ..ValidationConfig::default()
+            },
+        }
+    }
+
+    /// `payload` signed by `id` for job 1, epoch 0, step 0.
+    pub(crate) fn submit(id: &Identity, payload: Vec<u8>, claimed_loss: f64) -> Submission {
+        let hash = payload_hash(&payload);
+        let statement = Statement {
+            job: 1,
+            epoch: 0,
+            step: 0,
+            claimed_loss,
+        };
+        Submission {
+            receipt: DeltaReceipt {
+                job: hanzod_actors::types::JobId(1),
+                node: id.node_id(),
+                epoch: 0,
+                step: 0,
+                delta_hash: hash,
+                claimed_loss,
+                signature: sign_statement(id, &statement, &hash).to_vec(),
+            },
+            payload: payload.into(),
+        }
+    }
+
+    /// Independent reference: `(alpha/r)·B·A` of every module of `adapter` in f64, laid out
+    /// in `full` (zeros elsewhere), with the sum of absolute products per element (the
+    /// scale of the f32 rounding).
+    pub(crate) fn dense_update(
+        plan: &LoraPlan,
+        adapter: &Weights,
+        full: &Layout,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let (mut dw, mut mag) = (vec![0.0; full.len()], vec![0.0; full.len()]);
+        let (r, s) = (plan.rank, f64::from(plan.alpha) / plan.rank as f64);
+        for m in &plan.modules {
+            let a = adapter.tensor(&m.lora_a).expect("A");
+            let b = adapter.tensor(&m.lora_b).expect("B");
+            let e = full.entry(&m.base).expect("base tensor");
+            for o in 0..m.out_features {
+                for j in 0..m.in_features {
+                    for k in 0..r {
+                        let p = s * f64::from(b[o * r + k]) * f64::from(a[k * m.in_features + j]);
+                        dw[e.offset + o * m.in_features + j] += p;
+                        mag[e.offset + o * m.in_features + j] += p.abs();
+                    }
+                }
+            }
+        }
+        (dw, mag)
+    }
+
+    fn norm64(v: &[f64]) -> f64 {
+        v.iter().map(|x| x * x).sum::<f64>().sqrt()
+    }
+
+    #[test]
+    fn lora_plan_of_the_trainer_is_its_adapter() {
+        let f = lora_fixture();
+        let lora = f.trainer.lora().expect("LoRA");
+        assert_eq!(f.plan.rank, 4);
+        assert_eq!(f.plan.scaling() as f64, lora.scaling());
+        // 4 layers × (q_proj, v_proj), base-name order.
+        assert_eq!(f.plan.modules.len(), 8);
+        assert!(f.plan.modules.windows(2).all(|p| p[0].base < p[1].base));
+        let full = f.trainer.layout();
+        for m in &f.plan.modules {
+            assert_eq!(
+                full.entry(&m.base).expect("in the model").shape,
+                [m.out_features, m.in_features]
+            );
+        }
+        assert_eq!(
+            f.deltas[0].delta.layout.len() as u64,
+            f.plan.adapter_params()
+        );
+        let mlp = hanzod_train::trainer_of(&TrainingSpec::default(), JobId(1)).expect("mlp");
+        assert!(LoraPlan::of_trainer(&mlp).expect("plan").is_none());
+    }
+
+    /// An honest adapter is accepted and judged by its update: the norm is `‖ΔW‖₂`, the
+    /// loss after is that of `base + ΔW`, the verdict keeps the factors; selected, its
+    /// claimed loss and its re-run both pass.
+    #[test]
+    fn an_honest_lora_delta_is_accepted_and_passes_its_spot_check() {
+        let f = lora_fixture();
+        let honest = &f.deltas[0];
+        let payload = honest.delta.to_delta_bytes(0).expect("write");
+        let sub = submit(&f.nodes[0], payload, honest.claimed_loss);
+        let ctx = lora_context(f, 1.0, NormTracker::new(), None);
+        let v = validate(&ctx, &sub);
+        let kept = v.outcome.as_ref().expect("accepted");
+        assert_eq!(**kept, honest.delta.data, "the verdict keeps the factors");
+        let check = v.spot_check.as_ref().expect("selected at rate 1");
+        assert!(check.passed, "{check:?}");
+        let distance = check.replay_distance.expect("re-run");
+        assert!(
+            distance <= 1e-6,
+            "a re-run on one machine replays: {distance:e}"
+        );
+        assert!(loss_matches(
+            honest.claimed_loss,
+            check.measured_loss,
+            ctx.config.loss_rel_tol
+        ));
+
+        let full = f.trainer.layout();
+        let (dw, _) = dense_update(&f.plan, &honest.delta, &full);
+        let norm = v.norm.expect("norm");
+        assert!(
+            (norm - norm64(&dw)).abs() <= 1e-5 * norm64(&dw),
+            "{norm} vs {}",
+            norm64(&dw)
+        );
+        assert!(norm > 0.0);
+        let mut after = (*f.base).clone();
+        let dw32: Vec<f32> = dw.iter().map(|&x| x as f32).collect();
+        after.add_scaled(&dw32, 1.0).expect("add");
+        let want = f.trainer.validation_loss(&after).expect("loss");
+        let got = v.loss_after.expect("loss after");
+        assert!((got - want).abs() <= 1e-4 * want, "{got} vs {want}");
+        assert!(!v.suspect());
+    }
+
+    /// Convergence compares `ΔW` with the last merged update in the full layout.
+    #[test]
+    fn lora_convergence_compares_the_update_with_the_last_merged_update() {
+        let f = lora_fixture();
+        let honest = &f.deltas[0];
+        let sub = submit(
+            &f.nodes[0],
+            honest.delta.to_delta_bytes(0).expect("write"),
+            honest.claimed_loss,
+        );
+        let full = f.trainer.layout();
+        let (dw, _) = dense_update(&f.plan, &honest.delta, &full);
+        let same: Vec<f32> = dw.iter().map(|&x| (3.0 * x) as f32).collect();
+        let opposite: Vec<f32> = same.iter().map(|x| -x).collect();
+        for (last, want) in [(same, 1.0), (opposite, 0.0)] {
+            let ctx = lora_context(f, 0.0, NormTracker::new(), Some(Arc::new(last)));
+            let v = validate(&ctx, &sub);
+            assert!(v.outcome.is_ok(), "{:?}", v.outcome);
+            let c = v
+                .score
+                .expect("score")
+                .convergence
+                .expect("a last merged update");
+            assert!((c - want).abs() <= 1e-6, "{c} vs {want}");
+        }
+        // A last merged update of another length is a quality failure, not a panic.
+        let ctx = lora_context(f, 0.0, NormTracker::new(), Some(Arc::new(vec![1.0; 3])));
+        assert!(matches!(
+            validate(&ctx, &sub).outcome,
+            Err(Rejection::Quality(_))
+        ));
+    }
+
+    /// A scaled, sign-flipped adapter (`B × −10`: `ΔW × −10`) is suspect by its norm, and
+    /// rejected with slashing evidence when spot-checked.
+    #[test]
+    fn a_lora_delta_with_b_scaled_by_minus_ten_is_suspect_or_rejected() {
+        let f = lora_fixture();
+        let honest = &f.deltas[0];
+        let mut poisoned = honest.delta.clone();
+        for m in &f.plan.modules {
+            for b in poisoned.tensor_mut(&m.lora_b).expect("B") {
+                *b *= -10.0;
+            }
+        }
+        let sub = submit(
+            &f.nodes[0],
+            poisoned.to_delta_bytes(0).expect("write"),
+            honest.claimed_loss,
+        );
+        let honest_norm = {
+            let ctx = lora_context(f, 0.0, NormTracker::new(), None);
+            let sub = submit(
+                &f.nodes[0],
+                honest.delta.to_delta_bytes(0).expect("write"),
+                honest.claimed_loss,
+            );
+            validate(&ctx, &sub).norm.expect("norm")
+        };
+        let norms = NormTracker::from_average(Some(honest_norm)).expect("norms");
+        let v = validate(&lora_context(f, 0.0, norms, None), &sub);
+        let norm = v.norm.expect("norm");
+        assert!(
+            (norm / honest_norm - 10.0).abs() < 1e-4,
+            "{norm} vs {honest_norm}"
+        );
+        assert!(v.suspect(), "{:?}", v.score);
+
+        let v = validate(&lora_context(f, 1.0, norms, None), &sub);
+        assert!(
+            matches!(v.outcome, Err(Rejection::SpotCheckReplay { .. })),
+            "{:?}",
+            v.outcome
+        );
+        assert!(v.evidence(&sub.receipt).is_some());
+        assert!(v.suspect());
+    }
+
+    /// A quieter tampering: `B × 0.9` (`ΔW × 0.9`) fails the re-run, which compares the
+    /// `B` factors on their own (one distance over `A` and `B` would be 0.008 here).
+    #[test]
+    fn a_lora_delta_with_b_shrunk_by_a_tenth_fails_its_replay() {
+        let f = lora_fixture();
+        let honest = &f.deltas[0];
+        let mut shrunk = honest.delta.clone();
+        for m in &f.plan.modules {
+            for b in shrunk.tensor_mut(&m.lora_b).expect("B") {
+                *b *= 0.9;
+            }
+        }
+        let whole = relative_distance(&shrunk.data, &honest.delta.data);
+        let tol = ValidationConfig::default().replay_rel_tol;
+        assert!(whole < tol, "one distance over A and B dilutes B: {whole}");
+        let sub = submit(
+            &f.nodes[0],
+            shrunk.to_delta_bytes(0).expect("write"),
+            honest.claimed_loss,
+        );
+        let v = validate(&lora_context(f, 1.0, NormTracker::new(), None), &sub);
+        match v.outcome {
+            Err(Rejection::SpotCheckReplay { distance, .. }) => {
+                assert!((distance - 0.1).abs() < 1e-3, "{distance}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// An adapter layout of `modules` `(out, in)` at rank `r` (names `layers.i.proj`).
+    fn adapter_layout(r: usize, modules: &[(usize, usize)]) -> Layout {
+        let mut params = std::collections::BTreeMap::new();
+        for (i, &(o, n)) in modules.iter().enumerate() {
+            params.insert(
+                format!("base_model.model.layers.{i}.proj.lora_A.weight"),
+                vec![r, n],
+            );
+            params.insert(
+                format!("base_model.model.layers.{i}.proj.lora_B.weight"),
+                vec![o, r],
+            );
+        }
+        Layout::new(&hanzod_protocol::model::ModelSpec {
+            name: "adapter".into(),
+            params,
+            lora: Some(hanzod_protocol::model::LoraConfig {
+                rank: r,
+                target_modules: vec!["proj".into()],
+            }),
+        })
+        .expect("layout")
+    }
+
+    proptest! {
+        /// The LoRA re-run distance is the larger of the factors' distances: zero to
+        /// itself, at least the distance over the whole adapter, exactly `|1 − c|` when
+        /// only the `B` factors are scaled by `c`; a full layout's is `relative_distance`.
+        #[test]
+        fn replay_distance_takes_each_factor_on_its_own(
+            r in 1usize..=3,
+            modules in proptest::collection::vec((1usize..=5, 1usize..=5), 1..=3),
+            seed in any::<u64>(),
+            c in 0.5f32..1.5,
+        ) {
+            use rand::{Rng, SeedableRng};
+            let layout = adapter_layout(r, &modules);
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let a: Vec<f32> = (0..layout.len()).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let b: Vec<f32> = (0..layout.len()).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            prop_assert_eq!(replay_distance(&layout, &a, &a), 0.0);
+            let d = replay_distance(&layout, &a, &b);
+            prop_assert!(d >= relative_distance(&a, &b) * (1.0 - 1e-12), "{}", d);
+            prop_assert_eq!(replay_distance(&layout, &a[1..], &b[1..]), f64::INFINITY);
+            let mut scaled = a.clone();
+            for e in layout.entries().iter().filter(|e| e.name.ends_with(LORA_B_SUFFIX)) {
+                scaled[e.offset..e.offset + e.len].iter_mut().for_each(|x| *x *= c);
+            }
+            let want = (1.0 - f64::from(c)).abs();
+            prop_assert!((replay_distance(&layout, &scaled, &a) - want).abs() < 1e-6);
+            let full = hanzod_train::layout(4);
+            let (x, y) = (&a[..full.len().min(a.len())], &b[..full.len().min(b.len())]);
+            prop_assert_eq!(
+                replay_distance(&full, x, y).to_bits(),
+                relative_distance(x, y).to_bits()
+            );
+        }
+    }
+
+    /// The format check is against the adapter's layout: a rank-8 adapter for a rank-4
+    /// job, or a full delta for a LoRA job, is a format rejection that names the problem.
+    #[test]
+    fn a_delta_of_the_wrong_adapter_shape_is_a_format_rejection() {
+        let f = lora_fixture();
+        let ctx = lora_context(f, 1.0, NormTracker::new(), None);
+        let full = f.trainer.layout();
+        let rank8 = full
+            .spec()
+            .lora_spec(8, &["q_proj", "v_proj"])
+            .expect("rank-8 spec");
+        let mut wrong =
+            Weights::zeros(Arc::new(hanzod_train::Layout::new(&rank8).expect("layout")));
+        wrong.data.iter_mut().for_each(|x| *x = 0.01);
+        let v = validate(
+            &ctx,
+            &submit(
+                &f.nodes[0],
+                wrong.to_delta_bytes(0).expect("write"),
+                f.deltas[0].claimed_loss,
+            ),
+        );
+        match &v.outcome {
+            Err(Rejection::Format(why)) => {
+                // The first adapter tensor in name order: layer 0's q_proj A, [8, 128].
+                assert!(
+                    why.contains("layers.0.self_attn.q_proj.lora_A.weight"),
+                    "{why}"
+                );
+                assert!(
+                    why.contains("[8, 128]") && why.contains("[4, 128]"),
+                    "{why}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            v.spot_check.is_none(),
+            "format failures are not spot-checked"
+        );
+
+        let full_delta = Weights::zeros(full);
+        let v = validate(
+            &ctx,
+            &submit(
+                &f.nodes[0],
+                full_delta.to_delta_bytes(0).expect("write"),
+                f.deltas[0].claimed_loss,
+            ),
+        );
+        match &v.outcome {
+            Err(Rejection::Format(why)) => {
+                assert!(why.contains("kind"), "{why}");
+                assert!(why.contains("lora") || why.contains("LoRA"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! What a node, the orchestrator and any auditor must compute identically (DESIGN §3, §6,
 //! §7): the Ed25519 [`identity`] and its signatures, the signature and hash [`domain`]s,
 //! the `HZDL` delta format and its signed statement ([`hzdl`]) with the model descriptions
-//! it is checked against ([`model`]), the IPFS [`cid`] of a checkpoint (as Kubo computes
+//! it is checked against ([`model`]), PEFT's LoRA `adapter_config.json` ([`peft`]), the IPFS [`cid`] of a checkpoint (as Kubo computes
 //! it), the signed publication [`record`], the wire ↔ domain conversions ([`convert`]),
 //! the gRPC client setup ([`client`]) and the status conventions ([`status`]).
 //!
@@ -17,6 +17,7 @@ pub mod human;
 pub mod hzdl;
 pub mod identity;
 pub mod model;
+pub mod peft;
 pub mod record;
 pub mod status;
 

@@ -513,6 +513,74 @@ mod tests {
         );
     }
 
+    /// Learning curve of one process (for tuning the demo; `--release --ignored
+    /// --nocapture`): `HANZOD_LM_STEPS`, `HANZOD_LM_LR`, `HANZOD_LM_BATCH` (8),
+    /// `HANZOD_LM_EPOCH` (steps per AdamW restart, 8).
+    #[test]
+    #[ignore = "tuning report"]
+    fn learning_curve() {
+        let env = |k: &str, d: f64| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
+        let (steps, lr) = (
+            env("HANZOD_LM_STEPS", 200.0) as u32,
+            env("HANZOD_LM_LR", 3e-3),
+        );
+        let (batch, epoch) = (
+            env("HANZOD_LM_BATCH", 8.0) as u32,
+            env("HANZOD_LM_EPOCH", 8.0) as u32,
+        );
+        let r = LmRecipe {
+            seq_len: 64,
+            batch_size: batch,
+            local_steps: epoch,
+            validation_tokens: 2048,
+            adamw: AdamW {
+                lr,
+                ..AdamW::default()
+            },
+            ..recipe()
+        };
+        let task = LmTask::new(qwen3_tiny(), r, TextData::austen()).unwrap();
+        let mut w = task.init();
+        let t0 = std::time::Instant::now();
+        let prompt = task
+            .data()
+            .tokenizer()
+            .encode("It is a truth universally acknowledged");
+        for e in 0..steps / epoch {
+            let run = task
+                .train_local(&w, &[1; 32], u64::from(e * epoch))
+                .unwrap();
+            w = run.weights;
+            if (e + 1) % (steps / epoch / 5).max(1) == 0 {
+                let v = task.validation_loss(&w).unwrap();
+                let out = task
+                    .model()
+                    .generate(
+                        &w,
+                        &prompt,
+                        24,
+                        crate::qwen3::Sampling {
+                            temperature: 0.0,
+                            seed: 0,
+                        },
+                        None,
+                    )
+                    .unwrap();
+                eprintln!(
+                    "step {:4} {:7.1} s val {v:.4} | {}",
+                    (e + 1) * epoch,
+                    t0.elapsed().as_secs_f64(),
+                    task.data().tokenizer().decode(&out).replace('\n', "⏎")
+                );
+            }
+        }
+    }
+
     #[test]
     fn refuses_recipes_out_of_bounds() {
         let cfg = qwen3_tiny();

@@ -14,6 +14,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use super::admission::{self, AdmissionSettings};
 use super::sessions::Sessions;
 use super::{job_request_status, status_of};
 use hanzod_protocol::convert;
@@ -28,25 +29,42 @@ pub struct JobServiceImpl {
     core: OrchestratorHandle,
     sessions: Arc<Sessions>,
     catalog: Arc<ModelCatalog>,
+    objects: Arc<dyn hanzod_store::ObjectStore>,
+    admission: AdmissionSettings,
     commitments: Commitments,
     shutdown: watch::Receiver<bool>,
 }
 
+/// What a [`JobServiceImpl`] checks submitted jobs against besides the core.
+#[derive(Debug, Clone)]
+pub struct JobChecks {
+    /// The models and datasets jobs may name.
+    pub catalog: Arc<ModelCatalog>,
+    /// Where a job's `training.base` checkpoint must be (the daemon's object store).
+    pub objects: Arc<dyn hanzod_store::ObjectStore>,
+    /// The validation budget.
+    pub admission: AdmissionSettings,
+}
+
 impl JobServiceImpl {
-    /// A service over `core` accepting jobs whose model and dataset `catalog` knows, showing
-    /// each running epoch's spot-check commitment from `commitments`; watch streams end
-    /// `UNAVAILABLE` when `shutdown` turns true.
+    /// A service over `core` accepting jobs whose model and dataset `checks.catalog` knows,
+    /// whose epoch validation fits `checks.admission`'s budget and whose `training.base`,
+    /// if any, is a checkpoint of the job's model in `checks.objects`; showing each running
+    /// epoch's spot-check commitment from `commitments`; watch streams end `UNAVAILABLE`
+    /// when `shutdown` turns true.
     pub fn new(
         core: OrchestratorHandle,
         sessions: Arc<Sessions>,
-        catalog: Arc<ModelCatalog>,
+        checks: JobChecks,
         commitments: Commitments,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         JobServiceImpl {
             core,
             sessions,
-            catalog,
+            catalog: checks.catalog,
+            objects: checks.objects,
+            admission: checks.admission,
             commitments,
             shutdown,
         }
@@ -91,6 +109,7 @@ impl JobService for JobServiceImpl {
             let field = match e {
                 CatalogError::UnknownModel { .. } => "spec.training.model",
                 CatalogError::Architecture(_) => "spec.training.architecture",
+                CatalogError::Lora(_) => "spec.training.lora",
                 CatalogError::UnknownDataset { .. } => "spec.training.dataset",
             };
             refused(
@@ -99,27 +118,40 @@ impl JobService for JobServiceImpl {
             )
         })?;
         // And one the validator could not replay (no trainer for the model, steps or batch
-        // beyond the bounds that keep a spot-check cheap, rates that are not f32).
+        // beyond the bounds that keep a spot-check cheap, rates that are not f32), then one
+        // whose validation would cost more than the budget (DESIGN §5).
         // A language model's first recipe tokenizes its corpus (seconds): off the runtime.
-        let training = spec.training.clone();
+        let (job, rate) = (spec.clone(), self.admission.spot_check_rate);
         let resolved = tokio::task::spawn_blocking(move || {
-            hanzod_train::recipe::trainer_for(&training, &model, JobId(0)).map(|_| ())
+            let trainer = hanzod_train::recipe::trainer_for(&job.training, &model, JobId(0))
+                .map_err(|e| Status::invalid_argument(format!("invalid spec.training: {e}")))?;
+            let work = admission::validation_work(&trainer, &job, rate)
+                .map_err(|e| Status::internal(format!("validation budget: {e}")))?;
+            Ok::<_, Status>((trainer.layout(), work))
         })
         .await
         .map_err(|e| refused(&self.core, Status::internal(format!("recipe check: {e}"))))?;
-        resolved.map_err(|e| {
-            refused(
-                &self.core,
-                Status::invalid_argument(format!("invalid spec.training: {e}")),
-            )
-        })?;
-        let name = spec.name.clone();
+        let (layout, work) = resolved.map_err(|s| refused(&self.core, s))?;
+        admission::check_budget(&work, &self.admission)
+            .map_err(|e| refused(&self.core, e.status()))?;
+        // A base checkpoint must be here, be what its CID names, and load as this model.
+        if let Some(base) = &spec.training.base {
+            admission::check_base(&*self.objects, base, layout, &spec.training.model)
+                .await
+                .map_err(|e| refused(&self.core, e.status()))?;
+        }
+        let (name, spec_base) = (spec.name.clone(), spec.training.base.clone());
         let id = self
             .core
             .submit_job(spec)
             .await
             .map_err(|e| refused(&self.core, status_of(&e)))?;
-        tracing::info!(job = id.0, name, "job submitted");
+        tracing::info!(
+            job = id.0,
+            name,
+            base = spec_base.as_deref().map(admission::quote_cid),
+            "job submitted"
+        );
         Ok(Response::new(pb::SubmitJobResponse { job_id: id.0 }))
     }
 
@@ -248,6 +280,8 @@ fn refused(core: &OrchestratorHandle, status: Status) -> Status {
         tonic::Code::Unavailable => "unavailable",
         tonic::Code::PermissionDenied => "permission_denied",
         tonic::Code::AlreadyExists => "already_exists",
+        tonic::Code::ResourceExhausted => "resource_exhausted",
+        tonic::Code::DataLoss => "data_loss",
         _ => "other",
     };
     core.metrics().incr(Counter::RejectedMessages, reason, 1);

@@ -54,6 +54,8 @@ pub struct ServerSettings {
     pub node: NodeServiceSettings,
     /// Delta upload limits.
     pub uploads: UploadSettings,
+    /// SubmitJob's validation budget.
+    pub admission: super::admission::AdmissionSettings,
 }
 
 /// Why the server could not be set up.
@@ -220,7 +222,7 @@ impl GrpcServer {
             core.clone(),
             sessions.clone(),
             blobs,
-            objects,
+            objects.clone(),
             catalog.clone(),
             settings.uploads.clone(),
         ));
@@ -238,7 +240,11 @@ impl GrpcServer {
             JobServiceServer::new(JobServiceImpl::new(
                 core.clone(),
                 sessions.clone(),
-                catalog,
+                super::jobs::JobChecks {
+                    catalog,
+                    objects,
+                    admission: settings.admission,
+                },
                 commitments,
                 shutdown.clone(),
             ))
