@@ -219,14 +219,14 @@ Examples:
     /// (nats/token) and perplexity, with the checkpoint's own tokenizer.
     #[command(after_help = "\
 Examples:
-  hanzod eval hanzod-demo/models/hanzo-gym/qwen3-tiny-job-1-epoch-4 --text crates/train/data/austen/persuasion.txt
+  hanzod eval hanzod-demo/models/hanzo-gym/qwen3-tiny-job-1-epoch-7 --text crates/train/data/austen/persuasion.txt
   hanzod eval <folder> --text notes.txt --max-tokens 4096 --json")]
     Eval(cmd::lm::EvalArgs),
     /// Continue a prompt with a language-model checkpoint (greedy, or sampled with
     /// --temperature and --seed).
     #[command(after_help = "\
 Examples:
-  hanzod generate hanzod-demo/models/hanzo-gym/qwen3-tiny-job-1-epoch-4 --prompt \"It is a truth universally acknowledged\"
+  hanzod generate hanzod-demo/models/hanzo-gym/qwen3-tiny-job-1-epoch-7 --prompt \"It is a truth universally acknowledged\"
   hanzod generate <folder> --prompt \"Emma\" --max-tokens 100 --temperature 0.8 --seed 7")]
     Generate(cmd::lm::GenerateArgs),
     /// Set up a chain for `hanzod serve` (DESIGN §8): the orchestrator's account, deploying

@@ -71,6 +71,23 @@ Examples:
         #[arg(long)]
         json: bool,
     },
+    /// Write a LoRA job's delta as a PEFT adapter folder: `adapter_model.safetensors` (f32,
+    /// the delta's PEFT tensor names) and the `adapter_config.json` the job implies (its
+    /// rank, `lora_alpha`, target modules; `base_model_name_or_path` = the job's `base` CID
+    /// or its model name), loadable with `peft.PeftModel.from_pretrained(model, folder)`.
+    #[command(
+        after_help = "Example:\n  hanzod delta to-peft node-3.hzdl --job config/job.lora.example.toml --out adapter/"
+    )]
+    ToPeft {
+        /// The delta file (HZDL, kind LoRA).
+        file: PathBuf,
+        /// The job file (TOML) the delta was trained for (`mode = "lora"`).
+        #[arg(long)]
+        job: PathBuf,
+        /// The folder to write (created if missing; the two files are replaced).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Sign a delta's statement with a node key; prints the signature (hex).
     #[command(
         after_help = "Example:\n  hanzod delta sign delta.hzdl --key node.key --job 1 --epoch 0 --step 500 --loss 2.31"
@@ -176,6 +193,38 @@ pub(crate) fn read_adapter_config(
     })
 }
 
+/// The PEFT adapter folder of a LoRA delta ([`DeltaCommand::ToPeft`]): `(file name, bytes)`
+/// of `adapter_model.safetensors` (the delta's factors in f32, checked against the job's
+/// adapter layout: kind, names, shapes, finite) and `adapter_config.json`
+/// ([`hanzod_protocol::peft::adapter_config_json`] of the job's `[training.lora]`).
+///
+/// Errors: a job that is not a LoRA job or has no trainer, a delta that does not parse or
+/// is not that adapter.
+pub(crate) fn to_peft(
+    delta: &[u8],
+    training: &hanzod_actors::job::TrainingSpec,
+) -> anyhow::Result<Vec<(&'static str, Vec<u8>)>> {
+    let trainer = hanzod_train::trainer_of(training, hanzod_actors::types::JobId(0))?;
+    let Some(lora) = trainer.lora() else {
+        anyhow::bail!(
+            "the job trains every parameter (mode = \"full\"): its deltas are not adapters"
+        );
+    };
+    let view = hanzod_protocol::hzdl::DeltaView::parse(delta)?;
+    let adapter = hanzod_train::Weights::from_delta_view(&view, trainer.delta_layout())?;
+    let base = training.base.as_deref().unwrap_or(training.model.as_str());
+    let config = hanzod_protocol::peft::adapter_config_json(
+        lora.rank() as u32,
+        lora.alpha(),
+        lora.target_modules(),
+        Some(base),
+    );
+    Ok(vec![
+        ("adapter_model.safetensors", adapter.to_safetensors()),
+        ("adapter_config.json", config.into_bytes()),
+    ])
+}
+
 pub(crate) fn run_delta(cmd: DeltaCommand) -> ExitCode {
     use hanzod_protocol::hzdl::{payload_hash, sign_statement, verify_statement};
     let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
@@ -243,6 +292,20 @@ pub(crate) fn run_delta(cmd: DeltaCommand) -> ExitCode {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        DeltaCommand::ToPeft { file, job, out } => {
+            let spec = crate::client_cmds::JobSpecFile::load(&job).map_err(|e| e.to_string())?;
+            let files = to_peft(&read(&file)?, &spec.training).map_err(|e| e.to_string())?;
+            std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+            for (name, bytes) in files {
+                let path = out.join(name);
+                std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            println!(
+                "wrote {} (adapter_model.safetensors, adapter_config.json)",
+                out.display()
+            );
+            Ok(ExitCode::SUCCESS)
         }
         DeltaCommand::Sign {
             file,
@@ -315,6 +378,65 @@ mod tests {
         let p = dir.join(name);
         std::fs::write(&p, bytes).unwrap();
         p
+    }
+
+    #[test]
+    fn a_lora_delta_becomes_a_peft_folder_that_reads_back() {
+        use hanzod_actors::job::{LoraSpec, TrainMode, TrainingSpec};
+        let training = TrainingSpec {
+            model: "qwen3-tiny".into(),
+            dataset: "austen".into(),
+            mode: TrainMode::Lora,
+            lora: LoraSpec {
+                rank: 4,
+                alpha: 8.0,
+                target_modules: vec!["v_proj".into(), "q_proj".into()],
+                dropout: 0.0,
+            },
+            local_steps: 1,
+            batch_size: 2,
+            seq_len: 16,
+            validation_tokens: 64,
+            local_lr: 3e-3,
+            ..TrainingSpec::default()
+        };
+        let trainer = hanzod_train::trainer_of(&training, hanzod_actors::types::JobId(0)).unwrap();
+        let run = trainer.local_delta(&trainer.init(), &[5; 32], 0).unwrap();
+        let bytes = run.delta.to_delta_bytes(0).unwrap();
+        let files = to_peft(&bytes, &training).unwrap();
+        let get = |n: &str| &files.iter().find(|(f, _)| *f == n).unwrap().1;
+        // The weights: exactly the delta's factors under their PEFT names.
+        let back = hanzod_train::Weights::from_safetensors(
+            get("adapter_model.safetensors"),
+            trainer.delta_layout(),
+        )
+        .unwrap();
+        assert_eq!(back, run.delta);
+        // The config: what the job says, readable by the parser PEFT's own files pass.
+        let cfg =
+            AdapterConfig::from_json(std::str::from_utf8(get("adapter_config.json")).unwrap())
+                .unwrap();
+        assert_eq!((cfg.rank, cfg.alpha), (4, 8.0));
+        assert_eq!(cfg.target_modules, ["q_proj", "v_proj"]);
+        assert_eq!(cfg.base_model_name_or_path.as_deref(), Some("qwen3-tiny"));
+        // A full-parameter job has no adapter; a delta of another adapter is refused.
+        let full = TrainingSpec {
+            mode: TrainMode::Full,
+            lora: LoraSpec::default(),
+            ..training.clone()
+        };
+        assert!(to_peft(&bytes, &full)
+            .unwrap_err()
+            .to_string()
+            .contains("full"));
+        let other = TrainingSpec {
+            lora: LoraSpec {
+                rank: 8,
+                ..training.lora.clone()
+            },
+            ..training
+        };
+        assert!(to_peft(&bytes, &other).is_err());
     }
 
     #[test]
