@@ -58,16 +58,7 @@ fn lm(c: &mut Criterion) {
             )
         })
     });
-    let targets = [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ]
-    .map(String::from);
+    let targets = hanzod::delta::model::LINEAR_MODULES.map(String::from);
     let lora = model.lora(16, 32.0, &targets).expect("adapter");
     let adapter = model.init_lora(&lora, [7; 32]);
     g.bench_function("lora_train_step", |bench| {

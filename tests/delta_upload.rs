@@ -1415,7 +1415,8 @@ async fn trained_deltas_are_validated_merged_and_the_next_epoch_trains_from_the_
 
     // Epoch 1 trains from the published checkpoint (base version 1, steps 20..40).
     for n in nodes.iter_mut() {
-        train_and_upload(n, job, 1, &w0, 1.0).await;
+        let ack = train_and_upload(n, job, 1, &w0, 1.0).await;
+        assert!(ack.accepted, "{ack:?}");
     }
     let view = await_phase(&d, job, "Published", |p| {
         matches!(p, JobPhase::Published { .. })
@@ -1423,12 +1424,12 @@ async fn trained_deltas_are_validated_merged_and_the_next_epoch_trains_from_the_
     .await;
     let w1 = checkpoint(&d, &view.checkpoints[1]).await;
     let loss1 = train::validation_loss(&w1, &data).unwrap();
-    assert!(loss1 < loss0, "{loss0} → {loss1}");
     let r1 = d
         .sink()
         .report(JobId(job), 1)
         .await
         .expect("epoch 1 report");
+    assert!(loss1 < loss0, "{loss0} → {loss1}: {r1:#?}");
     assert!(r1.deltas.iter().all(|l| l.rejected.is_none()), "{r1:#?}");
     eprintln!("validation loss: {loss_init:.4} → {loss0:.4} → {loss1:.4}");
     d.stop().await;

@@ -536,8 +536,9 @@ fn two_demos_into_one_folder_are_refused() {
 /// processes. The held-out cross-entropy (nats/token) falls every epoch from the untrained
 /// model's ≈ ln 2048; every published repo folder is a Hugging Face Qwen3 checkpoint
 /// (config.json of model_type qwen3, model.safetensors with Hugging Face names) whose loss
-/// the validator recomputes exactly; the federated run ends near a single process that
-/// trains the same tokens (module docs of the test for the tolerance).
+/// the validator recomputes exactly; the federated run ends within 10 % of a single process
+/// that trains as many tokens with the nodes' combined batch (synchronous data
+/// parallelism, which averaging AdamW deltas approximates).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_language_model_job_trains_qwen3_tiny_on_the_corpus() {
     let out = std::env::temp_dir().join(format!("hanzod-demo-test-lm-{}", std::process::id()));
@@ -585,8 +586,9 @@ async fn a_language_model_job_trains_qwen3_tiny_on_the_corpus() {
         last = e.loss_after;
     }
     verify_cli(&s);
-    // One process training the same tokens: `epochs × local_steps` AdamW steps on batches
-    // of `nodes × batch_size` sequences (synchronous data parallelism).
+    // One process training as many tokens (its own stream, not the nodes' windows):
+    // `epochs × local_steps` AdamW steps on batches of `nodes × batch_size` sequences
+    // (synchronous data parallelism).
     let single = {
         let t = TrainingSpec {
             local_steps: p.local_steps * p.epochs,
@@ -689,8 +691,9 @@ async fn a_lora_job_trains_adapters_and_publishes_full_checkpoints() {
         last = e.loss_after;
     }
     verify_cli(&s);
-    // One process training the same tokens, epoch by epoch: an adapter of `local_steps`
-    // AdamW steps on batches of `nodes × batch_size` sequences, merged into the base.
+    // One process training as many tokens (its own stream), epoch by epoch: an adapter of
+    // `local_steps` AdamW steps on batches of `nodes × batch_size` sequences, merged into
+    // the base.
     let single = {
         let t = TrainingSpec {
             batch_size: p.batch_size * p.nodes as u32,

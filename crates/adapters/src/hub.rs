@@ -491,12 +491,7 @@ fn error_message(body: &[u8]) -> String {
 }
 
 fn quote(s: &str) -> String {
-    if s.chars().count() > MAX_ERROR_QUOTE {
-        let cut: String = s.chars().take(MAX_ERROR_QUOTE).collect();
-        format!("{cut}…")
-    } else {
-        s.to_string()
-    }
+    hanzod_protocol::status::quote_bounded(s, MAX_ERROR_QUOTE)
 }
 
 /// Reads a body of at most `limit` bytes.

@@ -84,13 +84,19 @@ impl JobSpecFile {
         let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
         let text = std::fs::read_to_string(path).map_err(|e| named(&e))?;
         let mut value: toml::Table = toml::from_str(&text).map_err(|e| named(&e))?;
-        if let Some(toml::Value::Table(training)) = value.get_mut("training") {
-            if let Some(arch) = training.get_mut("architecture") {
+        let arch = match value.get_mut("training") {
+            Some(toml::Value::Table(training)) => training.get_mut("architecture"),
+            _ => None,
+        };
+        match arch {
+            // Parsed from the text itself, so errors keep their line and column.
+            None => toml::from_str(&text).map_err(|e| named(&e)),
+            Some(arch) => {
                 let dir = path.parent().unwrap_or(Path::new("."));
                 *arch = toml::Value::String(architecture_text(arch, dir).map_err(|e| named(&e))?);
+                toml::Value::Table(value).try_into().map_err(|e| named(&e))
             }
         }
-        toml::Value::Table(value).try_into().map_err(|e| named(&e))
     }
 
     /// The wire spec.

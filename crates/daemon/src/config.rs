@@ -287,7 +287,7 @@ pub struct ValidationSection {
     /// - qwen3-tiny with the recipe defaults (V 4096, 20 steps × 32 × 129 tokens) on 64
     ///   nodes: 5.6e11 + 7·5.2e11 = 4.2e12;
     /// - the `wine-mlp` of `config/job.example.toml` (1,473 parameters, 320 validation
-    ///   samples, N 16, 10,000 steps × 1,024 samples): 1.5e7 + 2·9.0e10 = 1.8e11;
+    ///   samples, N 16, 10,000 steps × 1,024 samples): 1.6e7 + 2·9.0e10 = 1.8e11;
     ///
     /// and refuses Qwen3-0.6B (596 M parameters, tied embeddings) with 4096 validation
     /// tokens on 64 nodes: 2·5.96e8·4096·65 = 3.2e14 for the scoring alone, before any

@@ -2,13 +2,16 @@
 //! an [`EpochAssignment`].
 //!
 //! 1. Fetch the base checkpoint (`FetchCheckpoint`) and check its bytes against the
-//!    reference; in epoch 0 derive the recipe's initial weights from its seed instead.
+//!    reference (the job's `base` in epoch 0 when it has one, the checkpoint published for
+//!    the previous epoch after); in epoch 0 of a job without a base derive the recipe's
+//!    initial weights from its seed instead.
 //! 2. Run the recipe's local steps on this node's batch stream with burn
-//!    ([`hanzod_train::Trainer::train_local`]: SGD for the MLP, AdamW for a language model;
-//!    off the async runtime): deterministic for a given seed, job,
-//!    node and step, so a validator can re-run them.
-//! 3. Upload delta = local − global as an HZDL file, with the signed statement carrying the
-//!    claimed loss (the pre-delta weights' loss on the first step's batch).
+//!    ([`hanzod_train::Trainer::local_delta`]: SGD for the MLP, AdamW for a language model,
+//!    on every parameter or on a LoRA adapter; off the async runtime): deterministic for a
+//!    given seed, job, node and step, so a validator can re-run them.
+//! 3. Upload the delta (trained − start, or the trained adapter of a LoRA job) as an HZDL
+//!    file, with the signed statement carrying the claimed loss (the pre-delta weights'
+//!    loss on the first step's batch).
 //!
 //! A [`Behaviour`] other than [`Behaviour::Honest`] makes the node Byzantine, for fault
 //! injection (`hanzod node --byzantine`, `hanzod demo --byzantine`).

@@ -608,7 +608,13 @@ fn spot_check(
             Ok(run) => run.delta.data,
             Err(e) => return (check, Some(Rejection::Quality(e.to_string()))),
         };
-        let distance = replay_distance(&ctx.trainer.delta_layout(), delta, &replayed);
+        let start = ctx.trainer.init_adapter(r.step);
+        let distance = replay_distance(
+            &ctx.trainer.delta_layout(),
+            delta,
+            &replayed,
+            start.as_ref().map(|w| &w.data[..]),
+        );
         check.replay_distance = Some(distance);
         let tol = ctx.config.replay_rel_tol + dtype_rounding(dtype);
         // NaN distances fail too.
@@ -633,23 +639,34 @@ fn dtype_rounding(dtype: DeltaDtype) -> f64 {
 /// The spot-check's re-run distance of `delta` from its re-run `replayed`, both flattened in
 /// `layout` (the job's delta layout): [`relative_distance`] over the whole delta for a
 /// full-parameter layout; for a LoRA adapter layout ([`Layout::delta_kind`] LoRA) the
-/// larger of the relative distances of its `A` factors (`*.lora_A.weight`, all together)
-/// and of its `B` factors (`*.lora_B.weight`; any other tensor a third group). Per factor,
-/// because every epoch's adapter starts from `B = 0` and a shared `A` initialisation:
-/// after a local run `‖A‖` dwarfs `‖B‖` (qwen3-tiny, r = 4, 2 steps: 3.3 against 0.26), so
-/// one distance over both would dilute a tampered `B` (`B × 0.9`, i.e. `ΔW × 0.9`, came to
-/// 0.008, under the default tolerance); per factor it is 0.1.
+/// larger of `‖delta − replayed‖ / ‖replayed − start‖` over its `A` factors
+/// (`*.lora_A.weight`, all together) and over its `B` factors (`*.lora_B.weight`; any
+/// other tensor a third group), `start` being the adapter every node of the epoch started
+/// from (`Trainer::init_adapter`; `B = 0`; zeros when `None`). Per factor and against the
+/// trained change, because the run starts from `B = 0` and a shared, public `A`: after a
+/// local run `‖A‖` dwarfs `‖B‖` (qwen3-tiny, r = 4, 2 steps: 3.3 against 0.26) and mostly
+/// is `A₀`, so one distance over both factors (or `A` against its own norm) would dilute
+/// a tampered factor (`B × 0.9`, i.e. `ΔW × 0.9`, came to 0.008 over both, under the
+/// default tolerance; per factor it is 0.1).
 ///
 /// ∞ for different lengths or a buffer that does not fit `layout`; NaN inputs give NaN
 /// (failing every `≤` comparison).
-pub fn replay_distance(layout: &Layout, delta: &[f32], replayed: &[f32]) -> f64 {
+pub fn replay_distance(
+    layout: &Layout,
+    delta: &[f32],
+    replayed: &[f32],
+    start: Option<&[f32]>,
+) -> f64 {
     if layout.delta_kind() != DeltaKind::Lora {
         return relative_distance(delta, replayed);
     }
-    if delta.len() != replayed.len() || delta.len() != layout.len() {
+    if delta.len() != replayed.len()
+        || delta.len() != layout.len()
+        || start.is_some_and(|s| s.len() != layout.len())
+    {
         return f64::INFINITY;
     }
-    // (‖a − b‖², ‖b‖²) of the A factors, the B factors, anything else.
+    // (‖a − b‖², ‖b − start‖²) of the A factors, the B factors, anything else.
     let mut groups = [(0.0f64, 0.0f64, false); 3];
     for e in layout.entries() {
         let g = if e.name.ends_with(LORA_A_SUFFIX) {
@@ -660,10 +677,15 @@ pub fn replay_distance(layout: &Layout, delta: &[f32], replayed: &[f32]) -> f64 
             2
         };
         let range = e.offset..e.offset + e.len;
-        for (&x, &y) in delta[range.clone()].iter().zip(&replayed[range]) {
+        for (k, (&x, &y)) in delta[range.clone()]
+            .iter()
+            .zip(&replayed[range.clone()])
+            .enumerate()
+        {
             let d = f64::from(x) - f64::from(y);
+            let moved = f64::from(y) - start.map_or(0.0, |s| f64::from(s[range.start + k]));
             groups[g].0 += d * d;
-            groups[g].1 += f64::from(y) * f64::from(y);
+            groups[g].1 += moved * moved;
         }
         groups[g].2 = true;
     }
@@ -1376,7 +1398,9 @@ pub(crate) mod lora_tests {
     proptest! {
         /// The LoRA re-run distance is the larger of the factors' distances: zero to
         /// itself, at least the distance over the whole adapter, exactly `|1 − c|` when
-        /// only the `B` factors are scaled by `c`; a full layout's is `relative_distance`.
+        /// only the `B` factors are scaled by `c`, and exactly `|1 − c|` when the `A`
+        /// factors' change from the shared start is scaled by `c` (which measured against
+        /// `‖A‖` alone would read as small as the start is large).
         #[test]
         fn replay_distance_takes_each_factor_on_its_own(
             r in 1usize..=3,
@@ -1389,21 +1413,39 @@ pub(crate) mod lora_tests {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             let a: Vec<f32> = (0..layout.len()).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
             let b: Vec<f32> = (0..layout.len()).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-            prop_assert_eq!(replay_distance(&layout, &a, &a), 0.0);
-            let d = replay_distance(&layout, &a, &b);
+            prop_assert_eq!(replay_distance(&layout, &a, &a, None), 0.0);
+            let d = replay_distance(&layout, &a, &b, None);
             prop_assert!(d >= relative_distance(&a, &b) * (1.0 - 1e-12), "{}", d);
-            prop_assert_eq!(replay_distance(&layout, &a[1..], &b[1..]), f64::INFINITY);
+            prop_assert_eq!(replay_distance(&layout, &a[1..], &b[1..], None), f64::INFINITY);
+            let is_b = |name: &str| name.ends_with(LORA_B_SUFFIX);
             let mut scaled = a.clone();
-            for e in layout.entries().iter().filter(|e| e.name.ends_with(LORA_B_SUFFIX)) {
+            for e in layout.entries().iter().filter(|e| is_b(&e.name)) {
                 scaled[e.offset..e.offset + e.len].iter_mut().for_each(|x| *x *= c);
             }
             let want = (1.0 - f64::from(c)).abs();
-            prop_assert!((replay_distance(&layout, &scaled, &a) - want).abs() < 1e-6);
-            let full = hanzod_train::layout(4);
-            let (x, y) = (&a[..full.len().min(a.len())], &b[..full.len().min(b.len())]);
+            prop_assert!((replay_distance(&layout, &scaled, &a, None) - want).abs() < 1e-6);
+            // A start with large A factors (B = 0): the replay moved A by a small step.
+            let mut start = vec![0.0f32; layout.len()];
+            let mut replayed = vec![0.0f32; layout.len()];
+            let mut tampered = vec![0.0f32; layout.len()];
+            for e in layout.entries() {
+                for k in e.offset..e.offset + e.len {
+                    let step = 0.01 * a[k];
+                    if is_b(&e.name) {
+                        replayed[k] = b[k];
+                        tampered[k] = b[k];
+                    } else {
+                        start[k] = 10.0 * b[k];
+                        replayed[k] = start[k] + step;
+                        tampered[k] = start[k] + c * step;
+                    }
+                }
+            }
+            let d = replay_distance(&layout, &tampered, &replayed, Some(&start));
+            prop_assert!((d - want).abs() < 1e-3, "{} vs {}", d, want);
             prop_assert_eq!(
-                replay_distance(&full, x, y).to_bits(),
-                relative_distance(x, y).to_bits()
+                replay_distance(&layout, &tampered, &replayed, Some(&start[1..])),
+                f64::INFINITY
             );
         }
     }

@@ -128,13 +128,7 @@ pub enum AdapterConfigError {
 
 /// `s` cut to [`QUOTE_CHARS`] characters (with `…` when cut).
 fn cut(s: &str) -> String {
-    if s.chars().count() <= QUOTE_CHARS {
-        s.to_string()
-    } else {
-        let mut c: String = s.chars().take(QUOTE_CHARS).collect();
-        c.push('…');
-        c
-    }
+    crate::status::quote_bounded(s, QUOTE_CHARS)
 }
 
 /// The fields read; every other field is ignored.
@@ -165,7 +159,7 @@ fn default_alpha() -> f64 {
 }
 
 /// Settings that must be absent, `null`, `false`, `{}` or `[]`, and what they would change.
-const MUST_BE_OFF: [(&str, &str); 13] = [
+const MUST_BE_OFF: [(&str, &str); 19] = [
     ("use_dora", "DoRA adds a magnitude vector per module"),
     ("use_rslora", "rsLoRA scales by lora_alpha / √r"),
     ("fan_in_fan_out", "the base stores weights transposed"),
@@ -179,6 +173,15 @@ const MUST_BE_OFF: [(&str, &str); 13] = [
     ("target_parameters", "parameters, not modules, are adapted"),
     ("trainable_token_indices", "embedding rows are trained"),
     ("use_qalora", "QA-LoRA pools the input"),
+    (
+        "alora_invocation_tokens",
+        "aLoRA adapts only after its invocation tokens",
+    ),
+    ("use_bdlora", "BD-LoRA shares block-diagonal factors"),
+    ("arrow_config", "Arrow routes between several adapters"),
+    ("monteclora_config", "MonteCLoRA samples the factors"),
+    ("kasa_config", "KaSA changes the base weights"),
+    ("velora_config", "VeLoRA compresses the activations"),
 ];
 
 /// Whether `v` is `null`, `false`, `{}` or `[]` (a setting left off).
@@ -228,6 +231,18 @@ impl AdapterConfig {
                 });
             }
         }
+        // `init_lora_weights` other than true/false (PiSSA, OLoRA, CorDA, LoftQ, …)
+        // rewrites the base weights when the adapter is created.
+        if let Some(v) = json
+            .get("init_lora_weights")
+            .filter(|v| !matches!(v, Value::Bool(_) | Value::Null))
+        {
+            return Err(AdapterConfigError::Unsupported {
+                field: "init_lora_weights",
+                value: cut(&v.to_string()),
+                why: "that initialisation changes the base weights",
+            });
+        }
         let raw: Raw = serde_json::from_value(Value::Object(json))
             .map_err(|e| AdapterConfigError::Json(cut(&e.to_string())))?;
         match &raw.bias {
@@ -269,7 +284,9 @@ impl AdapterConfig {
         }
     }
 
-    /// This configuration as PEFT's `adapter_config.json` ([`adapter_config_json`]).
+    /// This configuration as PEFT's `adapter_config.json` ([`adapter_config_json`]), which
+    /// always writes `lora_dropout` 0 (hanzod trains without dropout): a configuration with
+    /// another dropout reads back with 0.
     pub fn to_json(&self) -> String {
         adapter_config_json(
             self.rank,

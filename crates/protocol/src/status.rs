@@ -3,6 +3,16 @@
 //! ([`status_line`], [`code_name`]), and the chunking of streamed transfers
 //! ([`byte_chunks`]).
 
+/// `s` cut to its first `max_chars` characters with `…` appended when longer: how untrusted
+/// text (a CID, a tensor name, a peer's error body) is quoted in a log line or a status
+/// message, so its size stays bounded whatever was sent.
+pub fn quote_bounded(s: &str, max_chars: usize) -> String {
+    match s.char_indices().nth(max_chars) {
+        None => s.to_string(),
+        Some((end, _)) => format!("{}…", &s[..end]),
+    }
+}
+
 /// The refusal of a session token the daemon does not hold (expired, replaced, or from
 /// before a restart). Clients match it to retry through their new session.
 pub const UNKNOWN_SESSION: &str = "unknown or expired session; register again";
@@ -52,5 +62,17 @@ pub fn code_name(c: tonic::Code) -> &'static str {
         Unavailable => "UNAVAILABLE",
         DataLoss => "DATA_LOSS",
         Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn quotes_are_cut_at_a_character_bound() {
+        assert_eq!(super::quote_bounded("abc", 3), "abc");
+        assert_eq!(super::quote_bounded("abcd", 3), "abc…");
+        assert_eq!(super::quote_bounded("ééé", 2), "éé…");
+        assert_eq!(super::quote_bounded("", 0), "");
+        assert_eq!(super::quote_bounded("x", 0), "…");
     }
 }

@@ -121,7 +121,8 @@ pub struct ModelCard {
     pub job: u64,
     /// The checkpoint's validation loss (lower is better); must be finite.
     pub quality: f64,
-    /// The CID of the previous epoch's checkpoint, if any (HF `base_model`).
+    /// The CID of the checkpoint this one was trained from, if any (HF `base_model`): the
+    /// previous epoch's, or in epoch 0 the job's `base`.
     pub base_model: Option<String>,
     /// An HF license identifier, e.g. `apache-2.0`.
     pub license: String,

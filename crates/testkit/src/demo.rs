@@ -376,17 +376,9 @@ impl DemoPlan {
                 LoraSpec {
                     rank: 16,
                     alpha: 32.0,
-                    target_modules: [
-                        "q_proj",
-                        "k_proj",
-                        "v_proj",
-                        "o_proj",
-                        "gate_proj",
-                        "up_proj",
-                        "down_proj",
-                    ]
-                    .map(String::from)
-                    .to_vec(),
+                    target_modules: hanzod_protocol::model::LINEAR_MODULES
+                        .map(String::from)
+                        .to_vec(),
                     dropout: 0.0,
                 },
             )

@@ -319,6 +319,7 @@ impl LmTask {
         first_step: u64,
     ) -> Result<LocalDelta, TrainError> {
         let (Some(lora), Some(start)) = (&self.lora, self.init_adapter(first_step)) else {
+            // A full-parameter task: every parameter trained.
             let run = self.train_local(global, node, first_step)?;
             return Ok(LocalDelta {
                 delta: run.weights.sub(global)?,
@@ -368,12 +369,20 @@ impl LmTask {
     /// trains its adapter instead). `claimed_loss` is the loss of `global` on the first batch
     /// (under the autodiff forward; [`LmTask::batch_loss`] recomputes it equal to f32
     /// rounding).
+    ///
+    /// Errors: [`TrainError::InvalidRecipe`] for a LoRA task (it trains its adapter:
+    /// [`LmTask::local_delta`]); as [`Qwen3::train`].
     pub fn train_local(
         &self,
         global: &Weights,
         node: &[u8; 32],
         first_step: u64,
     ) -> Result<LocalRun, TrainError> {
+        if self.lora.is_some() {
+            return Err(TrainError::InvalidRecipe(
+                "a LoRA task trains its adapter, not every parameter: use local_delta".into(),
+            ));
+        }
         let r = &self.recipe;
         let (last_step, batches) = self.batches(node, first_step)?;
         let run = self.model.train(

@@ -170,6 +170,15 @@ impl Trainer {
         }
     }
 
+    /// The adapter every node of a LoRA job starts the epoch beginning at `first_step` from
+    /// ([`LmTask::init_adapter`]; `None` for full-parameter training).
+    pub fn init_adapter(&self, first_step: u64) -> Option<Weights> {
+        match self {
+            Trainer::Mlp(_) => None,
+            Trainer::Lm(t) => t.init_adapter(first_step),
+        }
+    }
+
     /// `node`'s local run of an epoch from `global`, steps `first_step ..`, as the delta it
     /// uploads (layout [`Trainer::delta_layout`]; [`LmTask::local_delta`]): what the node
     /// trains and the spot-check re-executes.
@@ -209,8 +218,9 @@ impl Trainer {
         }
     }
 
-    /// `node`'s local run of an epoch from `global`, steps `first_step ..` (see
-    /// [`crate::train_local`] and [`LmTask::train_local`]).
+    /// `node`'s local run of an epoch from `global`, steps `first_step ..`, every parameter
+    /// trained (see [`crate::train_local`] and [`LmTask::train_local`]; a LoRA job refuses
+    /// it: [`Trainer::local_delta`] is what its nodes run).
     pub fn train_local(
         &self,
         global: &Weights,

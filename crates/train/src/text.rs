@@ -611,7 +611,7 @@ impl TextData {
     /// The built-in data set [`AUSTEN`]: [`Split::austen`] encoded with
     /// [`Tokenizer::austen`], 1,081,401 training and 54,709 validation tokens. Tokenized
     /// once per process (about 1.5 s in a release build, 2–3 s in a debug build) and kept
-    /// in a `OnceLock`: it is immutable (4.9 MB of ids).
+    /// in a `OnceLock`: it is immutable (4.5 MB of ids).
     pub fn austen() -> &'static TextData {
         static AUSTEN_DATA: OnceLock<TextData> = OnceLock::new();
         AUSTEN_DATA.get_or_init(|| TextData::new(Tokenizer::austen().clone(), &Split::austen()))

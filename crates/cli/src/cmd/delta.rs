@@ -73,8 +73,11 @@ Examples:
     },
     /// Write a LoRA job's delta as a PEFT adapter folder: `adapter_model.safetensors` (f32,
     /// the delta's PEFT tensor names) and the `adapter_config.json` the job implies (its
-    /// rank, `lora_alpha`, target modules; `base_model_name_or_path` = the job's `base` CID
-    /// or its model name), loadable with `peft.PeftModel.from_pretrained(model, folder)`.
+    /// rank, `lora_alpha`, target modules; `base_model_name_or_path` = the checkpoint the
+    /// adapter was trained on), loadable with `peft.PeftModel.from_pretrained(model,
+    /// folder)` on that checkpoint. An epoch-e adapter belongs on the checkpoint published
+    /// for epoch e − 1 (`--base`); for epoch 0 that is the job's `base`, or its seed's
+    /// weights (the model name).
     #[command(
         after_help = "Example:\n  hanzod delta to-peft node-3.hzdl --job config/job.lora.example.toml --out adapter/"
     )]
@@ -87,6 +90,10 @@ Examples:
         /// The folder to write (created if missing; the two files are replaced).
         #[arg(long)]
         out: PathBuf,
+        /// The checkpoint the adapter was trained on (its CID or Hub repo): required for a
+        /// delta of epoch 1 or later (its header's base version).
+        #[arg(long)]
+        base: Option<String>,
     },
     /// Sign a delta's statement with a node key; prints the signature (hex).
     #[command(
@@ -196,13 +203,16 @@ pub(crate) fn read_adapter_config(
 /// The PEFT adapter folder of a LoRA delta ([`DeltaCommand::ToPeft`]): `(file name, bytes)`
 /// of `adapter_model.safetensors` (the delta's factors in f32, checked against the job's
 /// adapter layout: kind, names, shapes, finite) and `adapter_config.json`
-/// ([`hanzod_protocol::peft::adapter_config_json`] of the job's `[training.lora]`).
+/// ([`hanzod_protocol::peft::adapter_config_json`] of the job's `[training.lora]`, with
+/// `base_model_name_or_path` = `base`, else for a delta of base version 0 the job's `base`
+/// or model name).
 ///
 /// Errors: a job that is not a LoRA job or has no trainer, a delta that does not parse or
-/// is not that adapter.
+/// is not that adapter, a delta of a later epoch without `base`.
 pub(crate) fn to_peft(
     delta: &[u8],
     training: &hanzod_actors::job::TrainingSpec,
+    base: Option<&str>,
 ) -> anyhow::Result<Vec<(&'static str, Vec<u8>)>> {
     let trainer = hanzod_train::trainer_of(training, hanzod_actors::types::JobId(0))?;
     let Some(lora) = trainer.lora() else {
@@ -212,7 +222,15 @@ pub(crate) fn to_peft(
     };
     let view = hanzod_protocol::hzdl::DeltaView::parse(delta)?;
     let adapter = hanzod_train::Weights::from_delta_view(&view, trainer.delta_layout())?;
-    let base = training.base.as_deref().unwrap_or(training.model.as_str());
+    let version = view.header.base_version;
+    let base = match (base, version) {
+        (Some(b), _) => b,
+        (None, 0) => training.base.as_deref().unwrap_or(training.model.as_str()),
+        (None, v) => anyhow::bail!(
+            "the delta was trained on the checkpoint published for epoch {}: name it with --base",
+            v - 1
+        ),
+    };
     let config = hanzod_protocol::peft::adapter_config_json(
         lora.rank() as u32,
         lora.alpha(),
@@ -293,9 +311,15 @@ pub(crate) fn run_delta(cmd: DeltaCommand) -> ExitCode {
                 ExitCode::FAILURE
             })
         }
-        DeltaCommand::ToPeft { file, job, out } => {
+        DeltaCommand::ToPeft {
+            file,
+            job,
+            out,
+            base,
+        } => {
             let spec = crate::client_cmds::JobSpecFile::load(&job).map_err(|e| e.to_string())?;
-            let files = to_peft(&read(&file)?, &spec.training).map_err(|e| e.to_string())?;
+            let files = to_peft(&read(&file)?, &spec.training, base.as_deref())
+                .map_err(|e| e.to_string())?;
             std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
             for (name, bytes) in files {
                 let path = out.join(name);
@@ -403,7 +427,7 @@ mod tests {
         let trainer = hanzod_train::trainer_of(&training, hanzod_actors::types::JobId(0)).unwrap();
         let run = trainer.local_delta(&trainer.init(), &[5; 32], 0).unwrap();
         let bytes = run.delta.to_delta_bytes(0).unwrap();
-        let files = to_peft(&bytes, &training).unwrap();
+        let files = to_peft(&bytes, &training, None).unwrap();
         let get = |n: &str| &files.iter().find(|(f, _)| *f == n).unwrap().1;
         // The weights: exactly the delta's factors under their PEFT names.
         let back = hanzod_train::Weights::from_safetensors(
@@ -425,10 +449,19 @@ mod tests {
             lora: LoraSpec::default(),
             ..training.clone()
         };
-        assert!(to_peft(&bytes, &full)
+        assert!(to_peft(&bytes, &full, None)
             .unwrap_err()
             .to_string()
             .contains("full"));
+        // A later epoch's adapter needs the checkpoint it was trained on.
+        let later = run.delta.to_delta_bytes(3).unwrap();
+        assert!(to_peft(&later, &training, None)
+            .unwrap_err()
+            .to_string()
+            .contains("epoch 2"));
+        let files = to_peft(&later, &training, Some("bafkreib")).unwrap();
+        let cfg = AdapterConfig::from_json(std::str::from_utf8(&files[1].1).unwrap()).unwrap();
+        assert_eq!(cfg.base_model_name_or_path.as_deref(), Some("bafkreib"));
         let other = TrainingSpec {
             lora: LoraSpec {
                 rank: 8,
@@ -436,7 +469,7 @@ mod tests {
             },
             ..training
         };
-        assert!(to_peft(&bytes, &other).is_err());
+        assert!(to_peft(&bytes, &other, None).is_err());
     }
 
     #[test]

@@ -54,13 +54,7 @@ pub const CID_QUOTE_CHARS: usize = 100;
 /// bounded at 256 bytes without control characters on the wire, and cut again here before
 /// they are echoed.
 pub fn quote_cid(cid: &str) -> String {
-    if cid.chars().count() <= CID_QUOTE_CHARS {
-        cid.to_string()
-    } else {
-        let mut c: String = cid.chars().take(CID_QUOTE_CHARS).collect();
-        c.push('…');
-        c
-    }
+    hanzod_protocol::status::quote_bounded(cid, CID_QUOTE_CHARS)
 }
 
 /// What is wrong with a string that is not a CID, without the string (which
@@ -135,6 +129,14 @@ pub enum AdmissionError {
         /// The store's words.
         message: String,
     },
+    /// The check itself failed (its thread panicked): a daemon bug, not the caller's.
+    #[error("spec.training.base {cid}: the check failed: {message}")]
+    Internal {
+        /// The CID (cut).
+        cid: String,
+        /// What failed.
+        message: String,
+    },
 }
 
 impl AdmissionError {
@@ -150,6 +152,7 @@ impl AdmissionError {
             AdmissionError::BaseCorrupt { .. } => Status::data_loss(msg),
             AdmissionError::BaseMismatch { .. } => Status::failed_precondition(msg),
             AdmissionError::BaseStore { .. } => Status::unavailable(msg),
+            AdmissionError::Internal { .. } => Status::internal(msg),
         }
     }
 }
@@ -225,7 +228,8 @@ pub fn verify_base(
     Weights::from_safetensors(bytes, layout).map_err(|e| AdmissionError::BaseNotThisModel {
         cid: quote_cid(cid),
         model: quote_cid(model),
-        reason: e.to_string(),
+        // The reason may name a tensor of the file: bounded like a CID.
+        reason: quote_cid(&e.to_string()),
     })?;
     Ok(())
 }
@@ -268,7 +272,7 @@ pub async fn check_base(
     let (cid, model) = (cid.to_string(), model.to_string());
     tokio::task::spawn_blocking(move || verify_base(&cid, &bytes, layout, &model))
         .await
-        .map_err(|e| AdmissionError::BaseStore {
+        .map_err(|e| AdmissionError::Internal {
             cid: quoted,
             message: format!("the check's thread died: {e}"),
         })?
@@ -333,6 +337,13 @@ mod tests {
                     message: "x".into(),
                 },
                 Code::Unavailable,
+            ),
+            (
+                AdmissionError::Internal {
+                    cid: cid(),
+                    message: "x".into(),
+                },
+                Code::Internal,
             ),
         ] {
             let s = e.status();

@@ -15,7 +15,7 @@
 //! | job | its model is not in the catalog | `FAILED_PRECONDITION` | `unknown_model` |
 //! | job | the node is not in its ring | `PERMISSION_DENIED` | `not_member` |
 //! | job | the node already delivered its delta this epoch (the message names its hash) | `ALREADY_EXISTS` | `already_delivered` |
-//! | size | `total_bytes` > the model's `max_delta_bytes(F32)` | `RESOURCE_EXHAUSTED` | `too_large` |
+//! | size | `total_bytes` > the job's delta spec's `max_delta_bytes(F32)` (the model's, or its LoRA adapter's: `ModelCatalog::delta_spec`) | `RESOURCE_EXHAUSTED` | `too_large` |
 //! | capacity | this node already uploads, or `max_concurrent_uploads` are in flight | `RESOURCE_EXHAUSTED` | `busy` |
 //! | data | no chunk within `upload_idle_ms` | `DEADLINE_EXCEEDED` | `timeout` |
 //! | data | the data not complete within `upload_idle_ms + total_bytes / min_upload_bytes_per_s` of its start | `DEADLINE_EXCEEDED` | `too_slow` |
@@ -24,7 +24,7 @@
 //! | data | a message over the size limit; the transport failed | `RESOURCE_EXHAUSTED`; as received | `too_large_message`, `transport` |
 //! | trailer | `sha256` is not the SHA-256 of the bytes received | `DATA_LOSS` | `hash_mismatch` |
 //! | trailer | the statement signature (job, epoch, step, claimed loss, hash) does not verify under the session's node key | `UNAUTHENTICATED` | `bad_signature` |
-//! | format | [`DeltaView::parse`] + [`check_against`] the job's model (off the runtime) | `INVALID_ARGUMENT` (the [`DeltaError`]'s message) | per error: `bad_header`, `truncated`, `bad_safetensors`, `wrong_dtype`, `wrong_kind`, `unknown_tensor`, `wrong_shape`, `missing_tensor`, `duplicate_tensor`, `non_finite` |
+//! | format | [`DeltaView::parse`] + [`check_against`] the job's delta spec (off the runtime) | `INVALID_ARGUMENT` (the [`DeltaError`]'s message) | per error: `bad_header`, `truncated`, `bad_safetensors`, `wrong_dtype`, `wrong_kind`, `unknown_tensor`, `wrong_shape`, `missing_tensor`, `duplicate_tensor`, `non_finite` |
 //! | base | the HZDL `base_version` ≠ checkpoints published so far | `FAILED_PRECONDITION` | `stale_base` |
 //! | store | [`BlobStore::put`] failed | `UNAVAILABLE` (I/O), `INTERNAL` (other) | `store_failed` |
 //! | record | `submit_delta`: epoch moved on / job ended | `FAILED_PRECONDITION` | `wrong_epoch`, `not_running` |

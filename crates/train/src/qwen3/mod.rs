@@ -27,6 +27,7 @@ pub use config::{
     ConfigError, Qwen3Config, MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS,
     MAX_POSITIONS, MAX_VOCAB,
 };
+use hanzod_protocol::model::LINEAR_MODULES;
 use model::{AdapterIdx, ParamIdx};
 
 use crate::mlp::{device, read_any};
@@ -568,7 +569,8 @@ impl LoraShape {
         self.alpha
     }
 
-    /// PEFT's `scaling = lora_alpha / r`.
+    /// PEFT's `scaling = lora_alpha / r`, as an f32 (alpha rounded to f32, the quotient
+    /// rounded once).
     pub fn scaling(&self) -> f64 {
         self.idx.scale
     }
@@ -586,6 +588,12 @@ impl LoraShape {
 
 /// Most LoRA rank a job may ask for.
 pub const MAX_LORA_RANK: usize = 1024;
+
+/// Smallest `lora_alpha` a job may ask for (the scaling `alpha / r` stays a normal f32).
+pub const MIN_LORA_ALPHA: f64 = 1e-3;
+
+/// Largest `lora_alpha` a job may ask for.
+pub const MAX_LORA_ALPHA: f64 = 1e6;
 
 impl Qwen3 {
     /// The LoRA adapter of rank `rank` (1 to [`MAX_LORA_RANK`] and at most every adapted
@@ -605,20 +613,21 @@ impl Qwen3 {
         if rank == 0 || rank > MAX_LORA_RANK {
             return bad(format!("LoRA rank {rank} (1 to {MAX_LORA_RANK})"));
         }
-        if !(alpha.is_finite() && alpha > 0.0 && (alpha as f32).is_finite()) {
-            return bad(format!("lora_alpha {alpha} (finite, > 0)"));
+        if !(MIN_LORA_ALPHA..=MAX_LORA_ALPHA).contains(&alpha) {
+            return bad(format!(
+                "lora_alpha {alpha} ({MIN_LORA_ALPHA:e} to {MAX_LORA_ALPHA:e})"
+            ));
         }
         if target_modules.is_empty() {
             return bad("no LoRA target_modules".into());
         }
         if let Some(t) = target_modules
             .iter()
-            .find(|t| !model::LINEAR.contains(&t.as_str()))
+            .find(|t| !LINEAR_MODULES.contains(&t.as_str()))
         {
             return bad(format!(
                 "LoRA target {:?} is not one of {:?}",
-                t,
-                model::LINEAR
+                t, LINEAR_MODULES
             ));
         }
         let targets: Vec<&str> = target_modules.iter().map(String::as_str).collect();
@@ -637,7 +646,11 @@ impl Qwen3 {
             ));
         }
         let layout = Arc::new(Layout::new(&spec)?);
-        let idx = AdapterIdx::new(&self.cfg, &layout, alpha / rank as f64)?;
+        // The scaling as the merge computes it (`pipeline::lora::LoraPlan::scaling`): alpha
+        // rounded to f32, divided by r in f64, rounded once to f32; so the node's forward
+        // and the orchestrator's ΔW use the same factor, bit for bit.
+        let scale = f64::from((f64::from(alpha as f32) / rank as f64) as f32);
+        let idx = AdapterIdx::new(&self.cfg, &layout, scale)?;
         Ok(LoraShape {
             rank,
             alpha,

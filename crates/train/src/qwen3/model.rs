@@ -24,6 +24,8 @@ use burn::tensor::activation::{log_softmax, silu, softmax};
 use burn::tensor::module::embedding;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
+use hanzod_protocol::model::LINEAR_MODULES;
+
 use super::Qwen3Config;
 use crate::weights::Layout;
 use crate::TrainError;
@@ -44,20 +46,8 @@ pub(crate) struct LayerIdx {
     post_norm: usize,
 }
 
-/// The linear modules of a decoder layer, PEFT `target_modules` names, in
-/// [`LayerIdx::linear`] order.
-pub(crate) const LINEAR: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
-
 impl LayerIdx {
-    /// The parameter index of linear module `m` ([`LINEAR`] order).
+    /// The parameter index of linear module `m` ([`LINEAR_MODULES`] order).
     fn linear(&self, m: usize) -> usize {
         [
             self.q, self.k, self.v, self.o, self.gate, self.up, self.down,
@@ -66,7 +56,7 @@ impl LayerIdx {
 }
 
 /// Where each factor of a LoRA adapter sits in the adapter's parameter list (its
-/// [`Layout`]'s order): per layer, per linear module ([`LINEAR`] order), `(A, B)` when the
+/// [`Layout`]'s order): per layer, per linear module ([`LINEAR_MODULES`] order), `(A, B)` when the
 /// module is adapted; and the scaling `s = lora_alpha / r`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct AdapterIdx {
@@ -87,7 +77,7 @@ impl AdapterIdx {
         let mut layers = vec![[None; 7]; cfg.num_hidden_layers];
         let mut found = 0;
         for (i, layer) in layers.iter_mut().enumerate() {
-            for (m, name) in LINEAR.iter().enumerate() {
+            for (m, name) in LINEAR_MODULES.iter().enumerate() {
                 let part = if m < 4 { "self_attn" } else { "mlp" };
                 let base = format!("base_model.model.model.layers.{i}.{part}.{name}");
                 let pos = |s: &str| {
