@@ -15,14 +15,25 @@ use hanzod_actors::job::TrainingSpec;
 use hanzod_actors::types::{GymWei, JobId};
 
 fn plan(name: &str, nodes: usize, epochs: u32) -> DemoPlan {
+    plan_of(
+        name,
+        DemoArgs {
+            nodes: Some(nodes),
+            epochs: Some(epochs),
+            timeout_s: Some(120),
+            ..DemoArgs::default()
+        },
+    )
+}
+
+/// The plan of `args` writing into a fresh temporary folder named after `name`, without
+/// the live view.
+fn plan_of(name: &str, args: DemoArgs) -> DemoPlan {
     let out = std::env::temp_dir().join(format!("hanzod-demo-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let args = DemoArgs {
-        nodes: Some(nodes),
-        epochs: Some(epochs),
         out: Some(out),
-        timeout_s: Some(120),
-        ..DemoArgs::default()
+        ..args
     };
     let mut plan = args
         .plan(PathBuf::from(env!("CARGO_BIN_EXE_hanzod")))
@@ -541,20 +552,16 @@ fn two_demos_into_one_folder_are_refused() {
 /// parallelism, which averaging AdamW deltas approximates).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_language_model_job_trains_qwen3_tiny_on_the_corpus() {
-    let out = std::env::temp_dir().join(format!("hanzod-demo-test-lm-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let args = DemoArgs {
-        model: Some("qwen3-tiny".into()),
-        nodes: Some(3),
-        epochs: Some(3),
-        out: Some(out),
-        timeout_s: Some(300),
-        ..DemoArgs::default()
-    };
-    let mut p = args
-        .plan(PathBuf::from(env!("CARGO_BIN_EXE_hanzod")))
-        .expect("a valid plan");
-    p.progress = false;
+    let p = plan_of(
+        "lm",
+        DemoArgs {
+            model: Some("qwen3-tiny".into()),
+            nodes: Some(3),
+            epochs: Some(3),
+            timeout_s: Some(300),
+            ..DemoArgs::default()
+        },
+    );
     let s = run(p.clone()).await;
     assert!(s.succeeded(), "{:?}", s.failure);
     let initial = s.initial_loss.expect("initial loss");
@@ -643,23 +650,19 @@ fn apply_adapter(base: &train::Weights, adapter: &train::Weights, scaling: f64) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lora_job_trains_adapters_and_publishes_full_checkpoints() {
-    let out = std::env::temp_dir().join(format!("hanzod-demo-test-lora-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let args = DemoArgs {
-        model: Some("qwen3-tiny".into()),
-        lora: true,
-        nodes: Some(3),
-        epochs: Some(2),
-        local_steps: Some(8),
-        spot_check_rate: Some(1.0),
-        out: Some(out),
-        timeout_s: Some(300),
-        ..DemoArgs::default()
-    };
-    let mut p = args
-        .plan(PathBuf::from(env!("CARGO_BIN_EXE_hanzod")))
-        .expect("a valid plan");
-    p.progress = false;
+    let p = plan_of(
+        "lora",
+        DemoArgs {
+            model: Some("qwen3-tiny".into()),
+            lora: true,
+            nodes: Some(3),
+            epochs: Some(2),
+            local_steps: Some(8),
+            spot_check_rate: Some(1.0),
+            timeout_s: Some(300),
+            ..DemoArgs::default()
+        },
+    );
     let s = run(p.clone()).await;
     assert!(s.succeeded(), "{:?}", s.failure);
     let trainer = train::trainer_of(&p.training(), JobId(s.job)).unwrap();

@@ -294,14 +294,7 @@ impl Qwen3 {
     ///
     /// Errors: weights not of this model or not finite, a malformed batch.
     pub fn logits(&self, w: &Weights, batch: Batch<'_>) -> Result<Vec<f32>, TrainError> {
-        let seq = self.check(w, &batch)?;
-        let device = device();
-        let params = self.upload(w, &device);
-        let rope = model::rope_tables(&self.cfg, seq, &device);
-        let tokens = Self::tokens(&batch, seq, &device);
-        read_any(model::logits(
-            &self.cfg, &self.idx, &params, None, tokens, &rope, &device,
-        ))
+        read_any(self.forward(w, None, batch)?.0)
     }
 
     /// The next-token loss of `batch` under `w` (forward only): what validation and the
@@ -310,21 +303,41 @@ impl Qwen3 {
     ///
     /// Errors: as [`Qwen3::logits`], and [`TrainError::NonFinite`] for a non-finite loss.
     pub fn nll(&self, w: &Weights, batch: Batch<'_>) -> Result<NllSum, TrainError> {
-        let seq = self.check(w, &batch)?;
+        let (logits, tokens) = self.forward(w, None, batch)?;
+        nll_sum(model::next_token_nll(logits, tokens))
+    }
+
+    /// The forward pass of `batch` under `w` (with a LoRA adapter when given) on the plain
+    /// device: the logits `[batch, seq, vocab]` and the token ids `[batch, seq]`, after the
+    /// checks of [`Qwen3::logits`] (and of the adapter against its shape).
+    fn forward(
+        &self,
+        w: &Weights,
+        lora: Option<(&LoraShape, &Weights)>,
+        batch: Batch<'_>,
+    ) -> Result<(Tensor<3>, Tensor<2, Int>), TrainError> {
+        let seq = match lora {
+            None => self.check(w, &batch)?,
+            Some((shape, adapter)) => {
+                self.check_lora(w, shape, adapter)?;
+                self.seq_len(&batch)?
+            }
+        };
         let device = device();
         let params = self.upload(w, &device);
+        let factors = lora.map(|(shape, adapter)| (&shape.idx, self.upload(adapter, &device)));
         let rope = model::rope_tables(&self.cfg, seq, &device);
         let tokens = Self::tokens(&batch, seq, &device);
         let logits = model::logits(
             &self.cfg,
             &self.idx,
             &params,
-            None,
+            factors.as_ref().map(|(idx, f)| (*idx, &f[..])),
             tokens.clone(),
             &rope,
             &device,
         );
-        nll_sum(model::next_token_nll(logits, tokens))
+        Ok((logits, tokens))
     }
 
     /// The mean next-token loss of `batch` (nats/token) and its gradient with respect to
@@ -690,22 +703,7 @@ impl Qwen3 {
         adapter: &Weights,
         batch: Batch<'_>,
     ) -> Result<Vec<f32>, TrainError> {
-        self.check_lora(w, lora, adapter)?;
-        let seq = self.seq_len(&batch)?;
-        let device = device();
-        let params = self.upload(w, &device);
-        let factors = self.upload(adapter, &device);
-        let rope = model::rope_tables(&self.cfg, seq, &device);
-        let tokens = Self::tokens(&batch, seq, &device);
-        read_any(model::logits(
-            &self.cfg,
-            &self.idx,
-            &params,
-            Some((&lora.idx, &factors)),
-            tokens,
-            &rope,
-            &device,
-        ))
+        read_any(self.forward(w, Some((lora, adapter)), batch)?.0)
     }
 
     /// The next-token loss of `batch` under `w` with `adapter` (forward only).
@@ -718,22 +716,7 @@ impl Qwen3 {
         adapter: &Weights,
         batch: Batch<'_>,
     ) -> Result<NllSum, TrainError> {
-        self.check_lora(w, lora, adapter)?;
-        let seq = self.seq_len(&batch)?;
-        let device = device();
-        let params = self.upload(w, &device);
-        let factors = self.upload(adapter, &device);
-        let rope = model::rope_tables(&self.cfg, seq, &device);
-        let tokens = Self::tokens(&batch, seq, &device);
-        let logits = model::logits(
-            &self.cfg,
-            &self.idx,
-            &params,
-            Some((&lora.idx, &factors)),
-            tokens.clone(),
-            &rope,
-            &device,
-        );
+        let (logits, tokens) = self.forward(w, Some((lora, adapter)), batch)?;
         nll_sum(model::next_token_nll(logits, tokens))
     }
 
