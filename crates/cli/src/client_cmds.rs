@@ -76,6 +76,9 @@ const MAX_ARCHITECTURE_BYTES: u64 = 64 * 1024;
 impl JobSpecFile {
     /// Reads and parses a spec file; errors name the file and the key.
     ///
+    /// `[training] dataset` defaults to `austen` for a language model (`qwen3-tiny`,
+    /// `qwen3`), its only corpus.
+    ///
     /// `[training] architecture` (for `model = "qwen3"`) may be given three ways, all sent
     /// as the `config.json` text: an inline table (`[training.architecture]` with the
     /// config's keys), a string holding the JSON itself (starting with `{`), or a path to a
@@ -84,13 +87,30 @@ impl JobSpecFile {
         let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
         let text = std::fs::read_to_string(path).map_err(|e| named(&e))?;
         let mut value: toml::Table = toml::from_str(&text).map_err(|e| named(&e))?;
+        // A language model's only corpus is `austen`: a file naming the model and no
+        // dataset means it (the recipe default, `wine-quality-red`, is the MLP's).
+        let mut defaulted = false;
+        if let Some(toml::Value::Table(training)) = value.get_mut("training") {
+            let lm = matches!(
+                training.get("model").and_then(toml::Value::as_str),
+                Some(hanzod_train::lm::QWEN3_TINY | hanzod_train::lm::QWEN3)
+            );
+            if lm && !training.contains_key("dataset") {
+                training.insert(
+                    "dataset".into(),
+                    toml::Value::String(hanzod_train::text::AUSTEN.into()),
+                );
+                defaulted = true;
+            }
+        }
         let arch = match value.get_mut("training") {
             Some(toml::Value::Table(training)) => training.get_mut("architecture"),
             _ => None,
         };
         match arch {
             // Parsed from the text itself, so errors keep their line and column.
-            None => toml::from_str(&text).map_err(|e| named(&e)),
+            None if !defaulted => toml::from_str(&text).map_err(|e| named(&e)),
+            None => toml::Value::Table(value).try_into().map_err(|e| named(&e)),
             Some(arch) => {
                 let dir = path.parent().unwrap_or(Path::new("."));
                 *arch = toml::Value::String(architecture_text(arch, dir).map_err(|e| named(&e))?);
@@ -798,6 +818,34 @@ mod tests {
         assert_eq!((lora.rank(), lora.scaling()), (16, 2.0));
         // 4 layers × 7 modules × (A, B).
         assert_eq!(t.delta_layout().entries().len(), 56);
+    }
+
+    #[test]
+    fn a_language_model_job_reads_its_corpus_by_default() {
+        let dir = std::env::temp_dir().join(format!("hanzod-ds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (model, dataset) in [("qwen3-tiny", "austen"), ("wine-mlp", "wine-quality-red")] {
+            let path = dir.join(format!("{model}.toml"));
+            std::fs::write(
+                &path,
+                format!("name = \"x\"\n[training]\nmodel = \"{model}\"\n"),
+            )
+            .unwrap();
+            let spec = JobSpecFile::load(&path).unwrap();
+            assert_eq!(spec.training.dataset, dataset, "{model}");
+        }
+        // A dataset the file names is kept (and refused later if wrong).
+        let path = dir.join("named.toml");
+        std::fs::write(
+            &path,
+            "name = \"x\"\n[training]\nmodel = \"qwen3-tiny\"\ndataset = \"wine-quality-red\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            JobSpecFile::load(&path).unwrap().training.dataset,
+            "wine-quality-red"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

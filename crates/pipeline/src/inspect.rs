@@ -126,8 +126,16 @@ impl std::fmt::Display for InspectReport {
         if let Some(h) = &self.header {
             writeln!(
                 f,
-                "HZDL v{}: {} {} delta against checkpoint {}, body {} bytes",
-                h.version, h.kind, h.dtype, h.base_version, h.body_len
+                "HZDL v{}: {} {} delta, base version {} ({}), body {} bytes",
+                h.version,
+                h.kind,
+                h.dtype,
+                h.base_version,
+                match h.base_version {
+                    0 => "epoch 0: trained from the job's start".to_string(),
+                    v => format!("trained from the checkpoint published for epoch {}", v - 1),
+                },
+                h.body_len
             )?;
         }
         if !self.tensors.is_empty() {

@@ -361,6 +361,11 @@ pub fn trainer_for(
         ("lora", training.lora != d.lora),
         ("adamw", training.adamw != d.adamw),
         ("architecture", training.architecture.is_some()),
+        ("seq_len", training.seq_len != d.seq_len),
+        (
+            "validation_tokens",
+            training.validation_tokens != d.validation_tokens,
+        ),
     ] {
         if set {
             return Err(RecipeError::NotApplicable {
@@ -442,6 +447,27 @@ mod tests {
             }),
             RecipeError::NotApplicable { field: "mode", .. }
         ));
+        for (field, t) in [
+            (
+                "seq_len",
+                TrainingSpec {
+                    seq_len: 64,
+                    ..mlp.clone()
+                },
+            ),
+            (
+                "validation_tokens",
+                TrainingSpec {
+                    validation_tokens: 100,
+                    ..mlp.clone()
+                },
+            ),
+        ] {
+            assert!(
+                matches!(err(&t), RecipeError::NotApplicable { field: f, .. } if f == field),
+                "{field}"
+            );
+        }
         // A base checkpoint applies to every model (the first epoch fetches it).
         assert!(trainer_of(
             &TrainingSpec {

@@ -222,6 +222,17 @@ pub(crate) fn to_peft(
     };
     let view = hanzod_protocol::hzdl::DeltaView::parse(delta)?;
     let adapter = hanzod_train::Weights::from_delta_view(&view, trainer.delta_layout())?;
+    if let Some(b) = base {
+        let ok = !b.is_empty()
+            && b.len() <= 256
+            && !b.chars().any(|c| c.is_whitespace() || c.is_control());
+        if !ok {
+            anyhow::bail!(
+                "--base {:?} is not a checkpoint CID or Hub repo id (1 to 256 characters, no spaces)",
+                hanzod_protocol::status::quote_bounded(b, 64)
+            );
+        }
+    }
     let version = view.header.base_version;
     let base = match (base, version) {
         (Some(b), _) => b,
@@ -459,6 +470,7 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("epoch 2"));
+        assert!(to_peft(&later, &training, Some("hello world")).is_err());
         let files = to_peft(&later, &training, Some("bafkreib")).unwrap();
         let cfg = AdapterConfig::from_json(std::str::from_utf8(&files[1].1).unwrap()).unwrap();
         assert_eq!(cfg.base_model_name_or_path.as_deref(), Some("bafkreib"));
