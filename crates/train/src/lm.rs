@@ -336,10 +336,7 @@ impl LmTask {
             &start,
             None,
             &r.adamw,
-            batches.iter().map(|t| Batch {
-                tokens: t,
-                batch: r.batch_size as usize,
-            }),
+            self.as_batches(&batches),
         )?;
         Ok(LocalDelta {
             delta: run.weights,
@@ -347,6 +344,12 @@ impl LmTask {
             last_step,
             losses: run.losses,
         })
+    }
+
+    /// `rows` (each a step's `[batch_size, seq_len + 1]` ids) as model batches.
+    fn as_batches<'a>(&self, rows: &'a [Vec<u32>]) -> impl Iterator<Item = Batch<'a>> + 'a {
+        let batch = self.recipe.batch_size as usize;
+        rows.iter().map(move |t| Batch { tokens: t, batch })
     }
 
     /// The last step and the batches of steps `first_step ..= first_step + local_steps − 1`.
@@ -385,15 +388,9 @@ impl LmTask {
         }
         let r = &self.recipe;
         let (last_step, batches) = self.batches(node, first_step)?;
-        let run = self.model.train(
-            global,
-            None,
-            &r.adamw,
-            batches.iter().map(|t| Batch {
-                tokens: t,
-                batch: r.batch_size as usize,
-            }),
-        )?;
+        let run = self
+            .model
+            .train(global, None, &r.adamw, self.as_batches(&batches))?;
         Ok(LocalRun {
             weights: run.weights,
             claimed_loss: run.losses[0],

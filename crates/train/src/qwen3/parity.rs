@@ -30,6 +30,25 @@ fn f32s(st: &SafeTensors<'_>, name: &str) -> (Vec<usize>, Vec<f32>) {
     (t.shape().to_vec(), v)
 }
 
+/// The batch size and the token ids of the fixture's `input_ids` (I64 `[batch, seq]`).
+fn input_ids(st: &SafeTensors<'_>) -> (usize, Vec<u32>) {
+    let ids = st.tensor("input_ids").unwrap();
+    assert_eq!(ids.dtype(), Dtype::I64);
+    let tokens = ids
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect();
+    (ids.shape()[0], tokens)
+}
+
+/// `max |a − b|` over the pairs of `a` and `b`.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (g, r)| m.max((g - r).abs()))
+}
+
 fn max_abs(v: &[f32]) -> f32 {
     v.iter().fold(0.0f32, |m, x| m.max(x.abs()))
 }
@@ -47,14 +66,7 @@ fn check_case(case: &str) {
     let expected = std::fs::read(dir.join("expected.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&expected).unwrap();
 
-    let ids = st.tensor("input_ids").unwrap();
-    assert_eq!(ids.dtype(), Dtype::I64);
-    let batch = ids.shape()[0];
-    let tokens: Vec<u32> = ids
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-        .collect();
+    let (batch, tokens) = input_ids(&st);
     let b = Batch {
         tokens: &tokens,
         batch,
@@ -63,10 +75,7 @@ fn check_case(case: &str) {
     let (shape, want) = f32s(&st, "logits");
     assert_eq!(shape, [batch, tokens.len() / batch, cfg.vocab_size]);
     let got = model.logits(&w, b).unwrap();
-    let err = got
-        .iter()
-        .zip(&want)
-        .fold(0.0f32, |m, (g, r)| m.max((g - r).abs()));
+    let err = max_diff(&got, &want);
     assert!(err <= 1e-4, "{case}: logits differ by {err}");
 
     let (_, loss) = f32s(&st, "loss");
@@ -90,10 +99,7 @@ fn check_case(case: &str) {
         let (shape, want) = f32s(&st, name);
         assert_eq!(shape, model.layout().entry(param).unwrap().shape, "{param}");
         let got = grads.tensor(param).unwrap();
-        let err = got
-            .iter()
-            .zip(&want)
-            .fold(0.0f32, |m, (g, r)| m.max((g - r).abs()));
+        let err = max_diff(got, &want);
         let scale = max_abs(&want);
         assert!(scale > 0.0, "{param}: the reference gradient is zero");
         assert!(
@@ -191,30 +197,18 @@ fn matches_peft_lora() {
 
     let expected = std::fs::read(lora_dir.join("expected.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&expected).unwrap();
-    let ids = st.tensor("input_ids").unwrap();
-    let batch = ids.shape()[0];
-    let tokens: Vec<u32> = ids
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-        .collect();
+    let (batch, tokens) = input_ids(&st);
     let b = Batch {
         tokens: &tokens,
         batch,
     };
     let (_, want) = f32s(&st, "logits");
     let got = model.lora_logits(&w, &lora, &adapter, b).unwrap();
-    let err = got
-        .iter()
-        .zip(&want)
-        .fold(0.0f32, |m, (g, r)| m.max((g - r).abs()));
+    let err = max_diff(&got, &want);
     assert!(err <= 1e-4, "lora: logits differ by {err}");
     // The adapter matters: the base alone is far from PEFT's logits.
     let plain = model.logits(&w, b).unwrap();
-    let moved = plain
-        .iter()
-        .zip(&want)
-        .fold(0.0f32, |m, (g, r)| m.max((g - r).abs()));
+    let moved = max_diff(&plain, &want);
     assert!(
         moved > 0.1,
         "the fixture's adapter barely changes the logits ({moved})"
@@ -231,10 +225,7 @@ fn matches_peft_lora() {
         let (shape, want) = f32s(&st, &format!("grad.{}", e.name));
         assert_eq!(shape, e.shape, "{}", e.name);
         let got = grads.tensor(&e.name).unwrap();
-        let err = got
-            .iter()
-            .zip(&want)
-            .fold(0.0f32, |m, (g, r)| m.max((g - r).abs()));
+        let err = max_diff(got, &want);
         let scale = max_abs(&want);
         assert!(scale > 0.0, "{}: the reference gradient is zero", e.name);
         assert!(
