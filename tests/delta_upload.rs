@@ -4,8 +4,9 @@
 //! step, a node that already delivered its delta this epoch), nothing stored or recorded
 //! for an incomplete upload, no blob left behind by a delta refused after it was stored,
 //! the catalog check at Submit, SubmitJob's validation budget and `training.base` checks
-//! (and a job that starts from another job's checkpoint), and heartbeats served while a
-//! large delta is uploaded and parsed.
+//! (and a job that starts from another job's checkpoint), a `qwen3` architecture given as
+//! the CID of a stored `config.json`, and heartbeats served while a large delta is uploaded
+//! and parsed.
 //!
 //! Each test starts its own daemon on `127.0.0.1:0`; every wait on the server is bounded.
 //! Nothing here sleeps: waits follow the core's notices, the session stream and the
@@ -1890,5 +1891,84 @@ async fn a_job_starts_from_a_base_checkpoint_and_bad_bases_are_refused() {
     );
     assert_eq!(loss_a, r_a.loss_after);
     assert!(loss_b < loss_a, "{loss_a} → {loss_b}");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qwen3_architecture_given_as_a_cid_is_fetched_and_stored_as_its_text() {
+    use hanzod::publish::ObjectStore;
+    let objects = std::sync::Arc::new(hanzod::publish::MemoryObjectStore::new());
+    let parts = DaemonParts {
+        objects: Some(objects.clone()),
+        ..DaemonParts::default()
+    };
+    let d = start_with(&config(), parts).await;
+    let config_json = hanzod::train::lm::qwen3_tiny().to_json();
+    let cid = objects
+        .put(config_json.clone().into_bytes().into())
+        .await
+        .expect("the config.json stored");
+    let qwen3 = |architecture: &str| {
+        training_job(
+            "qwen3-by-cid",
+            2,
+            pb::TrainingSpec {
+                model: Some("qwen3".into()),
+                dataset: Some("austen".into()),
+                architecture: Some(architecture.into()),
+                ..Default::default()
+            },
+        )
+    };
+
+    // Accepted: the job as the core holds it, and as the event log recorded it, carries
+    // the config.json text, not the CID.
+    let id = submit(&d, qwen3(&cid)).await.expect("a stored config.json");
+    let view = d.core.job(JobId(id)).await.expect("the job");
+    assert_eq!(view.spec.training.model, "qwen3");
+    assert_eq!(
+        view.spec.training.architecture.as_deref(),
+        Some(config_json.as_str())
+    );
+    let logged = d
+        .core
+        .state_store()
+        .read_after(0)
+        .await
+        .expect("event log")
+        .into_iter()
+        .find_map(|r| match r.event {
+            Event::JobSubmitted { job, spec, .. } if job == JobId(id) => Some(spec),
+            _ => None,
+        })
+        .expect("the job's JobSubmitted");
+    assert_eq!(logged.training.architecture, Some(config_json.clone()));
+    // GetJob answers for it.
+    let mut jobs = JobServiceClient::new(channel(&d).await);
+    let job = within("GetJob", jobs.get_job(pb::GetJobRequest { job_id: id }))
+        .await
+        .expect("GetJob")
+        .into_inner();
+    assert_eq!((job.job_id, job.name.as_str()), (id, "qwen3-by-cid"));
+
+    // A CID the store does not hold is NOT_FOUND, naming it.
+    let absent = hanzod::publish::cid_of(b"{\"model_type\": \"qwen3\"}").to_string();
+    assert_refused(
+        "an architecture CID not in the object store",
+        submit(&d, qwen3(&absent)).await,
+        Code::NotFound,
+        &absent,
+    );
+    assert_eq!(
+        counter(&d, "hanzod_rejected_messages_total{reason=\"not_found\"}").await,
+        1.0
+    );
+    // Neither JSON nor a CID: the catalog's refusal, as before.
+    assert_refused(
+        "an architecture that is neither JSON nor a CID",
+        submit(&d, qwen3("config.json")).await,
+        Code::InvalidArgument,
+        "invalid spec.training.architecture",
+    );
     d.stop().await;
 }

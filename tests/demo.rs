@@ -648,26 +648,55 @@ fn apply_adapter(base: &train::Weights, adapter: &train::Weights, scaling: f64) 
     w
 }
 
+/// Pretrain, then fine-tune, as two jobs: a full-parameter qwen3-tiny job, then a LoRA job
+/// whose `base` is the first job's last checkpoint (by its CID, read from the same demo
+/// folder's object store). The LoRA job starts at exactly the loss the pretraining ended
+/// at, trains adapters that every spot-check re-executes, and publishes full checkpoints
+/// (base + merged ΔW) whose card names the base; federated against one process training as
+/// many tokens from the same base.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lora_job_trains_adapters_and_publishes_full_checkpoints() {
-    let p = plan_of(
-        "lora",
+async fn a_job_pretrains_then_a_lora_job_fine_tunes_its_checkpoint() {
+    let pretrain = plan_of(
+        "pretrain",
         DemoArgs {
             model: Some("qwen3-tiny".into()),
-            lora: true,
             nodes: Some(3),
-            epochs: Some(2),
+            epochs: Some(1),
             local_steps: Some(8),
             spot_check_rate: Some(1.0),
             timeout_s: Some(300),
             ..DemoArgs::default()
         },
     );
+    let a = run(pretrain.clone()).await;
+    assert!(a.succeeded(), "{:?}", a.failure);
+    let pretrained = a.epochs.last().expect("a pretraining epoch");
+    assert!(pretrained.loss_after < a.initial_loss.expect("initial loss"));
+    // The second job, in the same folder, names the first one's checkpoint by its CID.
+    let mut p = DemoArgs {
+        model: Some("qwen3-tiny".into()),
+        lora: true,
+        base: Some(pretrained.checkpoint.clone()),
+        nodes: Some(3),
+        epochs: Some(2),
+        local_steps: Some(8),
+        spot_check_rate: Some(1.0),
+        timeout_s: Some(300),
+        out: Some(pretrain.out.clone()),
+        ..DemoArgs::default()
+    }
+    .plan(PathBuf::from(env!("CARGO_BIN_EXE_hanzod")))
+    .expect("a fine-tuning plan");
+    p.progress = false;
+    let base_weights = p.base.as_ref().expect("the base was read").weights.clone();
     let s = run(p.clone()).await;
     assert!(s.succeeded(), "{:?}", s.failure);
     let trainer = train::trainer_of(&p.training(), JobId(s.job)).unwrap();
     let lora = trainer.lora().expect("a LoRA job").clone();
-    let mut last = s.initial_loss.expect("initial loss");
+    let base = train::Weights::from_safetensors(&base_weights, trainer.layout()).unwrap();
+    // Fine-tuning starts exactly where pretraining ended (same weights, same shard).
+    assert_eq!(s.initial_loss, Some(pretrained.loss_after));
+    let mut last = pretrained.loss_after;
     for e in &s.epochs {
         assert_eq!(e.loss_before, last, "epoch {}", e.epoch);
         assert!(
@@ -686,24 +715,36 @@ async fn a_lora_job_trains_adapters_and_publishes_full_checkpoints() {
             "epoch {}",
             e.epoch
         );
-        // The published checkpoint is a full model (the merged ΔW applied), not an adapter.
+        // The published checkpoint is a full model (the merged ΔW applied), not an adapter,
+        // and its card names what it was trained from: the pretrained checkpoint first.
         let dir = PathBuf::from(e.published.as_ref().expect("published as a repo folder"));
         let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
         let w = train::Weights::from_safetensors(&weights, trainer.layout()).unwrap();
         assert_eq!(trainer.validation_loss(&w).unwrap(), e.loss_after);
+        let card = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        let from = if e.epoch == 0 {
+            pretrained.checkpoint.clone()
+        } else {
+            s.epochs[e.epoch as usize - 1].checkpoint.clone()
+        };
+        assert!(
+            card.contains(&format!("base_model: {from}")),
+            "epoch {}: {card}",
+            e.epoch
+        );
         last = e.loss_after;
     }
     verify_cli(&s);
-    // One process training as many tokens (its own stream), epoch by epoch: an adapter of
-    // `local_steps` AdamW steps on batches of `nodes × batch_size` sequences, merged into
-    // the base.
+    // One process training as many tokens (its own stream), epoch by epoch from the same
+    // base: an adapter of `local_steps` AdamW steps on batches of `nodes × batch_size`
+    // sequences, merged into the base.
     let single = {
         let t = TrainingSpec {
             batch_size: p.batch_size * p.nodes as u32,
             ..p.training()
         };
         let single = train::trainer_of(&t, JobId(s.job)).unwrap();
-        let mut w = single.init();
+        let mut w = base;
         for epoch in 0..u64::from(p.epochs) {
             let run = single
                 .local_delta(&w, &[0; 32], epoch * u64::from(p.local_steps))
@@ -712,9 +753,9 @@ async fn a_lora_job_trains_adapters_and_publishes_full_checkpoints() {
         }
         single.validation_loss(&w).unwrap()
     };
-    let (first, gap) = (s.initial_loss.unwrap(), (last - single) / single);
+    let (first, gap) = (pretrained.loss_after, (last - single) / single);
     eprintln!(
-        "LoRA: {first:.4} → federated {last:.4} vs single-process {single:.4} nats/token: {:+.2} %",
+        "LoRA from the pretrained base: {first:.4} → federated {last:.4} vs single-process {single:.4} nats/token: {:+.2} %",
         gap * 100.0
     );
     assert!(

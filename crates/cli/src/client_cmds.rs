@@ -79,10 +79,16 @@ impl JobSpecFile {
     /// `[training] dataset` defaults to `austen` for a language model (`qwen3-tiny`,
     /// `qwen3`), its only corpus.
     ///
-    /// `[training] architecture` (for `model = "qwen3"`) may be given three ways, all sent
-    /// as the `config.json` text: an inline table (`[training.architecture]` with the
+    /// `[training] architecture` (for `model = "qwen3"`) may be given four ways. Three are
+    /// sent as the `config.json` text: an inline table (`[training.architecture]` with the
     /// config's keys), a string holding the JSON itself (starting with `{`), or a path to a
-    /// Hugging Face `config.json` (relative to the spec file's folder; at most 64 KiB).
+    /// Hugging Face `config.json` (relative to the spec file's folder; at most 64 KiB). The
+    /// fourth, a string that names no file but parses as a CID
+    /// ([`hanzod_store::objects::parse_cid`]), is sent as it is: the CID of a `config.json`
+    /// in the orchestrator's object store (a publication record's `config_cid`), which the
+    /// daemon fetches and puts in the job in its place (`NOT_FOUND` when it has none).
+    /// Errors: a string that is neither JSON, an existing file nor a CID (the message names
+    /// the file and says a CID was tried), a file over 64 KiB, another TOML type.
     pub fn load(path: &Path) -> anyhow::Result<JobSpecFile> {
         let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
         let text = std::fs::read_to_string(path).map_err(|e| named(&e))?;
@@ -140,7 +146,8 @@ impl JobSpecFile {
     }
 }
 
-/// The `config.json` text of a job file's `architecture` value ([`JobSpecFile::load`]).
+/// The `config.json` text of a job file's `architecture` value, or the CID of one in the
+/// orchestrator's object store, as sent on the wire ([`JobSpecFile::load`]).
 fn architecture_text(value: &toml::Value, dir: &Path) -> anyhow::Result<String> {
     match value {
         toml::Value::Table(t) => serde_json::to_string_pretty(t)
@@ -148,10 +155,25 @@ fn architecture_text(value: &toml::Value, dir: &Path) -> anyhow::Result<String> 
         toml::Value::String(s) if s.trim_start().starts_with('{') => Ok(s.clone()),
         toml::Value::String(s) => {
             let file = dir.join(s);
+            let metadata = match std::fs::metadata(&file) {
+                // No such file, but a CID: the daemon resolves it in its object store.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::NotFound
+                        && hanzod_store::objects::parse_cid(s).is_ok() =>
+                {
+                    return Ok(s.clone())
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+                    "training.architecture: {}: {e}, and the string is not a CID (of a \
+                     config.json in the orchestrator's object store) either",
+                    file.display()
+                ),
+                metadata => metadata,
+            };
             let io = |e: std::io::Error| {
                 anyhow::anyhow!("training.architecture: {}: {e}", file.display())
             };
-            let len = std::fs::metadata(&file).map_err(io)?.len();
+            let len = metadata.map_err(io)?.len();
             if len > MAX_ARCHITECTURE_BYTES {
                 anyhow::bail!(
                     "training.architecture: {} is {len} bytes, more than a config.json may be ({MAX_ARCHITECTURE_BYTES})",
@@ -881,7 +903,19 @@ mod tests {
                 .expect("a trainer");
             assert_eq!(t.layout().len(), 1_049_984);
         }
-        // A missing file and a number are refused, naming the key.
+        // A string that names no file but is a CID is sent as it is, for the daemon to
+        // fetch from its object store; a file of that name is read instead.
+        let cid = hanzod_protocol::cid::cid_of(cfg.to_json().as_bytes()).to_string();
+        let path = dir.join("by_cid.toml");
+        std::fs::write(&path, format!("{head}architecture = \"{cid}\"\n")).unwrap();
+        let spec = JobSpecFile::load(&path).unwrap();
+        assert_eq!(spec.training.architecture.as_deref(), Some(cid.as_str()));
+        let wire = hanzod_protocol::convert::job_spec(Some(&spec.to_wire())).unwrap();
+        assert_eq!(wire.training.architecture.as_deref(), Some(cid.as_str()));
+        std::fs::write(dir.join(&cid), cfg.to_json()).unwrap();
+        let spec = JobSpecFile::load(&path).unwrap();
+        assert_eq!(spec.training.architecture, Some(cfg.to_json()));
+        // A missing file that is no CID either and a number are refused, naming the key.
         for (i, bad) in ["architecture = \"nope.json\"", "architecture = 3"]
             .iter()
             .enumerate()
@@ -890,6 +924,9 @@ mod tests {
             std::fs::write(&path, format!("{head}{bad}\n")).unwrap();
             let e = JobSpecFile::load(&path).unwrap_err().to_string();
             assert!(e.contains("training.architecture"), "{e}");
+            if i == 0 {
+                assert!(e.contains("nope.json") && e.contains("CID"), "{e}");
+            }
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -209,29 +209,37 @@ Examples:
     /// Print the effective configuration (defaults ← file ← environment) as TOML.
     Config,
     /// Verify a published checkpoint (DESIGN §7): recompute the CIDs of its files and check
-    /// them against its model card and the signed publication record on the ledger. Exit 0
-    /// when every check passes, 1 when one fails (the verdict says which, expected vs
-    /// found), 2 when it could not be verified (a file, the Hub, IPFS or the ledger could
-    /// not be reached, the ledger holds no record, or no orchestrator key is trusted).
+    /// them against its model card and the signed publication record on the ledger. By CID,
+    /// the whole repo is fetched (config.json and the card named by the record, the other
+    /// files by the card) and checked. Exit 0 when every check passes, 1 when one fails (the
+    /// verdict says which, expected vs found), 2 when it could not be verified (a file, the
+    /// Hub, IPFS or the ledger could not be reached, the ledger holds no record, or no
+    /// orchestrator key is trusted).
     #[command(after_help = "\
 Examples:
   hanzod verify hanzod-demo/models/hanzo-gym/wine-mlp-job-1-epoch-2 --records hanzod-demo/publications.json --orchestrator <the key hanzod demo prints>
   hanzod verify hanzo-gym/wine-mlp-job-1-epoch-2 --orchestrator <hex key>   from the Hub, records from the daemon
-  hanzod verify bafybei… --ipfs-url http://127.0.0.1:5001                  weights by CID from IPFS")]
+  hanzod verify bafybei… --ipfs-url http://127.0.0.1:5001                  the repo by its weights' CID from IPFS
+  hanzod verify bafybei… --object-dir hanzod-demo/ipfs --records hanzod-demo/publications.json --orchestrator <hex key>")]
     Verify(cmd::verify::VerifyArgs),
     /// Score a language-model checkpoint on a text: mean next-token cross-entropy
-    /// (nats/token) and perplexity, with the checkpoint's own tokenizer.
+    /// (nats/token) and perplexity, with the checkpoint's own tokenizer. The checkpoint is a
+    /// folder, or the CID of its weights: the repo is then fetched through its signed
+    /// publication record and verified first (exit 1 when a check fails).
     #[command(after_help = "\
 Examples:
   hanzod eval hanzod-demo/models/hanzo-gym/qwen3-tiny-job-1-epoch-7 --text crates/train/data/austen/persuasion.txt
-  hanzod eval <folder> --text notes.txt --max-tokens 4096 --json")]
+  hanzod eval <folder> --text notes.txt --max-tokens 4096 --json
+  hanzod eval bafybei… --text t.txt --object-dir hanzod-demo/ipfs --records hanzod-demo/publications.json --orchestrator <the key hanzod demo prints>")]
     Eval(cmd::lm::EvalArgs),
     /// Continue a prompt with a language-model checkpoint (greedy, or sampled with
-    /// --temperature and --seed).
+    /// --temperature and --seed): a folder, or the CID of its weights (fetched and verified
+    /// as `hanzod eval` does).
     #[command(after_help = "\
 Examples:
   hanzod generate hanzod-demo/models/hanzo-gym/qwen3-tiny-job-1-epoch-7 --prompt \"It is a truth universally acknowledged\"
-  hanzod generate <folder> --prompt \"Emma\" --max-tokens 100 --temperature 0.8 --seed 7")]
+  hanzod generate <folder> --prompt \"Emma\" --max-tokens 100 --temperature 0.8 --seed 7
+  hanzod generate bafybei… --prompt \"Emma\" --object-dir hanzod-demo/ipfs --records hanzod-demo/publications.json --orchestrator <hex key>")]
     Generate(cmd::lm::GenerateArgs),
     /// Set up a chain for `hanzod serve` (DESIGN §8): the orchestrator's account, deploying
     /// the contracts, staking and binding node keys.
@@ -334,8 +342,8 @@ pub fn main() -> ExitCode {
     match cli.command {
         #[cfg(feature = "testkit")]
         Command::Demo { .. } => ExitCode::SUCCESS,
-        Command::Eval(args) => cmd::lm::run_eval(args),
-        Command::Generate(args) => cmd::lm::run_generate(args),
+        Command::Eval(args) => cmd::lm::run_eval(&cfg, args),
+        Command::Generate(args) => cmd::lm::run_generate(&cfg, args),
         Command::Verify(args) => match runtime() {
             Ok(rt) => rt.block_on(cmd::verify::run_verify(&cfg, args)),
             Err(e) => fail(e),

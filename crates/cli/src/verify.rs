@@ -1,9 +1,10 @@
 //! Verifying a published checkpoint (DESIGN §7, paper §7.2 "Cross-Verification"): the
 //! checks behind `hanzod verify`.
 //!
-//! Given the files of a published repo (or only the weights, for a checkpoint fetched by
-//! CID) and the signed publication record the ledger holds for it, [`check`] recomputes
-//! every CID and compares:
+//! Given the files of a published repo (a folder, a Hub repo, or one fetched by the CID of
+//! its weights from an object store: [`fetch_published`] follows the signed record to
+//! `config.json` and the card, and the card to the files it declares) and the signed
+//! publication record the ledger holds for it, [`check`] recomputes every CID and compares:
 //!
 //! | check | passes when |
 //! |---|---|
@@ -40,9 +41,11 @@ use hanzod_store::registry::{
 pub struct Files {
     /// The bytes of `model.safetensors`.
     pub weights: Vec<u8>,
-    /// The bytes of `config.json`, when the target has one (not for a CID).
+    /// The bytes of `config.json`, when the target has one (for a CID: when a record was
+    /// found to name it).
     pub config: Option<Vec<u8>>,
-    /// The bytes of `README.md`, when the target has one (not for a CID).
+    /// The bytes of `README.md`, when the target has one (for a CID: when a record was
+    /// found to name it).
     pub readme: Option<Vec<u8>>,
     /// The Hub repo id the files came from, when they came from the Hub.
     pub repo: Option<String>,
@@ -50,7 +53,8 @@ pub struct Files {
     /// `.gitattributes`), when the target is a repo; `None` for a CID.
     pub listing: Option<Vec<String>>,
     /// The bytes of the files the card declares beyond the three core ones
-    /// ([`ModelCard::files`]), by name, for those the target holds (empty for a CID).
+    /// ([`ModelCard::files`]), by name, for those the target holds (for a CID: those the
+    /// card fetched declares).
     pub others: BTreeMap<String, Vec<u8>>,
 }
 
@@ -193,6 +197,18 @@ fn file_check_name(name: &str) -> Option<&'static str> {
     }
 }
 
+/// The check of declared file `name`: its CID `found` against the `declared` one.
+fn declared_file_check(name: &str, declared: &str, found: &str) -> Check {
+    match file_check_name(name) {
+        Some(check) => compare(check, declared, found),
+        None => compare(
+            "declared file CID",
+            &format!("{name} {declared}"),
+            &format!("{name} {found}"),
+        ),
+    }
+}
+
 /// The names a card declares that a repo can hold ([`validate_file_name`]): the files a
 /// reader may fetch or open.
 fn declared_names(card: &ModelCard) -> impl Iterator<Item = &String> {
@@ -249,15 +265,11 @@ pub fn check(
                 let Some(bytes) = files.others.get(name) else {
                     continue;
                 };
-                let found = cid_of(bytes).to_string();
-                checks.push(match file_check_name(name) {
-                    Some(check) => compare(check, declared, &found),
-                    None => compare(
-                        "declared file CID",
-                        &format!("{name} {declared}"),
-                        &format!("{name} {found}"),
-                    ),
-                });
+                checks.push(declared_file_check(
+                    name,
+                    declared,
+                    &cid_of(bytes).to_string(),
+                ));
             }
         }
         Some(Err(why)) => checks.push(fail("card", why.clone())),
@@ -538,16 +550,219 @@ pub async fn fetch_repo(
     })
 }
 
-/// The weights stored under `cid` in `objects` (the store checks them against the CID).
-pub async fn fetch_cid(
+/// Most files a card may declare beyond the three core ones for [`fetch_published`] to
+/// fetch them (a language model's repo declares three).
+pub const MAX_DECLARED_FILES: usize = 16;
+
+/// Longest CID (or other untrusted text from a record) quoted in an error, characters.
+const MAX_QUOTED: usize = 100;
+
+/// A published repo fetched by CID ([`fetch_published`]).
+#[derive(Debug, Clone, Default)]
+pub struct Fetched {
+    /// The files read whole, each checked by the object store against the CID naming it.
+    pub files: Files,
+    /// A failed check for each file whose stored bytes do not hash to the CID naming it
+    /// (the object store refused them), named as [`check`] names the check that covers
+    /// the file (`weights CID`, `record: config`, `record: card`, `tokenizer.json CID`, …);
+    /// such a file is absent from `files`.
+    pub corrupt: Vec<Check>,
+}
+
+/// Why [`fetch_published`] could not fetch a published repo (the verdict cannot be
+/// reached: exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum RepoFetchError {
+    /// A file the record or the card names is not in the object store, or the store could
+    /// not be read.
+    #[error("{file} ({cid}): {source}")]
+    Unavailable {
+        /// The file's name in the repo.
+        file: String,
+        /// Its CID, as the record or the card names it (bounded).
+        cid: String,
+        /// What the object store said.
+        #[source]
+        source: hanzod_store::objects::ObjectError,
+    },
+    /// The card declares more files than [`MAX_DECLARED_FILES`].
+    #[error(
+        "README.md ({cid}) declares {declared} files, more than the {} fetched",
+        MAX_DECLARED_FILES
+    )]
+    TooManyFiles {
+        /// The card's CID.
+        cid: String,
+        /// How many files it declares.
+        declared: usize,
+    },
+}
+
+/// The file named `file` stored under `cid` in `objects`: `Ok(None)`, with the failed
+/// check `check(found)` pushed to `corrupt`, when the stored bytes do not hash to `cid`.
+async fn fetch_file(
+    objects: &dyn hanzod_store::objects::ObjectStore,
+    file: &str,
+    cid: &str,
+    check: impl FnOnce(&str) -> Check,
+    corrupt: &mut Vec<Check>,
+) -> Result<Option<Vec<u8>>, RepoFetchError> {
+    use hanzod_store::objects::ObjectError;
+    match objects.get(cid).await {
+        Ok(bytes) => Ok(Some(bytes.to_vec())),
+        Err(ObjectError::Corrupt { expected, found }) => {
+            // `expected` names the damaged block: the file's own CID for a file of one block.
+            let found = if expected == cid {
+                found
+            } else {
+                format!("{found} in its block {expected}")
+            };
+            corrupt.push(Check {
+                passed: false,
+                ..check(&found)
+            });
+            Ok(None)
+        }
+        Err(source) => Err(RepoFetchError::Unavailable {
+            file: file.to_string(),
+            cid: hanzod_protocol::status::quote_bounded(cid, MAX_QUOTED),
+            source,
+        }),
+    }
+}
+
+/// The published repo of the weights `cid`, from `objects` (which checks every file
+/// against the CID naming it as it reads it): `model.safetensors`, and, when `record` (the
+/// signed record found for these weights) is given, `config.json` (`record.config_cid`),
+/// `README.md` (`record.card_cid`) and each file the card declares under `hanzod.files`
+/// whose name a repo can hold (a name [`validate_file_name`] refuses is not fetched:
+/// [`check`] fails the card for it). A file whose stored bytes do not hash to its CID is
+/// left out of the files and reported in [`Fetched::corrupt`]; pass the result to
+/// [`check_fetched`].
+///
+/// Errors: [`RepoFetchError::Unavailable`] naming the first file the store lacks or could
+/// not read; [`RepoFetchError::TooManyFiles`] when the card declares more than
+/// [`MAX_DECLARED_FILES`].
+pub async fn fetch_published(
     objects: &dyn hanzod_store::objects::ObjectStore,
     cid: &str,
-) -> Result<Files, FetchError> {
-    let weights = objects.get(cid).await?;
-    Ok(Files {
-        weights: weights.to_vec(),
+    record: Option<&hanzod_protocol::record::PublicationRecord>,
+) -> Result<Fetched, RepoFetchError> {
+    use hanzod_store::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
+    let mut corrupt = Vec::new();
+    let weights = fetch_file(
+        objects,
+        WEIGHTS_FILE,
+        cid,
+        |found| compare("weights CID", cid, found),
+        &mut corrupt,
+    )
+    .await?;
+    let mut files = Files {
+        weights: weights.unwrap_or_default(),
         ..Files::default()
-    })
+    };
+    let Some(record) = record else {
+        return Ok(Fetched { files, corrupt });
+    };
+    files.config = fetch_file(
+        objects,
+        CONFIG_FILE,
+        &record.config_cid,
+        |found| compare("record: config", &record.config_cid, found),
+        &mut corrupt,
+    )
+    .await?;
+    files.readme = fetch_file(
+        objects,
+        CARD_FILE,
+        &record.card_cid,
+        |found| compare("record: card", &record.card_cid, found),
+        &mut corrupt,
+    )
+    .await?;
+    if let Some(card) = files.readme.as_deref().and_then(parse_card) {
+        if card.files.len() > MAX_DECLARED_FILES {
+            return Err(RepoFetchError::TooManyFiles {
+                cid: hanzod_protocol::status::quote_bounded(&record.card_cid, MAX_QUOTED),
+                declared: card.files.len(),
+            });
+        }
+        for name in declared_names(&card) {
+            let declared = &card.files[name];
+            let check = |found: &str| declared_file_check(name, declared, found);
+            if let Some(bytes) = fetch_file(objects, name, declared, check, &mut corrupt).await? {
+                files.others.insert(name.clone(), bytes);
+            }
+        }
+    }
+    Ok(Fetched { files, corrupt })
+}
+
+/// [`check`] of a repo fetched by CID ([`fetch_published`]): the checks of the files
+/// fetched, with the failed check of each file the object store found corrupt in place of
+/// the check of the same name (the `weights CID` the card declares) or added.
+pub fn check_fetched(
+    fetched: &Fetched,
+    cid: &str,
+    record: Result<Option<SignedPublication>, String>,
+    trusted: Option<[u8; 32]>,
+) -> Verdict {
+    let mut verdict = check(&fetched.files, cid, record, trusted);
+    for failed in &fetched.corrupt {
+        match verdict.checks.iter_mut().find(|c| c.name == failed.name) {
+            Some(c) => *c = failed.clone(),
+            None => verdict.checks.push(failed.clone()),
+        }
+    }
+    verdict
+}
+
+impl Files {
+    /// Each file held, by its name in the repo: `model.safetensors`, `config.json` and
+    /// `README.md` (those present), then the others.
+    pub fn named(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        use hanzod_store::registry::{CARD_FILE, CONFIG_FILE, WEIGHTS_FILE};
+        let core = [
+            (WEIGHTS_FILE, Some(&self.weights)),
+            (CONFIG_FILE, self.config.as_ref()),
+            (CARD_FILE, self.readme.as_ref()),
+        ];
+        let others = self.others.iter().map(|(n, b)| (n.as_str(), Some(b)));
+        core.into_iter()
+            .chain(others)
+            .filter_map(|(name, bytes)| Some((name, bytes?.as_slice())))
+    }
+
+    /// Writes the files into the folder `dir` (which must exist) as a published repo
+    /// ([`Files::named`]; a name a repo cannot hold, [`validate_file_name`], is refused).
+    ///
+    /// Errors: the file that could not be written, or the name refused.
+    pub fn write_folder(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        for (name, bytes) in self.named() {
+            if !hanzod_store::registry::CORE_FILES.contains(&name) {
+                validate_file_name(name).map_err(std::io::Error::other)?;
+            }
+            let path = dir.join(name);
+            std::fs::write(&path, bytes)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+}
+
+/// A fresh object store in `dir` holding each of `files` under its CID, as the publisher
+/// stores a repo (for tests).
+#[cfg(test)]
+pub(crate) async fn stored_in(dir: &std::path::Path, files: &Files) -> hanzod_store::FsObjectStore {
+    use hanzod_store::ObjectStore;
+    let _ = std::fs::remove_dir_all(dir);
+    let store = hanzod_store::FsObjectStore::open(dir).await.expect("store");
+    for (name, bytes) in files.named() {
+        let cid = store.put(bytes.to_vec().into()).await.expect("put");
+        assert_eq!(cid, cid_of(bytes).to_string(), "{name}");
+    }
+    store
 }
 
 /// The job and epoch a model card names, if `readme` is one (to find the record of a
@@ -841,6 +1056,148 @@ mod tests {
         assert!(!read.others.contains_key(TOKENIZER_FILE));
         let v = check(&read, &cid, Ok(Some(record)), Some(key));
         assert_eq!(failed(&v), ["files"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `files` put into a fresh object store in the scratch folder `name`; the folder, to
+    /// remove.
+    async fn stored(
+        name: &str,
+        files: &Files,
+    ) -> (std::path::PathBuf, hanzod_store::FsObjectStore) {
+        let dir = std::env::temp_dir().join(format!("hanzod-fetch-{name}-{}", std::process::id()));
+        let store = stored_in(&dir, files).await;
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn a_repo_is_fetched_whole_by_its_weights_cid_and_verifies() {
+        let weights: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 11) as u8).collect();
+        let (files, record, key) = published_with(&weights, lm_files());
+        let (dir, store) = stored("whole", &files).await;
+        let cid = cid_of(&files.weights).to_string();
+        let fetched = fetch_published(&store, &cid, Some(&record.record))
+            .await
+            .expect("fetched");
+        assert!(fetched.corrupt.is_empty(), "{:?}", fetched.corrupt);
+        assert_eq!(fetched.files.weights, files.weights);
+        assert_eq!(fetched.files.config, files.config);
+        assert_eq!(fetched.files.readme, files.readme);
+        assert_eq!(fetched.files.others, files.others);
+        let v = check_fetched(&fetched, &cid, Ok(Some(record.clone())), Some(key));
+        assert!(v.verified(), "{v:#?}");
+        // Every one of the six files is covered by a check.
+        for name in [
+            "weights CID",
+            "record: config",
+            "record: card",
+            "tokenizer.json CID",
+            "tokenizer_config.json CID",
+            "generation_config.json CID",
+        ] {
+            assert!(
+                v.checks.iter().any(|c| c.name == name && c.passed),
+                "{name}: {v:#?}"
+            );
+        }
+        // Written out, it is the folder it was published as.
+        let out = dir.join("repo");
+        std::fs::create_dir_all(&out).expect("dir");
+        fetched.files.write_folder(&out).expect("written");
+        let read = read_folder(&out).await.expect("read");
+        assert_eq!(read.others, files.others);
+        let v = check(&read, &cid, Ok(Some(record.clone())), Some(key));
+        assert!(v.verified(), "{v:#?}");
+        // Without a record only the weights are known.
+        let alone = fetch_published(&store, &cid, None).await.expect("weights");
+        assert_eq!(alone.files.weights, files.weights);
+        assert!(alone.files.config.is_none() && alone.files.others.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_file_missing_from_the_store_is_unverifiable_naming_it() {
+        let (files, record, _) = published_with(&[1, 2, 3], lm_files());
+        let tokenizer_cid = cid_of(&files.others[TOKENIZER_FILE]).to_string();
+        let mut without = files.clone();
+        without.others.remove(TOKENIZER_FILE);
+        let (dir, store) = stored("missing", &without).await;
+        let cid = cid_of(&files.weights).to_string();
+        let e = fetch_published(&store, &cid, Some(&record.record))
+            .await
+            .expect_err("the tokenizer is missing");
+        assert!(
+            matches!(&e, RepoFetchError::Unavailable { file, cid, .. }
+                if file == TOKENIZER_FILE && *cid == tokenizer_cid),
+            "{e:?}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains(TOKENIZER_FILE) && text.contains(&tokenizer_cid),
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_tampered_object_is_refuted_naming_its_file() {
+        let (files, record, key) = published_with(&[4, 5, 6], lm_files());
+        let (dir, store) = stored("tampered", &files).await;
+        let cid = cid_of(&files.weights).to_string();
+        let config_cid = &record.record.config_cid;
+        // Another config.json stored under the signed config's CID.
+        let forged = br#"{"model_type": "evil"}"#;
+        let block = store.block_path(&hanzod_store::objects::parse_cid(config_cid).expect("cid"));
+        std::fs::write(&block, forged).expect("write");
+        let fetched = fetch_published(&store, &cid, Some(&record.record))
+            .await
+            .expect("fetched");
+        assert!(fetched.files.config.is_none());
+        let v = check_fetched(&fetched, &cid, Ok(Some(record.clone())), Some(key));
+        assert_eq!(failed(&v), ["record: config"], "{v:#?}");
+        assert!(v.refuted());
+        let c = v.failures().next().expect("a failure");
+        assert_eq!(c.expected.as_deref(), Some(config_cid.as_str()));
+        assert_eq!(c.found, cid_of(forged).to_string());
+
+        // Damaged weights replace the card's `weights CID` check with a failed one.
+        let block = store.block_path(&hanzod_store::objects::parse_cid(&cid).expect("cid"));
+        std::fs::write(&block, [9, 9]).expect("write");
+        let fetched = fetch_published(&store, &cid, Some(&record.record))
+            .await
+            .expect("fetched");
+        let v = check_fetched(&fetched, &cid, Ok(Some(record)), Some(key));
+        assert_eq!(failed(&v), ["weights CID", "record: config"], "{v:#?}");
+        assert_eq!(
+            v.checks.iter().filter(|c| c.name == "weights CID").count(),
+            1
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_card_declaring_too_many_files_is_refused() {
+        let many: BTreeMap<String, Vec<u8>> = (0..=MAX_DECLARED_FILES)
+            .map(|i| {
+                (
+                    format!("extra-{i}.json"),
+                    format!("{{\"i\": {i}}}").into_bytes(),
+                )
+            })
+            .collect();
+        let (files, record, _) = published_with(&[7], many);
+        let (dir, store) = stored("many", &files).await;
+        let e = fetch_published(
+            &store,
+            &cid_of(&files.weights).to_string(),
+            Some(&record.record),
+        )
+        .await
+        .expect_err("too many");
+        assert!(
+            matches!(e, RepoFetchError::TooManyFiles { declared, .. } if declared == MAX_DECLARED_FILES + 1),
+            "{e:?}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -293,6 +293,15 @@ pub struct ValidationSection {
     /// tokens on 64 nodes: 2·5.96e8·4096·65 = 3.2e14 for the scoring alone, before any
     /// spot-check replay. A daemon validating on accelerators raises it.
     pub validation_budget_flops: f64,
+    /// Where validation (scoring, spot-check replay, merge checks) runs: `cpu`, `cuda`,
+    /// `cuda:N` or `wgpu` ([`hanzod_train::backend::Backend`]); a GPU needs a build with
+    /// the `cuda` or `wgpu` feature, which [`Config::validate`] checks.
+    #[serde(default = "default_device")]
+    pub device: String,
+}
+
+fn default_device() -> String {
+    "cpu".into()
 }
 
 impl ValidationSection {
@@ -695,6 +704,10 @@ impl Config {
                 v.validation_budget_flops
             ));
         }
+        v.device
+            .parse::<hanzod_train::backend::Backend>()
+            .and_then(hanzod_train::backend::Backend::check_built)
+            .map_err(|e| format!("validation.device: {e}"))?;
         if s.tls.cert.is_empty() != s.tls.key.is_empty() {
             return Err("server.tls.cert and server.tls.key go together".into());
         }
@@ -908,6 +921,7 @@ mod tests {
                 "validation.suspect_threshold",
             ),
             ("[validation]\nreplay = 1\n", "replay"),
+            ("[validation]\ndevice = \"tpu\"\n", "validation.device"),
             ("[chain]\nslash_pct = 0\n", "chain.slash_pct"),
             ("[publish]\norg = \"a/b\"\n", "publish.org"),
             ("[chain]\nslash_pct = 101\n", "chain.slash_pct"),

@@ -522,6 +522,13 @@ impl Daemon {
         clock: Option<Arc<dyn Clock>>,
         parts: DaemonParts,
     ) -> Result<Daemon, StartError> {
+        // The process's training backend, chosen once (`validation.device`).
+        cfg.validation
+            .device
+            .parse::<hanzod_train::backend::Backend>()
+            .and_then(hanzod_train::backend::select)
+            .map_err(|e| StartError::Unsupported(format!("validation.device: {e}")))?;
+        tracing::info!(device = %hanzod_train::backend::selected(), "validation backend");
         let memory_log = parts.store.is_none();
         let own_objects = parts.objects.is_none();
         let store = parts

@@ -363,6 +363,30 @@ impl FsObjectStore {
         .await
     }
 
+    /// The store already in `dir`, without creating anything (for readers: a folder
+    /// without `blocks/` is no store). Blocking (one `stat`).
+    ///
+    /// Errors: [`ObjectError::Io`] when `dir/blocks` is not a folder.
+    pub fn open_existing(dir: impl Into<PathBuf>) -> Result<FsObjectStore, ObjectError> {
+        let dir = dir.into();
+        let blocks = dir.join("blocks");
+        if !blocks.is_dir() {
+            return Err(ObjectError::Io {
+                message: format!("no object store at {} (no blocks/ folder)", dir.display()),
+            });
+        }
+        Ok(FsObjectStore { dir })
+    }
+
+    /// The file stored under `cid`, read on the calling thread (blocking) and checked
+    /// against its CID block by block, as [`ObjectStore::get`] does.
+    ///
+    /// Errors: [`ObjectError::BadCid`], [`ObjectError::NotFound`],
+    /// [`ObjectError::Corrupt`], [`ObjectError::Io`], as [`ObjectStore::get`].
+    pub fn read_blocking(&self, cid: &str) -> Result<Arc<[u8]>, ObjectError> {
+        read_file(self, &parse_cid(cid)?)
+    }
+
     /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -448,9 +472,8 @@ impl ObjectStore for FsObjectStore {
     }
 
     async fn get(&self, cid: &str) -> Result<Arc<[u8]>, ObjectError> {
-        let root = parse_cid(cid)?;
-        let store = self.clone();
-        blocking(move || read_file(&store, &root)).await
+        let (store, cid) = (self.clone(), cid.to_string());
+        blocking(move || store.read_blocking(&cid)).await
     }
 
     async fn contains(&self, cid: &str) -> Result<bool, ObjectError> {

@@ -69,6 +69,14 @@ pub struct DemoArgs {
     /// published full checkpoint.
     #[arg(long)]
     pub lora: bool,
+    /// Start epoch 0 from a published checkpoint instead of the model's seeded
+    /// initialisation: a checkpoint folder (a repo with `model.safetensors`, e.g. one under
+    /// an earlier run's `models/`), or the CID of its `model.safetensors` in the --out
+    /// folder's object store (an earlier run's `ipfs/`, read before this run replaces it).
+    /// Pretrain, then fine-tune: `hanzod demo --model qwen3-tiny`, then `hanzod demo --model
+    /// qwen3-tiny --lora --base <the CID it printed>`.
+    #[arg(long, value_name = "CID|FOLDER")]
+    pub base: Option<String>,
     /// Local steps per node per epoch [default: 20; qwen3-tiny 40].
     #[arg(long)]
     pub local_steps: Option<u32>,
@@ -143,6 +151,8 @@ pub struct DemoPlan {
     pub model: String,
     /// Train a LoRA adapter (`--lora`, qwen3-tiny only).
     pub lora: bool,
+    /// The checkpoint epoch 0 starts from (`--base`), read when the plan was made.
+    pub base: Option<DemoBase>,
     /// Local steps per epoch.
     pub local_steps: u32,
     /// Batch size.
@@ -172,6 +182,68 @@ pub struct DemoPlan {
     /// serialised; for embedders and tests).
     #[serde(skip)]
     pub chain: Option<DemoChain>,
+}
+
+/// A checkpoint a demo starts from ([`DemoArgs::base`]): its weights, read when the plan
+/// is made (before the run replaces the --out folder's object store), and their CID.
+#[derive(Clone, Serialize)]
+pub struct DemoBase {
+    /// The CID of `model.safetensors` ([`hanzod_protocol::cid::cid_of`]).
+    pub cid: String,
+    /// The bytes of `model.safetensors` (not serialised).
+    #[serde(skip)]
+    pub weights: bytes::Bytes,
+}
+
+impl std::fmt::Debug for DemoBase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DemoBase")
+            .field("cid", &self.cid)
+            .field("bytes", &self.weights.len())
+            .finish()
+    }
+}
+
+/// Largest `--base` weights file read, bytes (a qwen3-tiny checkpoint is about 4 MB).
+const MAX_BASE_BYTES: u64 = 1 << 30;
+
+impl DemoBase {
+    /// Reads `reference`: a folder holding `model.safetensors`, else a CID in the object
+    /// store `<out>/ipfs` (checked against the CID as it is read).
+    ///
+    /// Errors: [`DemoError::Usage`] naming `--base` when it is neither, or cannot be read.
+    pub fn read(reference: &str, out: &Path) -> Result<DemoBase, DemoError> {
+        let shown: String = reference.chars().take(100).collect();
+        let usage = |e: &dyn std::fmt::Display| DemoError::Usage(format!("--base {shown}: {e}"));
+        let file = Path::new(reference).join(hanzod_store::registry::WEIGHTS_FILE);
+        if file.is_file() {
+            let len = std::fs::metadata(&file).map_err(|e| usage(&e))?.len();
+            if len > MAX_BASE_BYTES {
+                return Err(usage(&format!(
+                    "{} is {len} bytes, more than the {MAX_BASE_BYTES} read",
+                    file.display()
+                )));
+            }
+            let weights = bytes::Bytes::from(std::fs::read(&file).map_err(|e| usage(&e))?);
+            let cid = hanzod_protocol::cid::cid_of(&weights).to_string();
+            return Ok(DemoBase { cid, weights });
+        }
+        let cid = hanzod_store::objects::parse_cid(reference).map_err(|_| {
+            usage(&format!(
+                "neither a checkpoint folder (with {}) nor a CID",
+                hanzod_store::registry::WEIGHTS_FILE
+            ))
+        })?;
+        let store = hanzod_store::FsObjectStore::open_existing(out.join("ipfs"))
+            .map_err(|e| usage(&format!("{e}: a CID is read from the --out folder's ipfs/")))?;
+        let weights = store
+            .read_blocking(&cid.to_string())
+            .map_err(|e| usage(&e))?;
+        Ok(DemoBase {
+            cid: cid.to_string(),
+            weights: bytes::Bytes::copy_from_slice(&weights),
+        })
+    }
 }
 
 /// A chain a demo runs on.
@@ -237,6 +309,17 @@ impl DemoArgs {
         // visibly learns in about two minutes (README, "Language models"): AdamW restarts
         // every epoch, so fewer, longer epochs learn more per second than many short ones.
         let lm = model == hanzod_train::lm::QWEN3_TINY;
+        let out = self
+            .out
+            .clone()
+            .or(file.out)
+            .unwrap_or_else(|| PathBuf::from("hanzod-demo"));
+        let base = self
+            .base
+            .clone()
+            .or(file.base)
+            .map(|b| DemoBase::read(&b, &out))
+            .transpose()?;
         let epochs = self
             .epochs
             .or(file.epochs)
@@ -253,6 +336,7 @@ impl DemoArgs {
             attack: self.attack.or(file.attack).unwrap_or(Attack::Mixed),
             model: model.clone(),
             lora: self.lora || file.lora,
+            base,
             local_steps: self
                 .local_steps
                 .or(file.local_steps)
@@ -267,11 +351,7 @@ impl DemoArgs {
                 .unwrap_or(if lm { 5e-3 } else { 0.05 }),
             spot_check_rate: self.spot_check_rate.or(file.spot_check_rate).unwrap_or(0.5),
             seed: self.seed.or(file.seed).unwrap_or(1),
-            out: self
-                .out
-                .clone()
-                .or(file.out)
-                .unwrap_or_else(|| PathBuf::from("hanzod-demo")),
+            out,
             timeout_s: self.timeout_s.or(file.timeout_s).unwrap_or(600),
             exe,
             progress: true,
@@ -358,8 +438,18 @@ impl DemoPlan {
                 hanzod_train::lm::QWEN3_TINY
             ));
         }
-        hanzod_train::trainer_of(&self.training(), JobId(1))
+        let trainer = hanzod_train::trainer_of(&self.training(), JobId(1))
             .map_err(|e| DemoError::Usage(format!("training recipe: {e}")))?;
+        if let Some(base) = &self.base {
+            hanzod_train::Weights::from_safetensors(&base.weights, trainer.layout()).map_err(
+                |e| {
+                    DemoError::Usage(format!(
+                        "--base {}: not a {} checkpoint: {e}",
+                        base.cid, self.model
+                    ))
+                },
+            )?;
+        }
         Ok(())
     }
 
@@ -400,6 +490,7 @@ impl DemoPlan {
             seed: self.seed,
             seq_len: if lm { 64 } else { d.seq_len },
             validation_tokens: if lm { 2048 } else { d.validation_tokens },
+            base: self.base.as_ref().map(|b| b.cid.clone()),
             ..d
         }
     }
@@ -823,6 +914,24 @@ pub async fn run_in(plan: DemoPlan, _lock: OutLock) -> Result<DemoSummary, DemoE
         std::fs::create_dir_all(dir).map_err(|e| setup(&dir.display().to_string(), &e))?;
     }
     let mut cfg = demo_config(&plan)?;
+    // The base checkpoint goes into the (fresh) object store, where the daemon and the
+    // nodes fetch it by its CID.
+    if let Some(base) = &plan.base {
+        use hanzod_store::ObjectStore;
+        let store = hanzod_store::FsObjectStore::open(&cfg.publish.object_dir)
+            .await
+            .map_err(|e| setup("opening the object store", &e))?;
+        let cid = store
+            .put(base.weights.clone())
+            .await
+            .map_err(|e| setup("storing the base checkpoint", &e))?;
+        if cid != base.cid {
+            return Err(DemoError::Setup(format!(
+                "the base checkpoint stored as {cid}, not {}",
+                base.cid
+            )));
+        }
+    }
     // The chain: the caller's, or a fresh anvil with everything staked and bound (kept
     // alive until the demo ends), or none (the embedded ledger).
     let mut _anvil = None;
@@ -1285,7 +1394,7 @@ async fn drive(
         .submit_job(spec.clone())
         .await
         .map_err(|e| setup("submitting the job".into(), &e))?;
-    let initial_loss = initial_loss(&spec.training, job);
+    let initial_loss = initial_loss(plan, &spec.training, job);
     view.log(&format!(
         "job {} submitted: {} epochs × {} local steps × batch {}; initial validation loss {}",
         job.0,
@@ -1549,9 +1658,17 @@ async fn finished_report(
     Some(r)
 }
 
-fn initial_loss(training: &TrainingSpec, job: JobId) -> Option<f64> {
+/// The validation loss epoch 0 starts from: the base checkpoint's, else the seeded
+/// initialisation's.
+fn initial_loss(plan: &DemoPlan, training: &TrainingSpec, job: JobId) -> Option<f64> {
     let trainer = hanzod_train::trainer_of(training, job).ok()?;
-    trainer.validation_loss(&trainer.init()).ok()
+    let start = match &plan.base {
+        Some(base) => {
+            hanzod_train::Weights::from_safetensors(&base.weights, trainer.layout()).ok()?
+        }
+        None => trainer.init(),
+    };
+    trainer.validation_loss(&start).ok()
 }
 
 fn behaviour_flag(b: &Behaviour) -> String {
@@ -1801,6 +1918,23 @@ pub fn render(s: &DemoSummary) -> String {
     }
     if let Some(last) = s.epochs.last().and_then(|e| e.published.as_ref()) {
         let _ = writeln!(o, "\nlast checkpoint published to {last}");
+        if let Some(e) = s.epochs.last() {
+            let _ = writeln!(o, "its weights' CID: {}", e.checkpoint);
+            if s.plan.model == hanzod_train::lm::QWEN3_TINY {
+                let _ = writeln!(
+                    o,
+                    "fine-tune it: {} demo --model {} --lora --base {}{}",
+                    shell_word(&s.plan.exe.display().to_string()),
+                    hanzod_train::lm::QWEN3_TINY,
+                    e.checkpoint,
+                    if s.out == std::path::Path::new("hanzod-demo") {
+                        String::new()
+                    } else {
+                        format!(" --out {}", shell_word(&s.out.display().to_string()))
+                    }
+                );
+            }
+        }
         // The binary by its path: the command runs as printed, with or without `hanzod` on
         // the PATH (a demo started with `cargo run` has none).
         let _ = writeln!(

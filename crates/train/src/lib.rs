@@ -28,8 +28,12 @@
 //! between CPU families: compare losses with a tolerance (the spot-check's relative 5 %) and
 //! re-executed deltas by distance, not bit for bit, when node and validator run on
 //! different hardware.
+//!
+//! Backends: the CPU by default; a GPU with the `cuda` or `wgpu` feature, chosen once per
+//! process ([`backend`]).
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod catalog;
 mod data;
 pub mod lm;
@@ -276,7 +280,7 @@ fn check_model(w: &Weights, recipe: &Recipe) -> Result<(), TrainError> {
 /// on the plain (non-autodiff) flex device.
 fn predict(w: &Weights, x: Vec<f32>) -> Result<Vec<f32>, TrainError> {
     let n = x.len() / FEATURES;
-    let device = mlp::device();
+    let device = backend::device();
     let layers = mlp::to_burn(w)?
         .each_ref()
         .map(|l| LayerTensors::new(l, &device, false));
@@ -361,7 +365,7 @@ pub fn train_local(
     let last_step = first_step
         .checked_add(u64::from(recipe.local_steps) - 1)
         .ok_or_else(|| TrainError::InvalidRecipe("step range passes u64::MAX".into()))?;
-    let device = mlp::device().autodiff();
+    let device = backend::device().autodiff();
     let lr = recipe.local_lr as f32;
     let b = recipe.batch_size as usize;
     let mut w = global.clone();

@@ -121,11 +121,6 @@ pub(crate) fn from_burn(layers: &[BurnLinear; 3], out: &mut Weights) -> Result<(
     Ok(())
 }
 
-/// The flex CPU device (single-threaded: this crate does not enable burn's `rayon`).
-pub(crate) fn device() -> Device {
-    Device::flex()
-}
-
 /// An f32 tensor of `shape` holding `data`, on `device`.
 pub(crate) fn tensor<const D: usize>(
     data: Vec<f32>,

@@ -51,6 +51,10 @@ pub(crate) struct NodeArgs {
     /// (0.5). The validator must reject or down-weight it, and a spot-check slash it.
     #[arg(long, default_value = "honest", value_name = "BEHAVIOUR")]
     byzantine: hanzod_node::trainer::Behaviour,
+    /// Where this node trains: `cpu`, `cuda` (device 0), `cuda:N` or `wgpu`. A GPU needs a
+    /// build with `--features cuda` (or `wgpu`).
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    device: String,
     /// Stop when standard input reaches end of file: a supervising parent (`hanzod demo`)
     /// holds the other end, so its death stops the node.
     #[arg(long, hide = true)]
@@ -65,6 +69,7 @@ pub(crate) struct NodeArgs {
 /// What `hanzod node`'s arguments declare, once checked.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Declared {
+    device: hanzod_train::backend::Backend,
     vram_bytes: u64,
     compute_cap: (u8, u8),
     driver_sig: Vec<u8>,
@@ -150,7 +155,13 @@ pub(crate) fn check_args(args: &NodeArgs) -> Result<Declared, String> {
             args.backoff_min_ms, args.backoff_max_ms
         ));
     }
+    let device = args
+        .device
+        .parse::<hanzod_train::backend::Backend>()
+        .and_then(hanzod_train::backend::Backend::check_built)
+        .map_err(|e| format!("--device: {e}"))?;
     Ok(Declared {
+        device,
         vram_bytes,
         compute_cap,
         driver_sig,
@@ -161,6 +172,7 @@ pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
     // Every argument is checked before anything is written (a key file) or bound; a bad
     // one is a usage error (2), like clap's own.
     let Declared {
+        device,
         vram_bytes,
         compute_cap,
         driver_sig,
@@ -171,6 +183,9 @@ pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = hanzod_train::backend::select(device) {
+        return fail(e);
+    }
     let listener = match tokio::net::TcpListener::bind(&args.listen).await {
         Ok(l) => l,
         Err(e) => return fail(format!("cannot listen on {}: {e}", args.listen)),
@@ -343,12 +358,26 @@ mod tests {
             (vec!["--advertise", "peer:0"], "--advertise"),
             (vec!["--endpoint", "http://bad host:9550"], "--endpoint"),
             (vec!["--backoff-min-ms", "60000"], "--backoff-min-ms"),
+            (vec!["--device", "tpu"], "--device"),
         ] {
             let mut full = vec!["--vram-gib", "8"];
             full.extend(args.iter().copied());
             let err = check(&full).expect_err(&format!("{args:?} is refused"));
             assert!(err.contains(says), "{args:?}: {err}");
         }
+        // A GPU this build lacks names the feature that adds it.
+        for gpu in ["cuda", "cuda:1", "wgpu"] {
+            let built = hanzod_train::backend::built();
+            let name = gpu.split(':').next().unwrap_or(gpu);
+            match check(&["--vram-gib", "8", "--device", gpu]) {
+                Ok(d) => assert!(built.contains(&name), "{gpu}: {:?}", d.device),
+                Err(e) => assert!(e.contains(&format!("--features {name}")), "{gpu}: {e}"),
+            }
+        }
+        assert_eq!(
+            check(&["--vram-gib", "8"]).map(|d| d.device),
+            Ok(hanzod_train::backend::Backend::Cpu)
+        );
         let sig = "ab".repeat(1025);
         let err = check(&["--vram-gib", "8", "--driver-sig", &sig]).unwrap_err();
         assert!(err.contains("1024 bytes"), "{err}");

@@ -1,17 +1,23 @@
-//! `hanzod verify`: check a published checkpoint against its card and signed record.
+//! `hanzod verify`: check a published checkpoint against its card and signed record. Also
+//! where a checkpoint named by CID is found (the record source and object store flags,
+//! [`SourceArgs`], and [`verify_cid`]), for `hanzod eval` and `hanzod generate` too.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Args;
 use hanzod_daemon::config::Config;
+use hanzod_protocol::record::SignedPublication;
+use hanzod_store::ObjectStore;
 
+use crate::verify::{self, Files, Lookup, Target, Verdict};
 use crate::ClientArgs;
 
-#[derive(Args, Debug)]
-pub(crate) struct VerifyArgs {
-    /// A folder of a published repo, a Hub repo id (`org/name`), or the weights' CID.
-    target: String,
+/// Where the signed publication records and the objects of a checkpoint are read: the
+/// flags `hanzod verify`, `hanzod eval` and `hanzod generate` share.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct SourceArgs {
     /// Read the publication records from this JSON file (`hanzod demo` writes
     /// `publications.json`) instead of asking the daemon at --endpoint.
     #[arg(long)]
@@ -30,32 +36,231 @@ pub(crate) struct VerifyArgs {
     /// orchestrator stake can record) cannot be trusted without it (exit 2).
     #[arg(long)]
     orchestrator: Option<String>,
+    /// The Kubo RPC API to fetch a CID from (default: the configured publish.ipfs_url, else
+    /// the local object store: publish.object_dir, else <data_dir>/ipfs; or --object-dir).
+    #[arg(long, env = "IPFS_URL")]
+    ipfs_url: Option<String>,
+    /// A local object store folder (publish.object_dir, <data_dir>/ipfs; `hanzod demo`
+    /// writes <out>/ipfs) to read a CID from.
+    #[arg(long)]
+    object_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+}
+
+impl SourceArgs {
+    /// The --orchestrator key, if given. Errors: it is not 64 hex digits.
+    pub(crate) fn trusted(&self) -> Result<Option<[u8; 32]>, String> {
+        self.orchestrator.as_deref().map(parse_key).transpose()
+    }
+}
+
+/// The object store to read a CID from: --object-dir, else --ipfs-url (IPFS_URL), else the
+/// configured one (publish.ipfs_url, else publish.object_dir or <data_dir>/ipfs). Errors:
+/// none is given, or it cannot be opened (a folder without `blocks/` is no store: reading
+/// creates none).
+pub(crate) async fn open_objects(
+    cfg: &Config,
+    source: &SourceArgs,
+) -> Result<Arc<dyn ObjectStore>, String> {
+    let url = source
+        .ipfs_url
+        .clone()
+        .filter(|u| !u.trim().is_empty())
+        .or_else(|| Some(cfg.publish.ipfs_url.clone()).filter(|u| !u.is_empty()));
+    let dir = source
+        .object_dir
+        .clone()
+        .or_else(|| cfg.object_dir().filter(|_| url.is_none()));
+    match (dir, url) {
+        (Some(dir), _) if !dir.join("blocks").is_dir() => Err(format!(
+            "no object store at {} (no blocks/ folder; give --object-dir, or --ipfs-url for \
+             an IPFS node)",
+            dir.display()
+        )),
+        (Some(dir), _) => match hanzod_store::FsObjectStore::open(dir).await {
+            Ok(s) => Ok(Arc::new(s)),
+            Err(e) => Err(e.to_string()),
+        },
+        (None, Some(url)) => {
+            match hanzod_adapters::kubo::KuboObjectStore::connect(&url, Default::default()).await {
+                Ok(s) => Ok(Arc::new(s)),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        (None, None) => Err("a CID needs --ipfs-url (or IPFS_URL) or --object-dir".into()),
+    }
+}
+
+/// Every publication record the source holds (--records, else the chain, else the daemon
+/// at --endpoint, asked for the records of `cid` and of `card`'s (job, epoch)). Without a
+/// trusted key, the daemon asked vouches for its own: `trusted` is set to it (and stderr
+/// says so). Errors: the source could not be read, in words naming it.
+async fn read_records(
+    cfg: &Config,
+    source: &SourceArgs,
+    cid: &str,
+    card: Option<(u64, u32)>,
+    trusted: &mut Option<[u8; 32]>,
+) -> Result<Vec<SignedPublication>, String> {
+    if let Some(path) = &source.records {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let (records, skipped) =
+            verify::parse_records(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        for (i, why) in skipped {
+            eprintln!("warning: {}: record {i} skipped: {why}", path.display());
+        }
+        return Ok(records);
+    }
+    if source.rpc.is_some() || !cfg.chain.rpc_url.is_empty() {
+        let url = source
+            .rpc
+            .clone()
+            .unwrap_or_else(|| cfg.chain.rpc_url.clone());
+        let pool = source
+            .mining_pool
+            .clone()
+            .unwrap_or_else(|| cfg.chain.mining_pool.clone());
+        let pool = pool
+            .parse()
+            .map_err(|e| format!("--mining-pool {pool:?} is not a contract address: {e}"))?;
+        let timeout = std::time::Duration::from_millis(cfg.chain.call_timeout_ms);
+        return match hanzod_adapters::chain::EvmChain::reader(
+            &url,
+            pool,
+            cfg.chain.chain_id,
+            timeout,
+        )
+        .await
+        {
+            Ok(chain) => {
+                use hanzod_actors::ports::Ledger;
+                chain.publications().await.map_err(|e| e.to_string())
+            }
+            Err(e) => {
+                // The URL may carry credentials: name it redacted.
+                let mut shown = cfg.clone();
+                shown.chain.rpc_url = url.clone();
+                Err(format!(
+                    "the chain at {}: {e}",
+                    shown.redacted().chain.rpc_url
+                ))
+            }
+        };
+    }
+    if source.mining_pool.is_some() {
+        return Err("--mining-pool needs --rpc (or HANZO_RPC): the chain to read it on".into());
+    }
+    let endpoint = &source.client.endpoint;
+    let (records, key) = crate::client_cmds::Clients::connect(source.client.options())
+        .await
+        .map_err(|e| e.to_string())?
+        .publications(cid, card)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Without --orchestrator, the daemon the user chose to ask (over TLS when the endpoint
+    // is https) vouches for its own key.
+    if trusted.is_none() {
+        *trusted = key;
+        if let Some(k) = key {
+            eprintln!(
+                "trusting the key of the orchestrator at {endpoint}: {}",
+                hex::encode(k)
+            );
+        }
+    }
+    Ok(records)
+}
+
+/// The record that speaks for the checkpoint `lookup` describes ([`verify::find_record`]
+/// among the records of `source`: `Ok(None)` when none does, `Err` when they could not be
+/// read), and the orchestrator key trusted: `lookup.trusted`, else the daemon's own when
+/// the records came from it.
+pub(crate) async fn find_publication(
+    cfg: &Config,
+    source: &SourceArgs,
+    mut lookup: Lookup<'_>,
+) -> (Result<Option<SignedPublication>, String>, Option<[u8; 32]>) {
+    let records = read_records(cfg, source, lookup.cid, lookup.card, &mut lookup.trusted).await;
+    (
+        records.map(|all| verify::find_record(&all, lookup)),
+        lookup.trusted,
+    )
+}
+
+/// A checkpoint named by the CID of its weights, fetched and checked ([`verify_cid`]).
+#[derive(Debug)]
+pub(crate) struct CidVerdict {
+    /// The weights' CID, in its canonical form.
+    pub(crate) cid: String,
+    /// The files fetched: the whole repo when a record was found.
+    pub(crate) files: Files,
+    /// The verdict on them.
+    pub(crate) verdict: Verdict,
+    /// The record found for the weights, if any.
+    pub(crate) record: Option<SignedPublication>,
+}
+
+/// Finds the record of the weights `cid` in `source`'s records, fetches the repo it names
+/// from `source`'s object store ([`verify::fetch_published`]) and checks it
+/// ([`verify::check_fetched`]), trusting `trusted` (or the daemon's key, see
+/// [`find_publication`]).
+///
+/// Errors (no verdict can be reached): `cid` is not a CID, there is no object store, or a
+/// file the record or card names is not in it (named, with its CID).
+pub(crate) async fn verify_cid(
+    cfg: &Config,
+    source: &SourceArgs,
+    cid: &str,
+    trusted: Option<[u8; 32]>,
+) -> Result<CidVerdict, String> {
+    let cid = hanzod_store::objects::parse_cid(cid)
+        .map_err(|e| e.to_string())?
+        .to_string();
+    let objects = open_objects(cfg, source).await?;
+    let lookup = Lookup {
+        cid: &cid,
+        card: None,
+        repo: None,
+        trusted,
+    };
+    let (record, trusted) = find_publication(cfg, source, lookup).await;
+    let found = record.as_ref().ok().and_then(Option::as_ref);
+    let fetched = verify::fetch_published(&*objects, &cid, found.map(|p| &p.record))
+        .await
+        .map_err(|e| e.to_string())?;
+    let found = found.cloned();
+    let verdict = verify::check_fetched(&fetched, &cid, record, trusted);
+    Ok(CidVerdict {
+        cid,
+        files: fetched.files,
+        verdict,
+        record: found,
+    })
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct VerifyArgs {
+    /// A folder of a published repo, a Hub repo id (`org/name`), or the weights' CID (the
+    /// whole repo is fetched from the object store through the signed record and the card).
+    target: String,
     /// The Hub, for a repo id.
     #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
     hf_endpoint: String,
     /// Hub token, for private repos.
     #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
     hf_token: Option<String>,
-    /// The Kubo RPC API to fetch a CID from (default: the configured publish.ipfs_url, else
-    /// the local object store: publish.object_dir, else <data_dir>/ipfs; or --object-dir).
-    #[arg(long, env = "IPFS_URL")]
-    ipfs_url: Option<String>,
-    /// A local object store folder (publish.object_dir, <data_dir>/ipfs) to read a CID from.
-    #[arg(long)]
-    object_dir: Option<PathBuf>,
     /// Keep the files downloaded from the Hub in this folder (default: a temporary folder,
     /// removed afterwards).
     #[arg(long)]
     download_dir: Option<PathBuf>,
     #[command(flatten)]
-    client: ClientArgs,
+    source: SourceArgs,
 }
 
 /// `hanzod verify`: exit 0 verified, 1 a check failed, 2 could not verify.
 pub(crate) async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
-    use crate::verify::{self, FetchError, Target};
-    use hanzod_store::ObjectError;
-    let json = args.client.json;
+    let json = args.source.client.json;
     let target_text = args.target.clone();
     let cannot = |e: &dyn std::fmt::Display| {
         if json {
@@ -72,7 +277,7 @@ pub(crate) async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
         }
         ExitCode::from(2)
     };
-    let trusted = match args.orchestrator.as_deref().map(parse_key).transpose() {
+    let trusted = match args.source.trusted() {
         Ok(k) => k,
         Err(e) => return cannot(&e),
     };
@@ -94,80 +299,27 @@ pub(crate) async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
                 Err(e) => return cannot(&e),
             };
             let dir = match &args.download_dir {
-                Some(d) => d.clone(),
-                None => {
-                    let d = std::env::temp_dir().join(format!(
-                        "hanzod-verify-{}-{}",
-                        std::process::id(),
-                        rand::random::<u32>()
-                    ));
-                    _tmp = Some(TempDir(d.clone()));
-                    d
-                }
+                Some(d) => match std::fs::create_dir_all(d) {
+                    Ok(()) => d.clone(),
+                    Err(e) => return cannot(&format!("{}: {e}", d.display())),
+                },
+                None => match TempDir::new("hanzod-verify") {
+                    Ok(t) => _tmp.insert(t).path().to_path_buf(),
+                    Err(e) => return cannot(&e),
+                },
             };
-            if let Err(e) = std::fs::create_dir_all(&dir) {
-                return cannot(&format!("{}: {e}", dir.display()));
-            }
-            let bar = (!args.client.json).then(download_bar);
+            let bar = (!json).then(download_bar);
             let files = verify::fetch_repo(&hub, repo, &dir, bar.as_ref()).await;
             if let Some(bar) = bar {
                 bar.finish_and_clear();
             }
             files
         }
+        // The whole repo, fetched through its record and checked.
         Target::Cid(cid) => {
-            let url = args
-                .ipfs_url
-                .clone()
-                .filter(|u| !u.trim().is_empty())
-                .or_else(|| Some(cfg.publish.ipfs_url.clone()).filter(|u| !u.is_empty()));
-            // --object-dir, else --ipfs-url / IPFS_URL, else the configured object store.
-            let dir = args
-                .object_dir
-                .clone()
-                .or_else(|| cfg.object_dir().filter(|_| url.is_none()));
-            let objects: std::sync::Arc<dyn hanzod_store::ObjectStore> = match (dir, url) {
-                // Reading must not create a store where there is none.
-                (Some(dir), _) if !dir.join("blocks").is_dir() => {
-                    return cannot(&format!(
-                        "no object store at {} (no blocks/ folder; give --object-dir, \
-                         or --ipfs-url for an IPFS node)",
-                        dir.display()
-                    ))
-                }
-                (Some(dir), _) => match hanzod_store::FsObjectStore::open(dir).await {
-                    Ok(s) => std::sync::Arc::new(s),
-                    Err(e) => return cannot(&e),
-                },
-                (None, Some(url)) => {
-                    match hanzod_adapters::kubo::KuboObjectStore::connect(&url, Default::default())
-                        .await
-                    {
-                        Ok(s) => std::sync::Arc::new(s),
-                        Err(e) => return cannot(&e),
-                    }
-                }
-                (None, None) => {
-                    return cannot(&"a CID needs --ipfs-url (or IPFS_URL) or --object-dir")
-                }
-            };
-            match verify::fetch_cid(&*objects, cid).await {
-                // Bytes that do not hash to the CID asked for are a failed check, not an
-                // unreachable source.
-                Err(FetchError::Objects(ObjectError::Corrupt { expected, found })) => {
-                    let verdict = verify::Verdict {
-                        cid: found.clone(),
-                        checks: vec![verify::Check {
-                            name: "weights CID",
-                            passed: false,
-                            expected: Some(expected),
-                            found,
-                        }],
-                        incomplete: None,
-                    };
-                    return print_verdict(&args.target, &verdict, args.client.json);
-                }
-                other => other,
+            return match verify_cid(cfg, &args.source, cid, trusted).await {
+                Ok(found) => print_verdict(&args.target, &found.verdict, json),
+                Err(e) => cannot(&e),
             }
         }
     };
@@ -175,116 +327,49 @@ pub(crate) async fn run_verify(cfg: &Config, args: VerifyArgs) -> ExitCode {
         Ok(f) => f,
         Err(e) => return cannot(&e),
     };
-    // A CID target was checked against its CID by the object store as it was read.
-    let (files, cid) = match &target {
-        Target::Cid(cid) => match hanzod_store::objects::parse_cid(cid) {
-            Ok(parsed) => (files, parsed.to_string()),
-            Err(e) => return cannot(&e),
-        },
-        _ => match tokio::task::spawn_blocking(move || {
-            let cid = hanzod_protocol::cid::cid_of(&files.weights).to_string();
-            (files, cid)
-        })
-        .await
-        {
-            Ok(hashed) => hashed,
-            Err(e) => return cannot(&e),
-        },
+    let hashed = tokio::task::spawn_blocking(move || {
+        let cid = hanzod_protocol::cid::cid_of(&files.weights).to_string();
+        (files, cid)
+    })
+    .await;
+    let (files, cid) = match hashed {
+        Ok(hashed) => hashed,
+        Err(e) => return cannot(&e),
     };
     let card = files.readme.as_deref().and_then(verify::card_epoch);
-    let mut trusted = trusted;
-    let records = match &args.records {
-        Some(path) => std::fs::read(path)
-            .map_err(|e| format!("{}: {e}", path.display()))
-            .and_then(|b| verify::parse_records(&b).map_err(|e| format!("{}: {e}", path.display())))
-            .map(|(records, skipped)| {
-                for (i, why) in skipped {
-                    eprintln!("warning: {}: record {i} skipped: {why}", path.display());
-                }
-                records
-            }),
-        None if args.mining_pool.is_some()
-            && args.rpc.is_none()
-            && cfg.chain.rpc_url.is_empty() =>
-        {
-            Err("--mining-pool needs --rpc (or HANZO_RPC): the chain to read it on".to_string())
-        }
-        None if args.rpc.is_some() || !cfg.chain.rpc_url.is_empty() => {
-            let url = args
-                .rpc
-                .clone()
-                .unwrap_or_else(|| cfg.chain.rpc_url.clone());
-            let pool = args
-                .mining_pool
-                .clone()
-                .unwrap_or_else(|| cfg.chain.mining_pool.clone());
-            let pool = match pool.parse() {
-                Ok(p) => p,
-                Err(e) => {
-                    return cannot(&format!(
-                        "--mining-pool {pool:?} is not a contract address: {e}"
-                    ))
-                }
-            };
-            let timeout = std::time::Duration::from_millis(cfg.chain.call_timeout_ms);
-            match hanzod_adapters::chain::EvmChain::reader(&url, pool, cfg.chain.chain_id, timeout)
-                .await
-            {
-                Ok(chain) => {
-                    use hanzod_actors::ports::Ledger;
-                    chain.publications().await.map_err(|e| e.to_string())
-                }
-                Err(e) => {
-                    // The URL may carry credentials: name it redacted.
-                    let mut shown = cfg.clone();
-                    shown.chain.rpc_url = url.clone();
-                    Err(format!(
-                        "the chain at {}: {e}",
-                        shown.redacted().chain.rpc_url
-                    ))
-                }
-            }
-        }
-        None => {
-            let endpoint = args.client.endpoint.clone();
-            let answer = match crate::client_cmds::Clients::connect(args.client.options()).await {
-                Ok(mut c) => c.publications(&cid, card).await.map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            // Without --orchestrator, the daemon the user chose to ask (over TLS when the
-            // endpoint is https) vouches for its own key.
-            let answer = answer.map(|(records, key)| {
-                if trusted.is_none() {
-                    trusted = key;
-                    if let Some(k) = key {
-                        eprintln!(
-                            "trusting the key of the orchestrator at {endpoint}: {}",
-                            hex::encode(k)
-                        );
-                    }
-                }
-                records
-            });
-            answer
-        }
+    let lookup = Lookup {
+        cid: &cid,
+        card,
+        repo: files.repo.as_deref(),
+        trusted,
     };
-    let record = records.map(|all| {
-        verify::find_record(
-            &all,
-            verify::Lookup {
-                cid: &cid,
-                card,
-                repo: files.repo.as_deref(),
-                trusted,
-            },
-        )
-    });
+    let (record, trusted) = find_publication(cfg, &args.source, lookup).await;
     let verdict = verify::check(&files, &cid, record, trusted);
-    print_verdict(&args.target, &verdict, args.client.json)
+    print_verdict(&args.target, &verdict, json)
 }
 
-/// Removes a temporary folder when dropped.
+/// A temporary folder, removed when dropped.
+#[derive(Debug)]
 pub(crate) struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates a fresh folder `<prefix>-<pid>-<random>` in the system's temporary folder.
+    /// Errors: it cannot be created (naming it).
+    pub(crate) fn new(prefix: &str) -> Result<TempDir, String> {
+        let dir = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(TempDir(dir))
+    }
+
+    /// The folder.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
 
 impl Drop for TempDir {
     fn drop(&mut self) {

@@ -40,7 +40,8 @@ pub struct JobServiceImpl {
 pub struct JobChecks {
     /// The models and datasets jobs may name.
     pub catalog: Arc<ModelCatalog>,
-    /// Where a job's `training.base` checkpoint must be (the daemon's object store).
+    /// Where a job's `training.base` checkpoint, and the `config.json` a
+    /// `training.architecture` CID names, must be (the daemon's object store).
     pub objects: Arc<dyn hanzod_store::ObjectStore>,
     /// The validation budget.
     pub admission: AdmissionSettings,
@@ -49,7 +50,8 @@ pub struct JobChecks {
 impl JobServiceImpl {
     /// A service over `core` accepting jobs whose model and dataset `checks.catalog` knows,
     /// whose epoch validation fits `checks.admission`'s budget and whose `training.base`,
-    /// if any, is a checkpoint of the job's model in `checks.objects`; showing each running
+    /// if any, is a checkpoint of the job's model in `checks.objects` (where a
+    /// `training.architecture` CID is resolved to its `config.json` text); showing each running
     /// epoch's spot-check commitment from `commitments`; watch streams end `UNAVAILABLE`
     /// when `shutdown` turns true.
     pub fn new(
@@ -101,8 +103,13 @@ impl JobService for JobServiceImpl {
         &self,
         request: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
-        let spec = convert::job_spec(request.get_ref().spec.as_ref())
+        let mut spec = convert::job_spec(request.get_ref().spec.as_ref())
             .map_err(|e| refused(&self.core, e.into()))?;
+        // An architecture given as the CID of a config.json in the object store becomes
+        // its text: every check below, the job as stored and its nodes see only the text.
+        let architecture = admission::resolve_architecture(&*self.objects, &mut spec.training)
+            .await
+            .map_err(|e| refused(&self.core, e.status()))?;
         // A job whose deltas nothing could check (or whose data nobody has) is refused now,
         // not when its first delta arrives.
         let model = self.catalog.check_training(&spec.training).map_err(|e| {
@@ -150,6 +157,7 @@ impl JobService for JobServiceImpl {
             job = id.0,
             name,
             base = spec_base.as_deref().map(admission::quote_cid),
+            architecture = architecture.as_deref().map(admission::quote_cid),
             "job submitted"
         );
         Ok(Response::new(pb::SubmitJobResponse { job_id: id.0 }))

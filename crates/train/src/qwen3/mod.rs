@@ -7,10 +7,11 @@
 //! Units: losses are mean next-token cross-entropy in **nats/token** (natural log);
 //! perplexity is `exp(loss)`.
 //!
-//! Device: burn's flex CPU backend, single-threaded (this crate does not enable burn's
-//! `rayon`), so the same inputs give bit-identical results on one machine. The computation
-//! is written against burn's device-generic `Tensor`, so a GPU device (burn's `cuda` or
-//! `wgpu` features) runs the same code; parameters and optimizer moments stay on the device
+//! Device: the process's [`crate::backend`] — burn's flex CPU backend by default,
+//! single-threaded (this crate does not enable burn's `rayon`), so the same inputs give
+//! bit-identical results on one machine; a GPU with the crate's `cuda` or `wgpu` feature
+//! and `hanzod node --device cuda`. The computation is written against burn's
+//! device-generic `Tensor`, so the GPU runs the same code; parameters and optimizer moments stay on the device
 //! across the local steps and come back to the host once per [`Qwen3::train`] call.
 
 mod config;
@@ -30,7 +31,8 @@ pub use config::{
 use hanzod_protocol::model::LINEAR_MODULES;
 use model::{AdapterIdx, ParamIdx};
 
-use crate::mlp::{device, read_any};
+use crate::backend::device;
+use crate::mlp::read_any;
 use crate::weights::{Layout, Weights};
 use crate::TrainError;
 
