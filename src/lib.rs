@@ -44,7 +44,7 @@ pub mod delta {
         pub use hanzod_protocol::hzdl::*;
         pub use hanzod_protocol::model::{check_against, intake, intake_hashed, Intake};
     }
-    pub use hanzod_protocol::{model, peft};
+    pub use hanzod_protocol::{model, peft, sketch};
     pub use hanzod_store::blobs as store;
     pub use hanzod_train::catalog;
 }

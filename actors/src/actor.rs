@@ -84,8 +84,9 @@ pub enum Notice {
         removed: Vec<NodeId>,
         /// Standbys inserted.
         added: Vec<NodeId>,
-        /// For a repair: ms from the first failure the ring actor heard of to this ring
-        /// being recorded (the coalescing window included); `None` for a first ring.
+        /// For a repair: ms from the first failure this ring repairs to its being recorded
+        /// (a lone failure is applied at once; one held by an open coalescing window waits
+        /// up to the window); `None` for a first ring.
         repair_ms: Option<u64>,
     },
     /// A supervisor rebuilt a failed child.

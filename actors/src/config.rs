@@ -228,8 +228,10 @@ pub enum RingBuilderKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RingConfig {
-    /// Failures reported within this many ms of the first are handled as one
-    /// reconfiguration (DESIGN §4: several failures at once are one reconfiguration).
+    /// The coalescing window, ms (DESIGN §4). Leading edge: a failure reported while no
+    /// window is open is applied at once and opens the window; failures reported within it
+    /// are applied together as one more reconfiguration when it closes. A lone failure is
+    /// never delayed; a burst within one window is at most two reconfigurations.
     pub coalesce_ms: u64,
     /// The builder.
     pub builder: RingBuilderKind,

@@ -652,7 +652,7 @@ impl Counter {
 /// §10): an exporter exposes each as `hanzod_<name>` with `_bucket`, `_sum` and `_count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Histogram {
-    /// `ring_repair_seconds`: Time from the first node failure reported to the ring actor until the new ring is recorded, including the coalescing window.
+    /// `ring_repair_seconds`: Time from the first node failure reported to the ring actor until the new ring is recorded: about the repair itself for a lone failure (applied at once), up to the coalescing window for one held by a window a previous failure opened.
     RingRepairSeconds,
     /// `heartbeat_handling_seconds`: Time the gRPC transport spends handling one heartbeat.
     HeartbeatHandlingSeconds,
@@ -688,7 +688,7 @@ impl Histogram {
     /// The family's help text.
     pub fn help(self) -> &'static str {
         match self {
-            Histogram::RingRepairSeconds => "Time from the first node failure reported to the ring actor until the new ring is recorded, including the coalescing window",
+            Histogram::RingRepairSeconds => "Time from the first node failure reported to the ring actor until the new ring is recorded: the repair itself for a lone failure, up to the coalescing window more for one held by a window a previous failure opened",
             Histogram::HeartbeatHandlingSeconds => "Time the gRPC transport spends handling one heartbeat",
             Histogram::PublishStageSeconds => "One epoch's publication: adding the checkpoint to the object store and staging it",
             Histogram::PublishPushSeconds => "One epoch's publication: pinning the checkpoint and pushing the repo to the model registry",
@@ -718,7 +718,7 @@ impl Histogram {
 /// `spot_checks`, `merges` and `actor_restarts{validator|keeper}` (see `hanzod::metrics`).
 ///
 /// Observations (histograms): `ring_repair_seconds` (first failure reported to the ring
-/// actor → new ring recorded, including the coalescing window).
+/// actor → new ring recorded; a failure held by an open coalescing window waits for it).
 pub trait Metrics: Send + Sync + std::fmt::Debug + 'static {
     /// Adds `by` to counter `name{label}`.
     fn incr(&self, name: Counter, label: &str, by: u64);

@@ -636,7 +636,11 @@ pub enum RingMsg {
         /// The node.
         node: NodeId,
     },
-    /// The coalescing window closed: reconfigure now.
+    /// The coalescing window closed: the failures reported within it are applied as one
+    /// reconfiguration (none: nothing to do). The first failure of a window was applied
+    /// when it was reported (leading edge).
+    WindowClosed,
+    /// Reconfigure now: the retry after a new ring could not be recorded.
     Reconfigure,
     /// Periodic resend of the current ring to its members, so a member that missed an
     /// update (hung, reconnected) converges; members ignore a version they already have.

@@ -1,8 +1,12 @@
 //! `RingActor`: one per job ring. Builds the ring when the job is placed (paper
 //! Algorithm 1 through the configured [`RingBuilder`](crate::ring::RingBuilder)), and
-//! repairs it when members fail (paper Algorithm 2): failures reported within the
-//! coalescing window are one reconfiguration, standbys come from the scheduler, every change
-//! is recorded with a strictly higher version before it is broadcast to the members.
+//! repairs it when members fail (paper Algorithm 2), standbys coming from the scheduler.
+//! Failures are coalesced on the leading edge ([`coalesce`]): a failure reported while no
+//! coalescing window is open is applied at once and opens a window of
+//! `core.ring.coalesce_ms`, re-opened when that reconfiguration finishes; the failures
+//! reported within it (or while that reconfiguration ran) are applied together when it
+//! closes. Every change is recorded with a strictly higher version before it is broadcast
+//! to the members.
 //!
 //! A rebuilt RingActor replays the log: the latest ring, plus any member failure recorded
 //! after it (recovery still owed), so nothing is lost when it crashes mid-reconfiguration.
@@ -22,8 +26,11 @@ use crate::events::Event;
 use crate::ports::{NodeCommand, RingView};
 use crate::ring::{bottleneck, is_permutation, recover, BandwidthMatrix, LinkEstimate};
 use crate::types::{JobId, NodeId};
+use coalesce::{Coalescer, OnFailure};
 
 pub use super::msg::RingMsg;
+
+pub mod coalesce;
 
 /// Spawn arguments of a [`RingActor`].
 pub struct RingActorArgs {
@@ -45,8 +52,13 @@ pub struct RingState {
     min_vram_bytes: u64,
     ring: Option<RingView>,
     placed: Vec<NodeId>,
+    /// Failures the next reconfiguration applies (given by the coalescer, or replayed).
     pending_failures: BTreeSet<NodeId>,
-    window_open: bool,
+    /// Which failures to apply now and which to hold for the coalescing window.
+    coalescer: Coalescer<NodeId, tokio::time::Instant>,
+    /// A new ring could not be recorded and a retry is scheduled: failures reported
+    /// meanwhile wait for it.
+    retry_scheduled: bool,
     /// When the oldest failure still owed a reconfiguration was reported (tokio time).
     first_failure: Option<tokio::time::Instant>,
     parent: ActorRef<JobMsg>,
@@ -202,7 +214,6 @@ impl RingState {
     /// dead (a failure whose record or notice was lost is still caught here). When the new
     /// ring cannot be recorded, the standbys are given back and it is tried again later.
     async fn reconfigure(&mut self, myself: &ActorRef<RingMsg>) {
-        self.window_open = false;
         let Some(current) = self.ring.clone() else {
             return;
         };
@@ -257,9 +268,62 @@ impl RingState {
             tracing::warn!(job = %self.job, error = %e, "new ring not recorded; retrying");
             self.release(standbys).await;
             self.pending_failures.extend(failed);
-            self.window_open = true;
-            let wait = Duration::from_millis(self.deps.cfg.supervision.backoff_max_ms);
-            myself.send_after(wait, || RingMsg::Reconfigure);
+            if !self.retry_scheduled {
+                self.retry_scheduled = true;
+                let wait = Duration::from_millis(self.deps.cfg.supervision.backoff_max_ms);
+                myself.send_after(wait, || RingMsg::Reconfigure);
+            }
+        }
+    }
+
+    /// `node` was reported failed: applied at once when no coalescing window is open (the
+    /// leading edge), held until the open window closes otherwise.
+    async fn on_failure(&mut self, myself: &ActorRef<RingMsg>, node: NodeId) {
+        let member = self
+            .ring
+            .as_ref()
+            .is_some_and(|r| r.members.contains(&node));
+        if !member || self.pending_failures.contains(&node) {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if self.retry_scheduled {
+            // A new ring could not be recorded: the scheduled retry applies this one too.
+            self.first_failure.get_or_insert(now);
+            self.pending_failures.insert(node);
+            return;
+        }
+        match self.coalescer.on_failure(node, now) {
+            OnFailure::ApplyNow { batch, close_at } => {
+                self.first_failure.get_or_insert(now);
+                self.pending_failures.extend(batch);
+                let wait = close_at.saturating_duration_since(now);
+                myself.send_after(wait, || RingMsg::WindowClosed);
+                self.reconfigure(myself).await;
+                // Failures reported while it ran waited in the mailbox: the window re-opens
+                // from its end, so they are held and batched rather than each a leading edge.
+                let done = tokio::time::Instant::now();
+                if let Some(close_at) = self.coalescer.on_applied(done) {
+                    let wait = close_at.saturating_duration_since(done);
+                    myself.send_after(wait, || RingMsg::WindowClosed);
+                }
+            }
+            OnFailure::Held { .. } => {
+                self.first_failure.get_or_insert(now);
+            }
+            OnFailure::AlreadyHeld => {}
+        }
+    }
+
+    /// The coalescing window closed: the failures held during it are one reconfiguration.
+    async fn on_window_closed(&mut self, myself: &ActorRef<RingMsg>) {
+        let batch = self.coalescer.on_window_closed(tokio::time::Instant::now());
+        if batch.is_empty() {
+            return;
+        }
+        self.pending_failures.extend(batch);
+        if !self.retry_scheduled {
+            self.reconfigure(myself).await;
         }
     }
 
@@ -325,7 +389,8 @@ impl Actor for RingActor {
             placed: j.placed.unwrap_or_default(),
             first_failure: (!j.failed_since_ring.is_empty()).then(tokio::time::Instant::now),
             pending_failures: j.failed_since_ring,
-            window_open: false,
+            coalescer: Coalescer::new(Duration::from_millis(args.deps.cfg.ring.coalesce_ms)),
+            retry_scheduled: false,
             parent: args.parent,
             root: args.root,
             deps: args.deps,
@@ -363,21 +428,12 @@ impl Actor for RingActor {
         state: &mut RingState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            RingMsg::NodeFailed { node } => {
-                let member = state
-                    .ring
-                    .as_ref()
-                    .is_some_and(|r| r.members.contains(&node));
-                if member && state.pending_failures.insert(node) && !state.window_open {
-                    state
-                        .first_failure
-                        .get_or_insert_with(tokio::time::Instant::now);
-                    state.window_open = true;
-                    let wait = Duration::from_millis(state.deps.cfg.ring.coalesce_ms);
-                    myself.send_after(wait, || RingMsg::Reconfigure);
-                }
+            RingMsg::NodeFailed { node } => state.on_failure(&myself, node).await,
+            RingMsg::WindowClosed => state.on_window_closed(&myself).await,
+            RingMsg::Reconfigure => {
+                state.retry_scheduled = false;
+                state.reconfigure(&myself).await;
             }
-            RingMsg::Reconfigure => state.reconfigure(&myself).await,
             RingMsg::Resync => state.broadcast().await,
             RingMsg::ResyncTo { node } => state.send_to(node).await,
             RingMsg::Get { reply } => answer(reply, state.ring.clone()),
@@ -385,5 +441,302 @@ impl Actor for RingActor {
             RingMsg::InjectPanic => panic!("injected fault: ring actor panic"),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The ring actor's coalescing under paused tokio time: a lone failure is repaired
+    //! without waiting for the window, a burst within the window is at most two new rings.
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::sync::broadcast;
+    use tokio::time::Instant;
+
+    use crate::actor::Notice;
+    use crate::config::CoreConfig;
+    use crate::events::{Event, Record};
+    use crate::job::JobSpec;
+    use crate::ports::memory::{ChannelNodeLink, MemoryChain, MemoryStateStore};
+    use crate::ports::{RingView, Snapshot, StateStore, StoreError};
+    use crate::types::{GymWei, JobId, NodeId, NodeInfo, Timestamp};
+    use crate::{Orchestrator, OrchestratorHandle};
+
+    const NODES: usize = 12;
+
+    fn id(i: usize) -> NodeId {
+        NodeId([i as u8 + 1; 32])
+    }
+
+    /// A state store whose appends of a ring change (version 2 on, so a reconfiguration's
+    /// commit) take `delay` of tokio time.
+    #[derive(Debug)]
+    struct SlowRingStore {
+        inner: Arc<dyn StateStore>,
+        delay: Duration,
+    }
+
+    impl SlowRingStore {
+        async fn stall(&self, event: &Event) {
+            if matches!(event, Event::RingChanged { ring, .. } if ring.version >= 2) {
+                tokio::time::sleep(self.delay).await;
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl StateStore for SlowRingStore {
+        async fn append(&self, at: Timestamp, event: Event) -> Result<u64, StoreError> {
+            self.stall(&event).await;
+            self.inner.append(at, event).await
+        }
+        async fn append_once(
+            &self,
+            id: u128,
+            at: Timestamp,
+            event: Event,
+        ) -> Result<u64, StoreError> {
+            self.stall(&event).await;
+            self.inner.append_once(id, at, event).await
+        }
+        async fn read_after(&self, after: u64) -> Result<Vec<Record>, StoreError> {
+            self.inner.read_after(after).await
+        }
+        async fn last_seq(&self) -> Result<u64, StoreError> {
+            self.inner.last_seq().await
+        }
+        async fn put_snapshot(&self, key: &str, snapshot: Snapshot) -> Result<(), StoreError> {
+            self.inner.put_snapshot(key, snapshot).await
+        }
+        async fn get_snapshot(&self, key: &str) -> Result<Option<Snapshot>, StoreError> {
+            self.inner.get_snapshot(key).await
+        }
+        async fn log_id(&self) -> Result<[u8; 16], StoreError> {
+            self.inner.log_id().await
+        }
+        fn fenced(&self, token: u64) -> Arc<dyn StateStore> {
+            Arc::new(SlowRingStore {
+                inner: self.inner.fenced(token),
+                delay: self.delay,
+            })
+        }
+    }
+
+    /// An orchestrator with `NODES` registered nodes and one job on a ring of all of them;
+    /// returns the notices after ring v1.
+    async fn formed() -> (
+        OrchestratorHandle,
+        JobId,
+        RingView,
+        broadcast::Receiver<Notice>,
+    ) {
+        formed_with(Arc::new(MemoryStateStore::new())).await
+    }
+
+    /// [`formed`] on `store`.
+    async fn formed_with(
+        store: Arc<dyn StateStore>,
+    ) -> (
+        OrchestratorHandle,
+        JobId,
+        RingView,
+        broadcast::Receiver<Notice>,
+    ) {
+        let orch = Orchestrator::builder()
+            .config(CoreConfig::default())
+            .state_store(store)
+            .chain(Arc::new(MemoryChain::with_default_stake(GymWei::gym(
+                20_000,
+            ))))
+            .node_link(Arc::new(ChannelNodeLink::new()))
+            .start()
+            .await
+            .unwrap();
+        let mut notices = orch.subscribe();
+        for i in 0..NODES {
+            let info = NodeInfo {
+                id: id(i),
+                region: ["eu", "us", "ap"][i % 3].into(),
+                ..Default::default()
+            };
+            orch.register_node(info).await.unwrap();
+        }
+        let job = orch
+            .submit_job(JobSpec {
+                name: "coalesce".into(),
+                epochs: 100,
+                min_nodes: 2,
+                max_nodes: NODES as u32,
+                min_vram_bytes: 0,
+                pending_deadline_ms: 600_000,
+                epoch_deadline_ms: 3_600_000,
+                utility: 1.0,
+                submitter_stake: GymWei::gym(100_000),
+                training: Default::default(),
+            })
+            .await
+            .unwrap();
+        let (v1, _) = next_ring(&mut notices, job).await;
+        assert_eq!(v1.version, 1);
+        assert_eq!(v1.members.len(), NODES);
+        (orch, job, v1, notices)
+    }
+
+    /// The next ring of `job` recorded, and its repair time in ms (10 s of tokio time at
+    /// most).
+    async fn next_ring(
+        notices: &mut broadcast::Receiver<Notice>,
+        job: JobId,
+    ) -> (RingView, Option<u64>) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match notices.recv().await.expect("notices") {
+                    Notice::RingChanged {
+                        ring, repair_ms, ..
+                    } if ring.job == job => return (ring, repair_ms),
+                    _ => {}
+                }
+            }
+        })
+        .await
+        .expect("a new ring within 10 s (tokio time)")
+    }
+
+    /// Every ring of `job` recorded since the last look.
+    fn rings_so_far(notices: &mut broadcast::Receiver<Notice>, job: JobId) -> Vec<RingView> {
+        let mut rings = vec![];
+        while let Ok(n) = notices.try_recv() {
+            if let Notice::RingChanged { ring, .. } = n {
+                if ring.job == job {
+                    rings.push(ring);
+                }
+            }
+        }
+        rings
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_failure_is_repaired_without_waiting_for_the_window() {
+        let (orch, job, v1, mut notices) = formed().await;
+        let window = Duration::from_millis(orch.config().ring.coalesce_ms);
+        assert!(window > Duration::ZERO);
+        let victim = v1.members[3];
+        let started = Instant::now();
+        orch.session_closed(victim, 1);
+        let (v2, repair_ms) = next_ring(&mut notices, job).await;
+        // Paused time only moves when every task waits on a timer: a repair that waited
+        // for the window would have let it advance by the window.
+        assert!(
+            started.elapsed() < window,
+            "repaired after {:?}",
+            started.elapsed()
+        );
+        assert!(repair_ms.is_some_and(|ms| ms < orch.config().ring.coalesce_ms));
+        assert_eq!(v2.version, 2);
+        assert_eq!(v2.members.len(), NODES - 1);
+        assert!(!v2.members.contains(&victim));
+        // The window closes with nothing held: no further ring.
+        tokio::time::sleep(window * 5).await;
+        assert!(rings_so_far(&mut notices, job).is_empty());
+        assert_eq!(orch.ring(job).await.unwrap(), Some(v2));
+        orch.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_within_the_window_is_at_most_two_new_rings() {
+        let (orch, job, v1, mut notices) = formed().await;
+        let window = Duration::from_millis(orch.config().ring.coalesce_ms);
+        let victims: Vec<NodeId> = v1.members[..5].to_vec();
+        let started = Instant::now();
+        for v in &victims {
+            orch.session_closed(*v, 1);
+        }
+        // The first failure is applied at once.
+        let (first, _) = next_ring(&mut notices, job).await;
+        assert_eq!(first.version, 2);
+        assert!(started.elapsed() < window, "{:?}", started.elapsed());
+        tokio::time::sleep(window * 5).await;
+        let mut rings = vec![first];
+        rings.extend(rings_so_far(&mut notices, job));
+        assert!(rings.len() <= 2, "{} new rings", rings.len());
+        let versions: Vec<u64> = rings.iter().map(|r| r.version).collect();
+        assert!(
+            versions.windows(2).all(|w| w[0] + 1 == w[1]),
+            "{versions:?}"
+        );
+        let last = rings.last().unwrap();
+        for v in &victims {
+            assert!(!last.members.contains(v), "{v:?} still on the ring");
+        }
+        assert_eq!(last.members.len(), NODES - victims.len());
+        assert_eq!(orch.ring(job).await.unwrap().as_ref(), Some(last));
+        orch.shutdown().await;
+    }
+
+    /// A reconfiguration slower than the window: failures reported while it runs wait in
+    /// the actor's mailbox and are seen only after it. The window re-opens from its end, so
+    /// they (and those reported within the window after it) are one more ring, not a
+    /// leading edge each. Staggered so the registry's own view of dead members cannot
+    /// batch them instead: each arrives after the running reconfiguration asked it.
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_behind_a_slow_reconfiguration_is_at_most_two_new_rings() {
+        let window = Duration::from_millis(CoreConfig::default().ring.coalesce_ms);
+        let slow = window * 3;
+        let (orch, job, v1, mut notices) = formed_with(Arc::new(SlowRingStore {
+            inner: Arc::new(MemoryStateStore::new()),
+            delay: slow,
+        }))
+        .await;
+        let victims: Vec<NodeId> = v1.members[..5].to_vec();
+        let started = Instant::now();
+        // The leading edge: its reconfiguration commits at `slow`.
+        orch.session_closed(victims[0], 1);
+        // While it runs (past the first window's deadline).
+        tokio::time::sleep_until(started + window / 2).await;
+        orch.session_closed(victims[1], 1);
+        // After it, within a window of its end.
+        tokio::time::sleep_until(started + slow + window / 2).await;
+        for v in &victims[2..] {
+            orch.session_closed(*v, 1);
+        }
+        tokio::time::sleep((window + slow) * 5).await;
+        let rings = rings_so_far(&mut notices, job);
+        assert!(
+            (1..=2).contains(&rings.len()),
+            "{} new rings: {:?}",
+            rings.len(),
+            rings.iter().map(|r| r.version).collect::<Vec<_>>()
+        );
+        let versions: Vec<u64> = rings.iter().map(|r| r.version).collect();
+        assert_eq!(versions[0], 2, "{versions:?}");
+        assert!(
+            versions.windows(2).all(|w| w[0] + 1 == w[1]),
+            "{versions:?}"
+        );
+        let last = rings.last().unwrap();
+        for v in &victims {
+            assert!(!last.members.contains(v), "{v:?} still on the ring");
+        }
+        assert_eq!(last.members.len(), NODES - victims.len());
+        assert_eq!(orch.ring(job).await.unwrap().as_ref(), Some(last));
+        orch.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_further_apart_than_the_window_are_each_repaired_at_once() {
+        let (orch, job, v1, mut notices) = formed().await;
+        let window = Duration::from_millis(orch.config().ring.coalesce_ms);
+        for (k, victim) in v1.members[..3].iter().enumerate() {
+            let started = Instant::now();
+            orch.session_closed(*victim, 1);
+            let (ring, _) = next_ring(&mut notices, job).await;
+            assert!(started.elapsed() < window, "{:?}", started.elapsed());
+            assert_eq!(ring.version, 2 + k as u64);
+            assert!(!ring.members.contains(victim));
+            tokio::time::sleep(window * 2).await;
+        }
+        orch.shutdown().await;
     }
 }

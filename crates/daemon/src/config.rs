@@ -295,7 +295,7 @@ pub struct ValidationSection {
     pub validation_budget_flops: f64,
     /// Where validation (scoring, spot-check replay, merge checks) runs: `cpu`, `cuda`,
     /// `cuda:N` or `wgpu` ([`hanzod_train::backend::Backend`]); a GPU needs a build with
-    /// the `cuda` or `wgpu` feature, which [`Config::validate`] checks.
+    /// the `cuda` or `wgpu` feature, which [`Config::check`] checks.
     #[serde(default = "default_device")]
     pub device: String,
 }

@@ -38,7 +38,8 @@
 //! # Histograms (seconds; the closed set [`HistogramName`])
 //!
 //! * `hanzod_ring_repair_seconds`: first failure reported to the ring actor → new ring
-//!   recorded, including the coalescing window. Buckets 1 ms … 60 s.
+//!   recorded (a lone failure at once; one held by an open coalescing window up to the
+//!   window more). Buckets 1 ms … 60 s.
 //! * `hanzod_heartbeat_handling_seconds`: time the transport spends handling one heartbeat.
 //!   Buckets 10 µs … 10 s.
 //!

@@ -55,7 +55,8 @@ pub struct RecoveryReport {
     pub p50_ms: f64,
     /// 99th percentile, ms.
     pub p99_ms: f64,
-    /// The configured coalescing window included in each sample, ms.
+    /// The configured coalescing window, ms. Not part of a sample: a lone crash is applied
+    /// at once (leading edge); the window only holds failures that follow it.
     pub coalesce_ms: u64,
 }
 

@@ -239,9 +239,18 @@ impl DemoBase {
         let weights = store
             .read_blocking(&cid.to_string())
             .map_err(|e| usage(&e))?;
+        if weights.len() as u64 > MAX_BASE_BYTES {
+            return Err(usage(&format!(
+                "{} bytes, more than the {MAX_BASE_BYTES} read",
+                weights.len()
+            )));
+        }
+        // Named as the daemon names what it stores (a CIDv0 `Qm…` given here reads the same
+        // bytes, stored under their CIDv1).
+        let weights = bytes::Bytes::copy_from_slice(&weights);
         Ok(DemoBase {
-            cid: cid.to_string(),
-            weights: bytes::Bytes::copy_from_slice(&weights),
+            cid: hanzod_protocol::cid::cid_of(&weights).to_string(),
+            weights,
         })
     }
 }

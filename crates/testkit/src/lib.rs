@@ -36,6 +36,7 @@ pub mod fake_hub;
 pub mod ipfs_node;
 pub mod process;
 pub mod sim;
+pub mod testbed;
 pub mod valkey_server;
 
 use std::collections::BTreeMap;

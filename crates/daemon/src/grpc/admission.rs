@@ -379,14 +379,17 @@ pub fn architecture_cid(architecture: &str) -> Option<&str> {
 /// The `config.json` text of `bytes`, which the store returned for `cid` (a spec's
 /// `training.architecture`): at most [`MAX_ARCHITECTURE_BYTES`] (the bound the text has when
 /// sent inline), named by `cid` (recomputed as Kubo's `ipfs add --cid-version=1`, as for a
-/// base: the CID the job was submitted with is that of the text it runs with), and UTF-8.
+/// base: the stored bytes are those the CID names), and UTF-8.
 /// Whether it is a Qwen3 `config.json` is the catalog's check, as for inline text. Hashes
 /// at most [`MAX_ARCHITECTURE_BYTES`]: cheap enough for the async runtime.
 ///
 /// A published checkpoint's `config.json` (its record's `config_cid`) also carries the
 /// spec of the job that trained it under `hanzod_job`; that key is dropped, so a job
 /// reusing a published architecture does not carry its ancestors' specs (which would grow
-/// with every generation until the bound refused it). Other text is returned as stored.
+/// with every generation until the bound refused it). The text is then re-serialised (keys
+/// in serde_json's order), so its own CID differs from the one submitted; the submission
+/// is logged with that CID ("job submitted", `architecture`). Other text is returned as
+/// stored.
 ///
 /// Errors: [`AdmissionError::ArchitectureTooLarge`],
 /// [`AdmissionError::ArchitectureMismatch`], [`AdmissionError::ArchitectureNotText`].
