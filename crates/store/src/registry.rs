@@ -343,7 +343,11 @@ pub fn validate_file_name(name: &str) -> Result<(), RegistryError> {
     if name.starts_with('.') {
         return bad("starts with `.`");
     }
-    if CORE_FILES.contains(&name) {
+    // Case-insensitively: on a case-insensitive file system `Config.json` is `config.json`.
+    if CORE_FILES
+        .iter()
+        .any(|core| core.eq_ignore_ascii_case(name))
+    {
         return bad("is one of the files every repo holds");
     }
     Ok(())
@@ -822,6 +826,9 @@ mod tests {
             WEIGHTS_FILE,
             CONFIG_FILE,
             CARD_FILE,
+            "Config.json",
+            "MODEL.SAFETENSORS",
+            "readme.md",
             &"x".repeat(MAX_FILE_NAME + 1),
         ] {
             assert!(validate_file_name(bad).is_err(), "{bad:?} accepted");
