@@ -661,17 +661,7 @@ mod tests {
         let mut rings = vec![first];
         rings.extend(rings_so_far(&mut notices, job));
         assert!(rings.len() <= 2, "{} new rings", rings.len());
-        let versions: Vec<u64> = rings.iter().map(|r| r.version).collect();
-        assert!(
-            versions.windows(2).all(|w| w[0] + 1 == w[1]),
-            "{versions:?}"
-        );
-        let last = rings.last().unwrap();
-        for v in &victims {
-            assert!(!last.members.contains(v), "{v:?} still on the ring");
-        }
-        assert_eq!(last.members.len(), NODES - victims.len());
-        assert_eq!(orch.ring(job).await.unwrap().as_ref(), Some(last));
+        assert_consecutive_without(&orch, job, &rings, &victims).await;
         orch.shutdown().await;
     }
 
@@ -709,19 +699,30 @@ mod tests {
             rings.len(),
             rings.iter().map(|r| r.version).collect::<Vec<_>>()
         );
+        assert_eq!(rings[0].version, 2);
+        assert_consecutive_without(&orch, job, &rings, &victims).await;
+        orch.shutdown().await;
+    }
+
+    /// `rings` (the new rings a burst gave) have consecutive versions, and the last, which
+    /// is the orchestrator's current ring, holds every member but the `victims`.
+    async fn assert_consecutive_without(
+        orch: &OrchestratorHandle,
+        job: JobId,
+        rings: &[RingView],
+        victims: &[NodeId],
+    ) {
         let versions: Vec<u64> = rings.iter().map(|r| r.version).collect();
-        assert_eq!(versions[0], 2, "{versions:?}");
         assert!(
             versions.windows(2).all(|w| w[0] + 1 == w[1]),
             "{versions:?}"
         );
         let last = rings.last().unwrap();
-        for v in &victims {
+        for v in victims {
             assert!(!last.members.contains(v), "{v:?} still on the ring");
         }
         assert_eq!(last.members.len(), NODES - victims.len());
         assert_eq!(orch.ring(job).await.unwrap().as_ref(), Some(last));
-        orch.shutdown().await;
     }
 
     #[tokio::test(start_paused = true)]
