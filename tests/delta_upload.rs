@@ -732,6 +732,7 @@ async fn header_refusals_come_before_any_data_is_sent() {
         step: step_of(epoch),
         claimed_loss: 0.25,
         total_bytes: total,
+        kind: pb::DeltaKind::Delta as i32,
     };
 
     // Each of these sends the header alone and holds the stream open.

@@ -389,6 +389,111 @@ async fn byzantine_nodes_are_rejected_by_spot_checks_and_slashed() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ring_job_all_reduces_among_the_nodes_survives_a_kill_and_publishes_every_epoch() {
+    let mut p = plan("ring", 4, 3);
+    p.aggregation = hanzod_actors::job::Aggregation::Ring;
+    p.kill = 1;
+    p.kill_epoch = 1;
+    let s = run(p).await;
+    assert!(s.succeeded(), "{:?}", s.failure);
+    assert_eq!(s.epochs.len(), 3);
+    assert!(s.ring_version >= 2, "ring version {}", s.ring_version);
+    let mut last = s.initial_loss.expect("initial loss");
+    for e in &s.epochs {
+        assert_eq!(
+            e.loss_before, last,
+            "epoch {} starts from the last checkpoint",
+            e.epoch
+        );
+        assert!(
+            e.loss_after < e.loss_before,
+            "epoch {}: {} → {}",
+            e.epoch,
+            e.loss_before,
+            e.loss_after
+        );
+        last = e.loss_after;
+    }
+    verify_cli(&s);
+    // Every live member is paid by its weight; nobody is slashed.
+    for n in s.nodes.iter().filter(|n| !n.killed) {
+        assert!(wei(&n.rewards_wei) > 0, "node {} unpaid", n.index);
+        assert_eq!(wei(&n.slashed_wei), 0);
+    }
+}
+
+/// The nodes' JSON events of a demo run (`logs/node-<i>.events.jsonl`), per node index.
+fn node_events(s: &DemoSummary) -> Vec<Vec<serde_json::Value>> {
+    (0..s.plan.nodes)
+        .map(|i| {
+            let path = s.out.join("logs").join(format!("node-{i}.events.jsonl"));
+            std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tampered_all_reduce_is_caught_by_the_check_and_the_epoch_falls_back_to_the_star() {
+    let mut p = plan("ring-tamper", 4, 2);
+    p.aggregation = hanzod_actors::job::Aggregation::Ring;
+    p.byzantine = 1;
+    p.attack = Attack::TamperAllreduce;
+    let s = run(p).await;
+    assert!(s.succeeded(), "{:?}", s.failure);
+    let events = node_events(&s);
+    for e in &s.epochs {
+        // Every member reduced the same (tampered) sum; the orchestrator's check refused it
+        // and the epoch merged the members' uploaded deltas as a star.
+        let hashes: std::collections::BTreeSet<String> = events
+            .iter()
+            .flat_map(|n| n.iter())
+            .filter(|v| v["event"] == "round_finished" && v["epoch"] == e.epoch)
+            .map(|v| v["result_hash"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(hashes.len(), 1, "epoch {}: {hashes:?}", e.epoch);
+        assert_ne!(
+            e.aggregator, "ring",
+            "epoch {} accepted a tampered sum",
+            e.epoch
+        );
+        assert_eq!(
+            e.accepted + e.rejected,
+            4,
+            "epoch {}: every member uploaded",
+            e.epoch
+        );
+        assert!(e.loss_after < e.loss_before, "epoch {}", e.epoch);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_free_rider_gets_no_weight_and_no_reward_in_ring_aggregation() {
+    let mut p = plan("ring-free-ride", 4, 3);
+    p.aggregation = hanzod_actors::job::Aggregation::Ring;
+    p.byzantine = 1;
+    p.attack = Attack::FreeRide;
+    let s = run(p).await;
+    assert!(s.succeeded(), "{:?}", s.failure);
+    let rider = s
+        .nodes
+        .iter()
+        .find(|n| n.ring_fault == hanzod::agent::trainer::RingFault::FreeRide)
+        .expect("a free-rider");
+    assert_eq!(wei(&rider.rewards_wei), 0, "{rider:?}");
+    for n in s.nodes.iter().filter(|n| n.index != rider.index) {
+        assert!(wei(&n.rewards_wei) > 0, "honest node {} unpaid", n.index);
+    }
+    for e in &s.epochs {
+        assert_eq!(e.aggregator, "ring", "epoch {}", e.epoch);
+        assert!(e.loss_after < e.loss_before, "epoch {}", e.epoch);
+    }
+}
+
 #[test]
 fn demo_plans_come_from_flags_over_a_scenario_file_and_bad_ones_name_the_flag() {
     let dir = std::env::temp_dir().join(format!("hanzod-demo-plan-{}", std::process::id()));

@@ -161,6 +161,7 @@ impl Fixture {
             spec: &spec,
             base,
             deltas,
+            ring: None,
         };
         self.sink.publish(input).await.unwrap()
     }
@@ -899,6 +900,7 @@ async fn publish_on(
         spec: &spec,
         base: None,
         deltas,
+        ring: None,
     };
     sink.publish(input).await.unwrap()
 }

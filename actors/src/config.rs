@@ -22,6 +22,8 @@ pub struct CoreConfig {
     pub supervision: SupervisionConfig,
     /// Link probing (DESIGN §4).
     pub probe: ProbeConfig,
+    /// Ring aggregation (DESIGN §6.4).
+    pub aggregation: AggregationConfig,
     /// Deadline of every actor-to-actor call, in ms.
     pub call_timeout_ms: u64,
     /// How long an epoch's publication (validate, merge, publish, settle: the
@@ -49,6 +51,7 @@ impl Default for CoreConfig {
             ring: RingConfig::default(),
             supervision: SupervisionConfig::default(),
             probe: ProbeConfig::default(),
+            aggregation: AggregationConfig::default(),
             call_timeout_ms: 5_000,
             publish_deadline_ms: 3_600_000,
             first_job_id: 0,
@@ -124,6 +127,24 @@ impl CoreConfig {
                 "probe.peers_per_node",
                 "must be at most 1024 (each admission sends 2 requests per peer)",
             );
+        }
+        let rows = self.aggregation.sketch_rows;
+        if !(16..=32_768).contains(&rows) || !rows.is_power_of_two() {
+            return err(
+                "aggregation.sketch_rows",
+                "must be a power of two in 16..=32768",
+            );
+        }
+        for (key, v) in [
+            ("aggregation.sketch_ms", self.aggregation.sketch_ms),
+            ("aggregation.upload_ms", self.aggregation.upload_ms),
+        ] {
+            if v == 0 {
+                return err(key, "must be > 0");
+            }
+        }
+        if !(self.aggregation.reduce_slack.is_finite() && self.aggregation.reduce_slack >= 1.0) {
+            return err("aggregation.reduce_slack", "must be finite and >= 1");
         }
         if self.call_timeout_ms == 0 {
             return err("call_timeout_ms", "must be > 0");
@@ -249,6 +270,37 @@ impl Default for RingConfig {
             builder: RingBuilderKind::Threshold,
             cross_region_factor: 0.5,
             resync_ms: 10_000,
+        }
+    }
+}
+
+/// Ring aggregation's tunables (DESIGN §6.4, [`crate::aggregation`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AggregationConfig {
+    /// Rows `k` of every sketch: a power of two in 16..=32768 (256: the norm estimate's
+    /// relative standard deviation is √(2/k) = 8.8 %).
+    pub sketch_rows: u32,
+    /// From a seed's reveal to every sketch (and the spot-checked deltas' uploads), ms.
+    pub sketch_ms: u64,
+    /// From asking a member for the round's result (or, after a fallback to the star, for
+    /// its delta) to the upload, ms.
+    pub upload_ms: u64,
+    /// A round's budget is `floor_ms + slack × 2(n−1)/n × bytes × 8 / bottleneck`
+    /// ([`crate::aggregation::reduce_budget`]): the slack (≥ 1).
+    pub reduce_slack: f64,
+    /// … and the floor, ms.
+    pub reduce_floor_ms: u64,
+}
+
+impl Default for AggregationConfig {
+    fn default() -> Self {
+        AggregationConfig {
+            sketch_rows: 256,
+            sketch_ms: 120_000,
+            upload_ms: 120_000,
+            reduce_slack: 4.0,
+            reduce_floor_ms: 30_000,
         }
     }
 }

@@ -50,8 +50,30 @@ pub const DEMO_NODE: &[u8] = b"hanzod-demo-node";
 /// The demo orchestrator's key: SHA-256(`DEMO_ORCHESTRATOR || seed`).
 pub const DEMO_ORCHESTRATOR: &[u8] = b"hanzod-demo-orchestrator";
 
+/// Ring all-reduce link handshake (DESIGN §6.4): each end signs `RING_HANDSHAKE ||` the
+/// round parameters and both nonces.
+pub const RING_HANDSHAKE: &[u8] = b"hanzod.v1.ring-handshake";
+/// A forwarded ring piece (DESIGN §6.4): the sender signs `RING_PIECE ||` the 73-byte piece
+/// header.
+pub const RING_PIECE: &[u8] = b"hanzod.v1.ring-piece";
+/// A ring round's abort notice (DESIGN §6.4): `RING_ABORT ||` the notice body.
+pub const RING_ABORT: &[u8] = b"hanzod.v1.ring-abort";
+/// An epoch's two sketch seeds (DESIGN §6.4): SHA-256(`SKETCH_SEED || purpose ||` the
+/// epoch's spot-check secret), purpose 0 scoring and 1 check, each committed as its SHA-256
+/// at epoch start.
+pub const SKETCH_SEED: &[u8] = b"hanzod-sketch-seed-v1";
+/// A ring member's sketch of its committed delta (DESIGN §6.4): the member signs
+/// SHA-256(`SKETCH || job || epoch || delta hash || sketch`).
+pub const SKETCH: &[u8] = b"hanzod.v1.sketch";
+/// A ring round's reported result (DESIGN §6.4): the member signs SHA-256(`REDUCTION || job
+/// || epoch || ring version || result hash`).
+pub const REDUCTION: &[u8] = b"hanzod.v1.reduction";
+/// An uploaded ring round result (DESIGN §6.4): the uploader signs SHA-256(`MERGED || job ||
+/// epoch || payload hash`).
+pub const MERGED: &[u8] = b"hanzod.v1.merged";
+
 /// Every domain, for the check that none is a prefix of another.
-pub const ALL: [&[u8]; 17] = [
+pub const ALL: [&[u8]; 24] = [
     REGISTER,
     SESSION,
     GPU,
@@ -69,6 +91,13 @@ pub const ALL: [&[u8]; 17] = [
     TEST_OPERATOR,
     DEMO_NODE,
     DEMO_ORCHESTRATOR,
+    RING_HANDSHAKE,
+    RING_PIECE,
+    RING_ABORT,
+    SKETCH_SEED,
+    SKETCH,
+    REDUCTION,
+    MERGED,
 ];
 
 #[cfg(test)]

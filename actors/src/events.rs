@@ -116,6 +116,16 @@ pub enum Event {
     },
     /// A node's delta for an epoch was accepted.
     DeltaAccepted(DeltaReceipt),
+    /// A ring epoch's round was accepted (or every member excluded), recorded before the
+    /// epoch completes so a rebuilt job actor publishes the same result (DESIGN §6.4).
+    RingAccepted {
+        /// The job.
+        job: JobId,
+        /// The epoch.
+        epoch: u32,
+        /// The round.
+        result: crate::aggregation::RingResult,
+    },
 }
 
 impl Event {
@@ -128,6 +138,7 @@ impl Event {
             | Event::Job { job, .. } => Some(*job),
             Event::RingChanged { ring, .. } => Some(ring.job),
             Event::DeltaAccepted(r) => Some(r.job),
+            Event::RingAccepted { job, .. } => Some(*job),
             _ => None,
         }
     }

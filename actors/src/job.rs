@@ -115,6 +115,33 @@ pub struct TrainingSpec {
     pub base: Option<String>,
     /// Element type of the uploaded deltas: `"f32"` or `"bf16"`.
     pub delta_dtype: String,
+    /// How the epoch's deltas are combined (DESIGN §6.4): every node uploads to the
+    /// orchestrator ([`Aggregation::Star`]) or the ring all-reduces them
+    /// ([`Aggregation::Ring`]). Absent in logs written before it existed: star.
+    pub aggregation: Aggregation,
+}
+
+/// How an epoch's deltas are combined (DESIGN §6.4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Aggregation {
+    /// Every node uploads its delta; the orchestrator validates and merges them all.
+    #[default]
+    Star,
+    /// Nodes commit, send sketches, and all-reduce the weighted sum over the ring among
+    /// themselves ([`crate::aggregation`]); only the spot-checked deltas and the result
+    /// reach the orchestrator.
+    Ring,
+}
+
+impl Aggregation {
+    /// `"star"` or `"ring"`, as on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Aggregation::Star => "star",
+            Aggregation::Ring => "ring",
+        }
+    }
 }
 
 impl Default for TrainingSpec {
@@ -135,6 +162,7 @@ impl Default for TrainingSpec {
             architecture: None,
             base: None,
             delta_dtype: "f32".into(),
+            aggregation: Aggregation::Star,
         }
     }
 }
@@ -235,7 +263,15 @@ pub struct EpochAssignment {
     /// When the epoch's deadline passes (ms since the Unix epoch); a delta arriving later
     /// is refused.
     pub deadline: Timestamp,
+    /// Ring aggregation ([`Aggregation::Ring`]): SHA-256 of the epoch's scoring seed and of
+    /// its check seed (DESIGN §6.4), revealed later in the epoch; `None` in star
+    /// aggregation.
+    #[serde(default)]
+    pub seed_commitments: Option<SeedCommitments>,
 }
+
+/// SHA-256 of a ring epoch's scoring seed and of its check seed, in that order (DESIGN §4b).
+pub type SeedCommitments = ([u8; 32], [u8; 32]);
 
 /// Why a [`JobSpec`] was refused: one variant per bad field.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -283,6 +319,10 @@ pub enum JobSpecError {
         /// The value given.
         value: f64,
     },
+    /// `training.aggregation = "ring"` with `training.mode = "lora"`: adapters merge as
+    /// products `B·A` module by module, not as a sum of the factors a ring would reduce.
+    #[error("training.aggregation \"ring\" needs training.mode \"full\": LoRA adapters merge as B·A products, not as sums")]
+    RingNeedsFullMode,
 }
 
 impl JobSpec {
@@ -331,6 +371,9 @@ impl JobSpec {
             if !(value.is_finite() && value > 0.0) {
                 return Err(JobSpecError::BadLearningRate { field, value });
             }
+        }
+        if t.aggregation == Aggregation::Ring && t.mode == TrainMode::Lora {
+            return Err(JobSpecError::RingNeedsFullMode);
         }
         Ok(())
     }

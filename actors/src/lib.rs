@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod actor;
+pub mod aggregation;
 pub mod config;
 pub mod domain;
 pub mod events;

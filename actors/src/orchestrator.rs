@@ -339,6 +339,26 @@ impl OrchestratorHandle {
             .await??)
     }
 
+    /// Hands a ring member's message to its job's ring aggregation (DESIGN §6.4); returns
+    /// the aggregation's step after it ([`crate::aggregation::Step::name`]).
+    pub async fn round(
+        &self,
+        job: JobId,
+        node: NodeId,
+        msg: crate::actor::msg::RoundMsg,
+    ) -> Result<&'static str, OrchestratorError> {
+        Ok(self
+            .ask(|reply| {
+                OrchestratorMsg::Jobs(JobSupervisorMsg::Round {
+                    job,
+                    node,
+                    msg,
+                    reply,
+                })
+            })
+            .await??)
+    }
+
     /// Injects a fault into an actor; returns whether the target existed (feature
     /// `fault-injection`).
     #[cfg(feature = "fault-injection")]

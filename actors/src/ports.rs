@@ -30,6 +30,7 @@ use crate::job::{EpochSummary, JobSpec};
 use crate::publication::{PublicationReceipt, SignedPublication};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
+pub use crate::aggregation::RingResult;
 pub use crate::types::{DeltaReceipt, RingView};
 pub use memory::TokioClock;
 
@@ -404,6 +405,61 @@ pub enum NodeCommand {
     /// again periodically to members that have not delivered (a node that reconnected
     /// learns its work); a node ignores an epoch it already trained.
     EpochStart(Box<crate::job::EpochAssignment>),
+    /// Ring aggregation: the revealed seed of `job`'s epoch (DESIGN §6.4): sketch your
+    /// committed delta under it and send the sketch (and your delta when `upload_delta`).
+    SketchRequest {
+        /// The job.
+        job: JobId,
+        /// The epoch.
+        epoch: u32,
+        /// The seed.
+        seed: [u8; 32],
+        /// The sketch's rows.
+        rows: u32,
+        /// The spot-check selected you: upload your delta too.
+        upload_delta: bool,
+        /// `Some(version)`: the check seed of the round at that ring version; `None`: the
+        /// scoring seed.
+        check: Option<u64>,
+    },
+    /// Ring aggregation: all-reduce Σ wᵢ·δᵢ over these members now.
+    ReduceStart {
+        /// The job.
+        job: JobId,
+        /// The epoch.
+        epoch: u32,
+        /// The ring version the round runs on.
+        version: u64,
+        /// Members in ring order with their weights (the session layer adds each one's
+        /// peer endpoint).
+        members: Vec<(NodeId, f32)>,
+        /// The round's weakest link, Mbit/s.
+        bottleneck_mbps: f32,
+    },
+    /// Ring aggregation: upload something of the round.
+    UploadRequest {
+        /// The job.
+        job: JobId,
+        /// The epoch.
+        epoch: u32,
+        /// The round's ring version.
+        version: u64,
+        /// What.
+        kind: RoundUpload,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What a [`NodeCommand::UploadRequest`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RoundUpload {
+    /// The member's own delta (the star fallback).
+    Delta,
+    /// The round's result.
+    Merged,
+    /// The round's evidence (the signed pieces received).
+    Evidence,
 }
 
 /// Errors of a [`NodeLink`].
@@ -456,8 +512,120 @@ pub enum CheckpointError {
 pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
     /// Validates and merges the deltas of `input.job`'s epoch `input.epoch` onto
     /// `input.base`, publishes the result; returns the new checkpoint reference and, when
-    /// the sink keeps one, what the aggregation did.
+    /// the sink keeps one, what the aggregation did. In ring aggregation
+    /// (`input.ring` set) the merged delta is the accepted round's result, and `deltas` are
+    /// the spot-checked members' uploads.
     async fn publish(&self, input: EpochInput<'_>) -> Result<PublishedEpoch, CheckpointError>;
+
+    /// Ring aggregation (DESIGN §6.4): the epoch's seeds, `None` from a sink that does not
+    /// aggregate over rings (then SubmitJob refuses ring jobs).
+    fn ring_seeds(&self, job: JobId, epoch: u32) -> Option<RingSeeds> {
+        let _ = (job, epoch);
+        None
+    }
+
+    /// Ring aggregation: whether the commit–reveal spot-check selects the delta of hash
+    /// `delta_hash` in `job`'s epoch `epoch` (the same rule as in star mode, DESIGN §6).
+    fn ring_selected(&self, job: JobId, epoch: u32, delta_hash: &[u8; 32]) -> bool {
+        let _ = (job, epoch, delta_hash);
+        false
+    }
+
+    /// Ring aggregation, step 3: the weights of the members from their sketches under the
+    /// scoring seed (member → weight ≥ 0; 0 or absent excludes it).
+    ///
+    /// Errors: [`CheckpointError`] when the sketches cannot be scored at all.
+    async fn ring_score(&self, input: RingScoreInput<'_>) -> Result<RingScores, CheckpointError> {
+        let _ = input;
+        Err(CheckpointError::Failed {
+            message: "this sink does not aggregate over rings".into(),
+        })
+    }
+
+    /// Ring aggregation, step 6: checks the uploaded result (the blob of hash
+    /// `input.result`) against Σ wᵢ·sketchᵢ under the check seed: `Ok(Err(why))` when it
+    /// does not match.
+    ///
+    /// Errors: [`CheckpointError`] when the check could not run (the blob is missing).
+    async fn ring_check(
+        &self,
+        input: RingCheckInput<'_>,
+    ) -> Result<Result<(), String>, CheckpointError> {
+        let _ = input;
+        Err(CheckpointError::Failed {
+            message: "this sink does not aggregate over rings".into(),
+        })
+    }
+}
+
+/// The two seeds of a ring-aggregation epoch (DESIGN §6.4) and their commitments
+/// (SHA-256 of each), published at epoch start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingSeeds {
+    /// The scoring seed, revealed after the commitments.
+    pub score: [u8; 32],
+    /// The check seed, revealed after every round member committed to the result.
+    pub check: [u8; 32],
+    /// SHA-256 of `score`.
+    pub score_commitment: [u8; 32],
+    /// SHA-256 of `check`.
+    pub check_commitment: [u8; 32],
+}
+
+/// A member's linear sketch as the core carries it (the data of `hanzod_protocol::sketch`'s
+/// `Sketch`; the daemon checked its shape and signature).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SketchData {
+    /// Row sums, `k` of them.
+    pub rows: Vec<f64>,
+    /// Row masses (sums of absolute values), `k` of them.
+    pub abs_rows: Vec<f64>,
+    /// Coordinates sketched.
+    pub len: u64,
+}
+
+/// What [`CheckpointSink::ring_score`] scores.
+#[derive(Debug, Clone, Copy)]
+pub struct RingScoreInput<'a> {
+    /// The job.
+    pub job: JobId,
+    /// The epoch.
+    pub epoch: u32,
+    /// The job's spec.
+    pub spec: &'a JobSpec,
+    /// The checkpoint the epoch trained from.
+    pub base: Option<&'a str>,
+    /// The scoring seed the sketches were made under.
+    pub seed: [u8; 32],
+    /// Each member with its commitment and sketch, in the order the commitments were
+    /// accepted (the earlier of two copies keeps its weight).
+    pub members: &'a [(NodeId, crate::aggregation::Commit, SketchData)],
+}
+
+/// What [`CheckpointSink::ring_score`] decided.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RingScores {
+    /// Member → weight (≥ 0; 0 excludes).
+    pub weights: std::collections::BTreeMap<NodeId, f64>,
+    /// Member → why it was excluded, for those with weight 0.
+    pub excluded: std::collections::BTreeMap<NodeId, String>,
+}
+
+/// What [`CheckpointSink::ring_check`] checks.
+#[derive(Debug, Clone, Copy)]
+pub struct RingCheckInput<'a> {
+    /// The job.
+    pub job: JobId,
+    /// The epoch.
+    pub epoch: u32,
+    /// The job's spec (its model bounds the result).
+    pub spec: &'a JobSpec,
+    /// SHA-256 of the uploaded result (a blob).
+    pub result: [u8; 32],
+    /// The check seed.
+    pub seed: [u8; 32],
+    /// The round's members with their weights and check sketches.
+    pub members: &'a [(NodeId, f32, SketchData)],
 }
 
 /// What a [`CheckpointSink`] returns for one published epoch.
@@ -495,6 +663,9 @@ pub struct EpochInput<'a> {
     pub base: Option<&'a str>,
     /// The epoch's accepted receipts, one per node, in node order.
     pub deltas: &'a [DeltaReceipt],
+    /// Ring aggregation: the accepted round (`None` in star aggregation and when a ring
+    /// epoch fell back to the star).
+    pub ring: Option<&'a RingResult>,
 }
 
 /// Every counter hanzod reports through [`Metrics::incr`] (DESIGN §10): an exporter
@@ -504,7 +675,7 @@ pub struct EpochInput<'a> {
 pub enum Counter {
     /// `probe_requests{outcome}`: Link probe requests to nodes, by outcome: sent or undeliverable.
     ProbeRequests,
-    /// `session_messages_out{kind}`: Messages queued to node sessions, by kind (ring_update, release, probe_request) or undeliverable.
+    /// `session_messages_out{kind}`: Messages queued to node sessions, by kind (ring_update, release, probe_request, epoch_start, sketch_request, reduce_start, upload_request) or undeliverable.
     SessionMessagesOut,
     /// `heartbeats{outcome}`: Heartbeats handled, by outcome: accepted or the refusal reason.
     Heartbeats,
@@ -625,7 +796,7 @@ impl Counter {
     pub fn help(self) -> &'static str {
         match self {
             Counter::ProbeRequests => "Link probe requests to nodes, by outcome: sent or undeliverable",
-            Counter::SessionMessagesOut => "Messages queued to node sessions, by kind (ring_update, release, probe_request) or undeliverable",
+            Counter::SessionMessagesOut => "Messages queued to node sessions, by kind (ring_update, release, probe_request, epoch_start, sketch_request, reduce_start, upload_request) or undeliverable",
             Counter::Heartbeats => "Heartbeats handled, by outcome: accepted or the refusal reason",
             Counter::Registrations => "Node registrations handled, by outcome: accepted or the refusal reason",
             Counter::NodeFailures => "Nodes declared failed, by failure kind",

@@ -38,6 +38,10 @@ pub struct JobFold {
     /// Standbys granted after the latest ring was recorded (the next ring uses or returns
     /// them); they count as the job's until then.
     pub granted_since_ring: BTreeSet<NodeId>,
+    /// The current epoch's accepted ring round, if the job aggregates over the ring and one
+    /// was accepted (DESIGN §6.4).
+    #[serde(default)]
+    pub ring_result: Option<(u32, crate::aggregation::RingResult)>,
 }
 
 /// What the log says about one node.
@@ -177,6 +181,7 @@ impl LogFold {
                         phase_since: r.at,
                         failed_since_ring: BTreeSet::new(),
                         granted_since_ring: BTreeSet::new(),
+                        ring_result: None,
                     },
                 );
             }
@@ -198,6 +203,12 @@ impl LogFold {
                         }
                         // Receipts belong to the epoch being run or aggregated.
                         j.receipts.retain(|_, rc| Some(rc.epoch) == epoch);
+                        if j.ring_result
+                            .as_ref()
+                            .is_some_and(|(e, _)| Some(*e) != epoch)
+                        {
+                            j.ring_result = None;
+                        }
                     }
                 }
             }
@@ -217,6 +228,13 @@ impl LogFold {
                 if let Some(j) = self.jobs.get_mut(&receipt.job) {
                     if epoch_of(&j.job.phase) == Some(receipt.epoch) {
                         j.receipts.insert(receipt.node, receipt.clone());
+                    }
+                }
+            }
+            Event::RingAccepted { job, epoch, result } => {
+                if let Some(j) = self.jobs.get_mut(job) {
+                    if epoch_of(&j.job.phase) == Some(*epoch) {
+                        j.ring_result = Some((*epoch, result.clone()));
                     }
                 }
             }

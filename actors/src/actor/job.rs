@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
+mod round;
+
 use super::children::{schedule_respawn, Children};
 use super::msg::JobSupervisorMsg;
 use super::msg::OrchestratorMsg;
@@ -53,6 +55,8 @@ pub struct JobState {
     /// A failure or cancel that arrived while a publication ran: applied once its outcome
     /// is recorded ([`JobState::transition_or_hold`]).
     held: Option<JobEvent>,
+    /// The running epoch's ring aggregation (ring jobs only; [`round`]).
+    round: Option<round::RoundState>,
     root: ActorRef<OrchestratorMsg>,
     supervisor: ActorRef<JobSupervisorMsg>,
     deps: Deps,
@@ -112,6 +116,9 @@ impl JobState {
         });
         if entered_epoch {
             self.receipts.clear();
+            if let JobPhase::Running { epoch, .. } = self.job.phase {
+                self.begin_round(epoch);
+            }
             self.arm_timers(myself);
             self.assign().await;
         }
@@ -142,6 +149,7 @@ impl JobState {
             base: self.job.base_of(epoch).map(str::to_string),
             training: spec.training.clone(),
             deadline: self.phase_since.plus_ms(spec.epoch_deadline_ms),
+            seed_commitments: self.seed_commitments(),
         };
         for m in ring
             .members
@@ -211,7 +219,8 @@ impl JobState {
                     let _ = self.transition(myself, JobEvent::ModelDistributed).await;
                 }
             }
-            JobPhase::Running { .. } => {
+            JobPhase::Running { epoch, .. } => {
+                self.resume_round_as_star(epoch).await;
                 let due = self.phase_since.plus_ms(self.job.spec.epoch_deadline_ms);
                 if now < due {
                     self.assign().await;
@@ -291,18 +300,29 @@ impl JobState {
     /// Applies the epoch's completion rules ([`Job::epoch_due`]) and, when the epoch is
     /// complete, starts its publication.
     async fn check_epoch(&mut self, myself: &ActorRef<JobMsg>, deadline_passed: bool) {
-        let members = self.ring.as_ref().map(|r| r.members.as_slice());
-        let receipts = &self.receipts;
-        let Some(event) = self.job.epoch_due(
-            members,
-            |m| receipts.contains_key(m),
-            receipts.len(),
-            deadline_passed,
-        ) else {
+        let event = if self.round.is_some() {
+            // A ring epoch: its aggregation decides (`round::JobState::round_due`).
+            self.round_due(self.deps.now())
+        } else {
+            let members = self.ring.as_ref().map(|r| r.members.as_slice());
+            let receipts = &self.receipts;
+            self.job.epoch_due(
+                members,
+                |m| receipts.contains_key(m),
+                receipts.len(),
+                deadline_passed,
+            )
+        };
+        let Some(event) = event else {
             return;
         };
         match event {
             JobEvent::EpochComplete { epoch } => {
+                if !self.record_round().await {
+                    let wait = Duration::from_millis(self.deps.cfg.supervision.backoff_max_ms);
+                    myself.send_after(wait, || JobMsg::Reconcile);
+                    return;
+                }
                 if let Err(e) = self.transition(myself, event).await {
                     tracing::warn!(job = %self.job.id, error = %e, "could not complete epoch");
                     return;
@@ -331,6 +351,7 @@ impl JobState {
         }
         self.publishing = Some(epoch);
         let deltas: Vec<DeltaReceipt> = self.receipts.values().cloned().collect();
+        let ring = self.ring_result(epoch);
         let spec = self.job.spec.clone();
         let base = self.job.base_of(epoch).map(str::to_string);
         let sink = self.deps.sink.clone();
@@ -347,6 +368,7 @@ impl JobState {
                     spec: &spec,
                     base: base.as_deref(),
                     deltas: &deltas,
+                    ring: ring.as_ref(),
                 };
                 sink.publish(input).await
             });
@@ -449,6 +471,7 @@ impl JobState {
             tracing::warn!(job = %self.job.id, error = %e, "ring change not applied to the job");
         }
         // The round restarts with the new membership; deltas already accepted are kept.
+        self.round_ring_changed(myself).await;
         self.check_epoch(myself, false).await;
     }
 
@@ -516,6 +539,9 @@ impl Actor for JobActor {
             placed: j.placed,
             ring: j.ring.map(|(_, r)| r),
             receipts: j.receipts,
+            round: j
+                .ring_result
+                .map(|(epoch, result)| round::RoundState::recorded_round(epoch, result)),
             phase_since: j.phase_since,
             ring_actor: None,
             children: Children::new(args.deps.cfg.supervision.clone()),
@@ -598,13 +624,35 @@ impl Actor for JobActor {
                 }
             }
             JobMsg::Delta { receipt, reply } => {
-                let result = accept_delta(state, receipt).await;
+                let node = receipt.node;
+                let result = match state.check_round_receipt(&node, &receipt.delta_hash) {
+                    Ok(()) => accept_delta(state, receipt).await,
+                    Err(e) => Err(e),
+                };
                 let accepted = result.is_ok();
                 answer(reply, result);
                 if accepted {
+                    state.round_receipt_recorded(&myself, node).await;
                     state.check_epoch(&myself, false).await;
                 }
             }
+            JobMsg::Round { node, msg, reply } => {
+                let r = state.on_round_msg(&myself, node, msg).await;
+                answer(reply, r);
+            }
+            JobMsg::RoundScored { epoch, result } => {
+                state.on_round_scored(&myself, epoch, result).await
+            }
+            JobMsg::RoundChecked {
+                epoch,
+                version,
+                result,
+            } => {
+                state
+                    .on_round_checked(&myself, epoch, version, result)
+                    .await
+            }
+            JobMsg::RoundTick { epoch } => state.on_round_tick(&myself, epoch).await,
             JobMsg::EpochDeadline { epoch } => {
                 if matches!(state.job.phase, JobPhase::Running { epoch: e, .. } if e == epoch) {
                     tracing::info!(job = %state.job.id, epoch, deltas = state.receipts.len(), "epoch deadline passed");

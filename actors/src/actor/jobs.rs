@@ -238,6 +238,17 @@ impl Actor for JobSupervisor {
                 }
                 None => answer(reply, Err(state.missing(receipt.job))),
             },
+            JobSupervisorMsg::Round {
+                job,
+                node,
+                msg,
+                reply,
+            } => match state.actor(job) {
+                Some(a) => {
+                    let _ = a.cast(JobMsg::Round { node, msg, reply });
+                }
+                None => answer(reply, Err(state.missing(job))),
+            },
             JobSupervisorMsg::Cancel { job, reply } => match state.actor(job) {
                 Some(a) => forward(
                     &myself,

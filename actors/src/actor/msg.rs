@@ -342,6 +342,17 @@ pub enum JobSupervisorMsg {
         /// Accepted or why not.
         reply: RpcReplyPort<Result<(), JobRequestError>>,
     },
+    /// A ring member's message for its job's ring aggregation (DESIGN §6.4).
+    Round {
+        /// The job.
+        job: JobId,
+        /// The member.
+        node: NodeId,
+        /// What it sent.
+        msg: RoundMsg,
+        /// The aggregation's step after it ([`crate::aggregation::Step::name`]), or why not.
+        reply: RpcReplyPort<Result<&'static str, JobRequestError>>,
+    },
     /// Cancel a job.
     Cancel {
         /// The job.
@@ -437,6 +448,36 @@ pub enum JobMsg {
         receipt: DeltaReceipt,
         /// Accepted or why not.
         reply: RpcReplyPort<Result<(), JobRequestError>>,
+    },
+    /// A ring member's message for the ring aggregation (DESIGN §6.4).
+    Round {
+        /// The member.
+        node: NodeId,
+        /// What it sent.
+        msg: RoundMsg,
+        /// The aggregation's step after it, or why not.
+        reply: RpcReplyPort<Result<&'static str, JobRequestError>>,
+    },
+    /// The sink scored epoch `epoch`'s sketches (answering [`crate::aggregation::Effect::Score`]).
+    RoundScored {
+        /// The epoch.
+        epoch: u32,
+        /// The weights, or why not.
+        result: Result<crate::ports::RingScores, String>,
+    },
+    /// The sink checked a round's result (answering [`crate::aggregation::Effect::Check`]).
+    RoundChecked {
+        /// The epoch.
+        epoch: u32,
+        /// The round's ring version.
+        version: u64,
+        /// `Ok(Ok(()))` accepted, `Ok(Err(why))` refused, `Err(why)` the check could not run.
+        result: Result<Result<(), String>, String>,
+    },
+    /// A ring-aggregation step's deadline may have passed.
+    RoundTick {
+        /// The epoch it was armed for.
+        epoch: u32,
     },
     /// The epoch deadline armed for `epoch` passed.
     EpochDeadline {
@@ -553,12 +594,95 @@ pub enum JobRequestError {
     /// The node already submitted a different delta this epoch.
     #[error("node {0} already submitted a different delta this epoch")]
     Conflicting(NodeId),
+    /// A ring-aggregation message for a job that aggregates in star mode (or an epoch that
+    /// fell back to the star).
+    #[error(
+        "{0} does not aggregate over the ring in this epoch: upload the delta with UploadDelta"
+    )]
+    NotRing(JobId),
+    /// A ring-aggregation message the epoch's aggregation is not at the step for.
+    #[error("the epoch's ring aggregation is at step {at}, not {want}")]
+    RoundStep {
+        /// The step the message is for.
+        want: &'static str,
+        /// The step the aggregation is at.
+        at: &'static str,
+    },
     /// The state machine refused the transition.
     #[error(transparent)]
     Transition(#[from] JobError),
     /// The event could not be made durable.
     #[error("state store: {0}")]
     Store(String),
+}
+
+/// What a ring member sends for its job's ring aggregation (DESIGN §6.4), as the daemon
+/// checked it (signatures, shapes, bounds).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RoundMsg {
+    /// Its commitment to its epoch delta (`CommitDelta`).
+    Commit {
+        /// The epoch.
+        epoch: u32,
+        /// The global step its local run started at.
+        step: u64,
+        /// What it commits to.
+        commit: crate::aggregation::Commit,
+        /// Its signature over the delta statement (DESIGN §6).
+        signature: Vec<u8>,
+    },
+    /// Its sketch of its committed delta (`SubmitSketch`).
+    Sketch {
+        /// The epoch.
+        epoch: u32,
+        /// Under the check seed of the round being verified (`false`: the scoring seed).
+        check: bool,
+        /// The committed delta's hash the sketch is of.
+        delta_hash: [u8; 32],
+        /// The sketch.
+        sketch: crate::ports::SketchData,
+    },
+    /// Its commitment to a round's result (`ReportReduction`).
+    Report {
+        /// The epoch.
+        epoch: u32,
+        /// The round's ring version.
+        version: u64,
+        /// SHA-256 of the result payload.
+        result: [u8; 32],
+    },
+    /// Its upload of a round's result arrived and is stored as a blob (`UploadDelta` kind
+    /// MERGED).
+    Merged {
+        /// The epoch.
+        epoch: u32,
+        /// SHA-256 of the uploaded payload.
+        hash: [u8; 32],
+    },
+    /// Its round evidence (`SubmitEvidence`).
+    Evidence {
+        /// The epoch.
+        epoch: u32,
+        /// The round's ring version.
+        version: u64,
+        /// The predecessor that sent the pieces.
+        sender: NodeId,
+        /// Each piece: the 73-byte header followed by the sender's 64-byte signature.
+        pieces: Vec<Vec<u8>>,
+    },
+}
+
+impl RoundMsg {
+    /// The epoch the message is for.
+    pub fn epoch(&self) -> u32 {
+        match self {
+            RoundMsg::Commit { epoch, .. }
+            | RoundMsg::Sketch { epoch, .. }
+            | RoundMsg::Report { epoch, .. }
+            | RoundMsg::Merged { epoch, .. }
+            | RoundMsg::Evidence { epoch, .. } => *epoch,
+        }
+    }
 }
 
 /// A job as reported to callers.

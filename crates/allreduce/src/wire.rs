@@ -47,11 +47,11 @@ use crate::schedule::Phase;
 /// The first bytes of a hello.
 pub const MAGIC: &[u8; 8] = b"HZRING01";
 /// Signature domain of the handshake (see the crate docs on domains).
-pub const HANDSHAKE_DOMAIN: &[u8] = b"hanzod.v1.ring-handshake";
+pub const HANDSHAKE_DOMAIN: &[u8] = hanzod_actors::domain::RING_HANDSHAKE;
 /// Signature domain of a piece header.
-pub const PIECE_DOMAIN: &[u8] = b"hanzod.v1.ring-piece";
+pub const PIECE_DOMAIN: &[u8] = hanzod_actors::domain::RING_PIECE;
 /// Signature domain of an abort notice.
-pub const ABORT_DOMAIN: &[u8] = b"hanzod.v1.ring-abort";
+pub const ABORT_DOMAIN: &[u8] = hanzod_actors::domain::RING_ABORT;
 /// Bytes in a hello.
 pub const HELLO_LEN: usize = 8 + 32 + 32 + 8 + 4 + 8 + 8 + 4 + 4;
 /// Bytes in an encoded [`PieceHeader`].

@@ -12,4 +12,6 @@ pub(crate) mod node;
 pub(crate) mod serve;
 #[cfg(feature = "testkit")]
 pub(crate) mod sim;
+#[cfg(feature = "testkit")]
+pub(crate) mod testbed;
 pub(crate) mod verify;

@@ -2,8 +2,8 @@
 //!
 //! The `hanzod` command line: parses arguments, loads configuration, runs a subcommand.
 //! [`main`] is the whole binary. The client commands (jobs, nodes, rings over gRPC) are in
-//! [`client_cmds`]; `hanzod verify`'s checks in [`verify`]. `demo`, `sim` and `bench` need
-//! the `testkit` feature.
+//! [`client_cmds`]; `hanzod verify`'s checks in [`verify`]. `demo`, `sim`, `bench` and
+//! `testbed` need the `testkit` feature.
 #![warn(missing_docs)]
 
 pub mod client_cmds;
@@ -255,6 +255,12 @@ Examples:
         #[arg(long)]
         json: bool,
     },
+    /// A WAN test bed on this machine (root): one network namespace per node, shaped
+    /// links. Bring one up, measure its links with the node agent's probe, run ring
+    /// all-reduce rounds on it, remove what dead runs left.
+    #[cfg(feature = "testkit")]
+    #[command(subcommand)]
+    Testbed(cmd::testbed::TestbedCommand),
 }
 
 pub(crate) const CLIENT_EXAMPLES: &str = "\
@@ -453,6 +459,8 @@ pub fn main() -> ExitCode {
         #[cfg(feature = "testkit")]
         Command::Sim { args, json } => cmd::sim::run_sim(&cfg, args, json),
         Command::Delta(d) => cmd::delta::run_delta(d),
+        #[cfg(feature = "testkit")]
+        Command::Testbed(t) => cmd::testbed::run_testbed(t),
         #[cfg(feature = "testkit")]
         Command::Bench(b) => match runtime() {
             Ok(rt) => rt.block_on(cmd::bench::run_bench(&cfg, b)),

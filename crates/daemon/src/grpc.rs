@@ -69,6 +69,8 @@ pub fn status_of(e: &OrchestratorError) -> Status {
             JobRequestError::Ended(_)
             | JobRequestError::NotRunning { .. }
             | JobRequestError::WrongEpoch { .. }
+            | JobRequestError::NotRing(_)
+            | JobRequestError::RoundStep { .. }
             | JobRequestError::Transition(_) => Status::failed_precondition(msg),
         },
     }

@@ -8,10 +8,16 @@
 //! TCP transfer to the named peer, follows ring updates (ignoring versions lower than one it
 //! holds), and reconnects with exponential backoff and full jitter when the orchestrator
 //! goes away. What happens is reported as [`AgentEvent`]s.
+//!
+//! In ring aggregation (an `EpochStart` with seed commitments) it commits to its delta
+//! instead of uploading it, and sketches, all-reduces and uploads as the orchestrator asks
+//! ([`ring`]); its peer endpoint then carries ring links as well as probes
+//! ([`probe::serve_peers`] with [`Agent::ring_router`]).
 #![warn(missing_docs)]
 
 pub mod probe;
 pub mod protocol;
+pub mod ring;
 pub mod trainer;
 
 use std::collections::{HashMap, HashSet};
@@ -60,6 +66,10 @@ pub struct AgentSettings {
     pub backoff_max_ms: u64,
     /// How it trains: honestly, or Byzantine for fault injection.
     pub behaviour: trainer::Behaviour,
+    /// How it takes part in ring aggregation: honestly, or Byzantine for fault injection.
+    pub ring_fault: trainer::RingFault,
+    /// How it runs ring all-reduce rounds.
+    pub round: ring::RoundSettings,
     /// Train the epochs it is assigned (`false`: ignore assignments, a node that only
     /// holds its session; for simulated networks, whose virtual clock cannot time real
     /// computation on blocking threads).
@@ -90,6 +100,8 @@ impl AgentSettings {
             backoff_min_ms: 500,
             backoff_max_ms: 30_000,
             behaviour: trainer::Behaviour::Honest,
+            ring_fault: trainer::RingFault::Honest,
+            round: ring::RoundSettings::default(),
             train: true,
         }
     }
@@ -194,6 +206,127 @@ pub enum AgentEvent {
         /// Why.
         reason: String,
     },
+    /// Committed to its epoch delta (ring aggregation, `CommitDelta`).
+    DeltaCommitted {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// SHA-256 of the delta (hex).
+        delta_hash: String,
+        /// Size of the delta, bytes.
+        bytes: usize,
+        /// The claimed loss stated.
+        claimed_loss: f64,
+    },
+    /// Submitted a sketch of its committed delta (`SubmitSketch`).
+    SketchSubmitted {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// Under the check seed (`true`) or the scoring seed.
+        check: bool,
+        /// Counters of the sketch.
+        rows: u32,
+        /// The spot-check selected it: the delta is uploaded too.
+        delta_upload: bool,
+    },
+    /// Started an all-reduce round.
+    RoundStarted {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// The round's ring version.
+        ring_version: u64,
+        /// Members of the round.
+        members: usize,
+        /// This node's position in the ring (0-based).
+        position: usize,
+        /// This node's weight w_i.
+        weight: f32,
+    },
+    /// Finished an all-reduce round and reported its result (`ReportReduction`).
+    RoundFinished {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// The round's ring version.
+        ring_version: u64,
+        /// From the links being up to the result, ms.
+        elapsed_ms: u64,
+        /// Payload bytes sent to the successor.
+        bytes_sent: u64,
+        /// Payload bytes received from the predecessor.
+        bytes_received: u64,
+        /// SHA-256 of the result's HZDL payload (hex).
+        result_hash: String,
+    },
+    /// A round failed; the node waits for the next `ReduceStart` or `UploadRequest`.
+    RoundFailed {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// The round's ring version.
+        ring_version: u64,
+        /// The member the data plane suspects (hex id), if any.
+        suspect: Option<String>,
+        /// Why.
+        reason: String,
+    },
+    /// A newer ring version aborted a running round.
+    RoundAborted {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// The aborted round's ring version.
+        ring_version: u64,
+        /// The version that replaced it.
+        superseded_by: u64,
+    },
+    /// Uploaded what ring aggregation asked for (`UploadDelta`).
+    RingUploaded {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// The round the request was about (0 for a spot-check upload).
+        ring_version: u64,
+        /// `delta` (its own delta) or `merged` (the round's result).
+        kind: String,
+        /// SHA-256 of the payload (hex).
+        hash: String,
+        /// Size of the payload, bytes.
+        bytes: usize,
+        /// Upload, ms.
+        upload_ms: u64,
+    },
+    /// Submitted a round's evidence (`SubmitEvidence`).
+    EvidenceSubmitted {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// The round's ring version.
+        ring_version: u64,
+        /// Signed piece headers sent.
+        pieces: usize,
+    },
+    /// A ring-aggregation message was refused or its step failed.
+    RingRefused {
+        /// The job.
+        job: u64,
+        /// The epoch.
+        epoch: u32,
+        /// The step: `commit`, `sketch`, `check sketch`, `reduce` or `upload`.
+        step: String,
+        /// Why.
+        reason: String,
+    },
     /// Gave up: retrying cannot help (see [`Agent::run`]).
     Stopped {
         /// Why.
@@ -229,10 +362,22 @@ pub struct Agent {
     epochs: HashSet<(JobId, u32)>,
     /// The live session, for work that outlives the session it started in.
     live: watch::Sender<Option<trainer::WorkerSession>>,
+    /// Ring aggregation, every job.
+    ring: Arc<ring::RingParticipant<ring::LiveRingRpc>>,
+    /// The last epoch assigned per job and its base (a free rider's previous base).
+    bases: HashMap<JobId, (u32, Option<String>)>,
+}
+
+/// What one epoch's work ended with.
+enum EpochDone {
+    /// Star aggregation: the delta was uploaded.
+    Uploaded(trainer::EpochWork),
+    /// Ring aggregation: the delta was committed to (and is held by [`ring`]).
+    Committed,
 }
 
 /// The outcome of one epoch's work, reported back to the session loop.
-type WorkDone = (JobId, u32, Result<trainer::EpochWork, trainer::TrainError>);
+type WorkDone = (JobId, u32, Result<EpochDone, trainer::TrainError>);
 
 /// Why the agent stopped on its own.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -281,19 +426,37 @@ impl Agent {
         dial: Dial,
         clock: Arc<dyn Clock>,
     ) -> Agent {
+        let events = broadcast::channel(1024).0;
+        let live = watch::channel(None).0;
+        let ring = ring::RingParticipant::new(
+            identity.clone(),
+            ring::LiveRingRpc::new(live.subscribe(), clock.clone()),
+            ring::RingRouter::new(),
+            settings.ring_fault,
+            settings.round,
+            events.clone(),
+        );
         Agent {
             settings,
             identity,
             dial,
             clock,
-            events: broadcast::channel(1024).0,
+            events,
             rings: HashMap::new(),
             log_id: Vec::new(),
             endpoint_index: 0,
             registered: false,
             epochs: HashSet::new(),
-            live: watch::channel(None).0,
+            live,
+            ring,
+            bases: HashMap::new(),
         }
+    }
+
+    /// The router that hands ring links to this agent's rounds: pass it to
+    /// [`probe::serve_peers`] on the listener behind `AgentSettings::advertise`.
+    pub fn ring_router(&self) -> ring::RingRouter {
+        self.ring.router().clone()
     }
 
     /// This node's id.
@@ -426,6 +589,8 @@ impl Agent {
             // restarted orchestrator numbers its jobs from 1 again).
             self.rings.clear();
             self.epochs.clear();
+            self.bases.clear();
+            self.ring.forget_all();
             self.log_id = reg.log_id.clone();
         }
         // Work in progress uploads through whichever session is live.
@@ -473,7 +638,8 @@ impl Agent {
                 }
                 Some((job, epoch, result)) = work_rx.recv() => {
                     match result {
-                        Ok(w) => self.emit(AgentEvent::DeltaUploaded {
+                        Ok(EpochDone::Committed) => {}
+                        Ok(EpochDone::Uploaded(w)) => self.emit(AgentEvent::DeltaUploaded {
                             job: job.0,
                             epoch,
                             claimed_loss: w.claimed_loss,
@@ -512,6 +678,7 @@ impl Agent {
                                 continue;
                             }
                             self.rings.insert(job, ring.version);
+                            self.ring.on_ring_update(job.0, ring.version);
                             self.emit(AgentEvent::RingApplied {
                                 job: job.0,
                                 version: ring.version,
@@ -523,6 +690,8 @@ impl Agent {
                             }))).await;
                         }
                         Some(Body::Release(r)) => {
+                            self.ring.on_release(r.job_id);
+                            self.bases.remove(&JobId(r.job_id));
                             self.emit(AgentEvent::Released { job: r.job_id });
                         }
                         Some(Body::ProbeRequest(p)) => {
@@ -569,16 +738,52 @@ impl Agent {
                                 continue; // already trained or training
                             }
                             self.emit(AgentEvent::EpochAssigned { job: a.job.0, epoch: a.epoch, base: a.base.clone() });
-                            let (tx, behaviour) = (work_tx.clone(), self.settings.behaviour);
-                            let (live, clock) = (self.live.subscribe(), self.clock.clone());
-                            let identity = self.identity.clone();
+                            // What ring aggregation holds for earlier epochs goes.
+                            self.ring.on_epoch_start(a.job.0, a.epoch);
+                            let previous = self
+                                .bases
+                                .get(&a.job)
+                                .filter(|(e, _)| a.epoch.checked_sub(1) == Some(*e))
+                                .map(|(_, b)| b.clone());
+                            if self.bases.get(&a.job).is_none_or(|(e, _)| *e < a.epoch) {
+                                self.bases.insert(a.job, (a.epoch, a.base.clone()));
+                            }
+                            let byzantine = trainer::Byzantine { behaviour: self.settings.behaviour, ring: self.settings.ring_fault };
+                            let tx = work_tx.clone();
+                            let (mut live, clock) = (self.live.subscribe(), self.clock.clone());
+                            let (identity, participant) = (self.identity.clone(), self.ring.clone());
                             tokio::spawn(async move {
-                                let result = trainer::work_epoch(live, &identity, clock, &a, behaviour).await;
+                                let result = match a.seed_commitments {
+                                    None => trainer::work_epoch(live, &identity, clock, &a, byzantine, previous)
+                                        .await
+                                        .map(EpochDone::Uploaded),
+                                    Some(commitments) => {
+                                        match trainer::train_delta(&mut live, &identity, &clock, &a, byzantine, previous).await {
+                                            Ok(t) => participant
+                                                .commit(ring::CommitInput {
+                                                    job: a.job.0,
+                                                    epoch: a.epoch,
+                                                    step: a.step,
+                                                    claimed_loss: t.claimed_loss,
+                                                    commitments,
+                                                    payload: t.payload,
+                                                })
+                                                .await
+                                                .map(|_| EpochDone::Committed)
+                                                .map_err(|e| trainer::TrainError::Commit(e.to_string())),
+                                            Err(e) => Err(e),
+                                        }
+                                    }
+                                };
                                 let _ = tx.send((a.job, a.epoch, result)).await;
                             });
                         }
                         Some(Body::Reject(r)) => {
                             self.emit(AgentEvent::Rejected { seq: r.seq, code: r.code, reason: r.reason });
+                        }
+                        // Ring aggregation: handled in spawned tasks, never blocking this loop.
+                        Some(b @ (Body::SketchRequest(_) | Body::ReduceStart(_) | Body::UploadRequest(_))) => {
+                            self.ring.dispatch(b);
                         }
                         None => {}
                     }
@@ -682,6 +887,100 @@ pub fn describe(e: &AgentEvent) -> String {
         AgentEvent::Rejected { seq, code, reason } => {
             format!("message {seq} refused (code {code}): {reason}")
         }
+        AgentEvent::DeltaCommitted {
+            job,
+            epoch,
+            delta_hash,
+            bytes,
+            claimed_loss,
+        } => format!(
+            "job {job}: epoch {epoch} delta {} ({bytes} bytes, loss {claimed_loss:.4}) committed",
+            short(delta_hash)
+        ),
+        AgentEvent::SketchSubmitted {
+            job,
+            epoch,
+            check,
+            rows,
+            delta_upload,
+        } => format!(
+            "job {job}: epoch {epoch} {} sketch ({rows} rows) submitted{}",
+            if *check { "check" } else { "scoring" },
+            if *delta_upload {
+                "; spot-checked: uploading the delta"
+            } else {
+                ""
+            }
+        ),
+        AgentEvent::RoundStarted {
+            job,
+            epoch,
+            ring_version,
+            members,
+            position,
+            weight,
+        } => format!(
+            "job {job}: epoch {epoch} round v{ring_version} started: member {position} of {members}, weight {weight:.4}"
+        ),
+        AgentEvent::RoundFinished {
+            job,
+            epoch,
+            ring_version,
+            elapsed_ms,
+            bytes_sent,
+            result_hash,
+            ..
+        } => format!(
+            "job {job}: epoch {epoch} round v{ring_version} done in {elapsed_ms} ms, {bytes_sent} bytes sent; result {}",
+            short(result_hash)
+        ),
+        AgentEvent::RoundFailed {
+            job,
+            epoch,
+            ring_version,
+            suspect,
+            reason,
+        } => format!(
+            "job {job}: epoch {epoch} round v{ring_version} failed{}: {reason}",
+            suspect
+                .as_deref()
+                .map(|s| format!(" (suspect {})", short(s)))
+                .unwrap_or_default()
+        ),
+        AgentEvent::RoundAborted {
+            job,
+            epoch,
+            ring_version,
+            superseded_by,
+        } => format!(
+            "job {job}: epoch {epoch} round v{ring_version} aborted for v{superseded_by}"
+        ),
+        AgentEvent::RingUploaded {
+            job,
+            epoch,
+            kind,
+            hash,
+            bytes,
+            upload_ms,
+            ..
+        } => format!(
+            "job {job}: epoch {epoch} {kind} {} ({bytes} bytes) uploaded in {upload_ms} ms",
+            short(hash)
+        ),
+        AgentEvent::EvidenceSubmitted {
+            job,
+            epoch,
+            ring_version,
+            pieces,
+        } => format!(
+            "job {job}: epoch {epoch} round v{ring_version} evidence submitted ({pieces} pieces)"
+        ),
+        AgentEvent::RingRefused {
+            job,
+            epoch,
+            step,
+            reason,
+        } => format!("job {job}: epoch {epoch} {step} refused: {reason}"),
         AgentEvent::Disconnected { reason } => format!("disconnected: {reason}"),
         AgentEvent::Stopped { reason } => format!("stopped: {reason}"),
         AgentEvent::Reconnecting { delay_ms, attempt } => {

@@ -10,12 +10,16 @@
 //! Throughput = n × 8 / (time from the first byte sent to the count received) / 10^6, in
 //! Mbit/s. The round trip of the final count is included, which under-reads short probes
 //! on long paths by one RTT; probes of a few MiB keep that small.
+//!
+//! The same endpoint carries ring links (`crate::ring`): [`serve_peers`] looks at the first
+//! 8 bytes of each connection without consuming them ([`MAGIC`] or
+//! [`crate::ring::LINK_MAGIC`]) and hands it to the probe answerer or the ring router.
 
 use std::time::{Duration, Instant};
 
 use hanzod_actors::types::NodeId;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 /// The handshake magic.
 pub const MAGIC: &[u8; 8] = b"HZPROBE1";
@@ -136,23 +140,129 @@ pub async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Answers probes on `listener` for node `me` until the task is dropped; at most 8 at once.
+/// Ring links are closed (see [`serve_peers`]).
 pub async fn serve(listener: TcpListener, me: NodeId) {
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(8));
+    serve_peers(listener, me, None, FIRST_BYTES_TIMEOUT).await
+}
+
+/// How long an accepted peer connection may take to send its first 8 bytes, and a ring
+/// link its preamble.
+pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(5);
+/// Probes answered at once at most.
+pub const MAX_CONCURRENT_PROBES: usize = 8;
+/// Accepted connections whose first bytes are awaited at once at most (more are closed).
+pub const MAX_UNCLASSIFIED: usize = 32;
+
+/// What a peer connection is, by its first 8 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerKind {
+    /// A link probe ([`MAGIC`]).
+    Probe,
+    /// A ring link ([`crate::ring::LINK_MAGIC`]).
+    RingLink,
+    /// Anything else (closed).
+    Unknown,
+}
+
+/// Classifies a connection by its first 8 bytes.
+pub fn classify(first: &[u8; 8]) -> PeerKind {
+    if first == MAGIC {
+        PeerKind::Probe
+    } else if first == crate::ring::LINK_MAGIC {
+        PeerKind::RingLink
+    } else {
+        PeerKind::Unknown
+    }
+}
+
+/// Peeks (without consuming) the first 8 bytes of `stream` within `timeout`; `Ok(None)` when
+/// the peer closed first.
+pub async fn peek_first_bytes(
+    stream: &TcpStream,
+    timeout: Duration,
+) -> Result<Option<[u8; 8]>, ProbeError> {
+    let run = async {
+        let mut buf = [0u8; 8];
+        loop {
+            let n = stream.peek(&mut buf).await?;
+            if n == 0 {
+                return Ok(None);
+            }
+            if n >= buf.len() {
+                return Ok(Some(buf));
+            }
+            let prefix = &buf[..n];
+            if !MAGIC.starts_with(prefix) && !crate::ring::LINK_MAGIC.starts_with(prefix) {
+                return Ok(Some(buf));
+            }
+            // A peek returns at once while the bytes it saw are queued: wait a moment for
+            // the rest of the 8 rather than spin.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::time::timeout(timeout, run)
+        .await
+        .map_err(|_| ProbeError::Timeout)?
+}
+
+/// Serves node `me`'s peer endpoint on `listener` until the task is dropped: link probes
+/// (at most [`MAX_CONCURRENT_PROBES`] at once) and, with a `router`, ring links, told apart
+/// by their first 8 bytes ([`classify`], peeked within `first_bytes_timeout`, the ring
+/// preamble read within it too). A ring link without a router, an unknown or silent
+/// connection, and connections beyond [`MAX_UNCLASSIFIED`] still being classified are
+/// closed.
+pub async fn serve_peers(
+    listener: TcpListener,
+    me: NodeId,
+    router: Option<crate::ring::RingRouter>,
+    first_bytes_timeout: Duration,
+) {
+    use std::sync::Arc;
+    let probes = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PROBES));
+    let unclassified = Arc::new(tokio::sync::Semaphore::new(MAX_UNCLASSIFIED));
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
+        let Ok(pending) = unclassified.clone().try_acquire_owned() else {
             drop(stream);
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let (probes, router) = (probes.clone(), router.clone());
         tokio::spawn(async move {
-            if let Err(e) = answer(stream, me).await {
-                tracing::debug!(%peer, "probe not answered: {e}");
+            let first = match peek_first_bytes(&stream, first_bytes_timeout).await {
+                Ok(Some(first)) => first,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(%peer, "peer connection closed: {e}");
+                    return;
+                }
+            };
+            match (classify(&first), router) {
+                (PeerKind::Probe, _) => {
+                    drop(pending);
+                    let Ok(_slot) = probes.try_acquire_owned() else {
+                        return;
+                    };
+                    if let Err(e) = answer(stream, me).await {
+                        tracing::debug!(%peer, "probe not answered: {e}");
+                    }
+                }
+                (PeerKind::RingLink, Some(router)) => {
+                    let r =
+                        crate::ring::accept_link(stream, me, &router, first_bytes_timeout).await;
+                    drop(pending);
+                    match r {
+                        Ok(offered) => tracing::debug!(%peer, ?offered, "ring link"),
+                        Err(e) => tracing::debug!(%peer, "ring link closed: {e}"),
+                    }
+                }
+                (PeerKind::RingLink, None) | (PeerKind::Unknown, _) => {
+                    tracing::debug!(%peer, "peer connection closed: not a probe or ring link");
+                }
             }
-            drop(permit);
         });
     }
 }
@@ -176,6 +286,49 @@ mod tests {
             probe(s, NodeId([4; 32]), 1024).await,
             Err(ProbeError::WrongPeer)
         ));
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn one_endpoint_serves_probes_and_ring_links_and_closes_the_rest() {
+        use crate::ring::{link_preamble, LinkKey, RingRouter};
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let me = NodeId([3; 32]);
+        let router = RingRouter::new();
+        let server = tokio::spawn(serve_peers(
+            l,
+            me,
+            Some(router.clone()),
+            Duration::from_millis(200),
+        ));
+        // A probe.
+        let s = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(probe(s, me, 1 << 20).await.unwrap().bytes, 1 << 20);
+        // A ring link, to the round waiting for it, its preamble consumed.
+        let key = LinkKey {
+            job: 4,
+            epoch: 1,
+            ring_version: 2,
+            from: NodeId([8; 32]),
+        };
+        let waiting = router.expect(key);
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&link_preamble(&key, &me)).await.unwrap();
+        c.write_all(b"HZRING01").await.unwrap();
+        let mut got = waiting.await.unwrap();
+        let mut magic = [0u8; 8];
+        got.read_exact(&mut magic).await.unwrap();
+        assert_eq!(&magic, b"HZRING01");
+        // Silent, unknown, or a handshake without a preamble: closed.
+        let mut buf = [0u8; 8];
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(silent.read(&mut buf).await.unwrap_or(0), 0);
+        for first in [&b"GET / HTTP/1.1\r\n"[..], b"HZRING01xxxxxxxx", b"HZ"] {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            c.write_all(first).await.unwrap();
+            assert_eq!(c.read(&mut buf).await.unwrap_or(0), 0, "{first:?}");
+        }
         server.abort();
     }
 

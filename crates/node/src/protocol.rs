@@ -117,6 +117,7 @@ pub fn delta_upload_parts(
             step: statement.step,
             claimed_loss: statement.claimed_loss,
             total_bytes: payload.len() as u64,
+            kind: pb::DeltaKind::Delta as i32,
         },
         pb::DeltaTrailer {
             sha256: hash.to_vec(),

@@ -92,6 +92,84 @@ impl std::str::FromStr for Behaviour {
     }
 }
 
+/// A fault of the ring-aggregation side of a node (DESIGN §6.4), for fault injection. Kept
+/// apart from [`Behaviour`] (the training attacks) so that matches on [`Behaviour`] elsewhere
+/// stay exhaustive; both are chosen with one `--byzantine` value ([`Byzantine`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RingFault {
+    /// Takes part in ring aggregation honestly.
+    #[default]
+    Honest,
+    /// Adds `perturbation` to every value of its own weighted contribution `w_i · δ_i`
+    /// before the all-reduce (the allreduce crate offers no hook into the chunks a member
+    /// forwards, so the tampering is on the member's input, not on what it relays). Its
+    /// commitment and sketches stay those of its honest delta, so the result no longer
+    /// equals `Σ w_i · δ_i`, and the orchestrator's sketch check must catch it.
+    TamperAllreduce {
+        /// Added to every value (finite, ≠ 0), e.g. 1.0.
+        perturbation: f32,
+    },
+    /// Skips training and commits the previous epoch's global update (this epoch's base
+    /// minus the previous epoch's base; a zero delta in epoch 0, for a LoRA job, or when it
+    /// did not see the previous epoch's base) as its own delta, with the claimed loss
+    /// measured honestly on its batch. It still takes part in the round honestly.
+    FreeRide,
+}
+
+/// What `--byzantine` selects: a training attack ([`Behaviour`]) or a ring-aggregation
+/// fault ([`RingFault`]), one at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Byzantine {
+    /// How it trains.
+    pub behaviour: Behaviour,
+    /// How it aggregates over the ring.
+    pub ring: RingFault,
+}
+
+impl std::str::FromStr for Byzantine {
+    type Err = String;
+
+    /// Every [`Behaviour`] value, `tamper-allreduce[:<perturbation>]` (default 1.0) or
+    /// `free-ride`.
+    fn from_str(s: &str) -> Result<Byzantine, String> {
+        let (kind, arg) = match s.split_once(':') {
+            Some((k, a)) => (k, Some(a)),
+            None => (s, None),
+        };
+        let ring = match kind {
+            "tamper-allreduce" => {
+                let perturbation = match arg {
+                    None => 1.0,
+                    Some(a) => a
+                        .parse::<f32>()
+                        .ok()
+                        .filter(|v| v.is_finite() && *v != 0.0)
+                        .ok_or_else(|| format!("{a:?} is not a finite, non-zero number"))?,
+                };
+                RingFault::TamperAllreduce { perturbation }
+            }
+            "free-ride" if arg.is_none() => RingFault::FreeRide,
+            _ => {
+                let behaviour = s.parse::<Behaviour>().map_err(|e| {
+                    e.replace(
+                        "lie-loss[:factor])",
+                        "lie-loss[:factor], tamper-allreduce[:perturbation], free-ride)",
+                    )
+                })?;
+                return Ok(Byzantine {
+                    behaviour,
+                    ring: RingFault::Honest,
+                });
+            }
+        };
+        Ok(Byzantine {
+            behaviour: Behaviour::Honest,
+            ring,
+        })
+    }
+}
+
 /// What one epoch's work produced.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EpochWork {
@@ -152,6 +230,9 @@ pub enum TrainError {
     /// The daemon refused the delta, or the upload broke.
     #[error("upload: {0}")]
     Upload(String),
+    /// Ring aggregation: the commitment to the delta was refused or failed.
+    #[error("commit: {0}")]
+    Commit(String),
 }
 
 /// Checkpoints above this size are refused before download (the built-in models are a few
@@ -275,6 +356,14 @@ pub struct WorkerSession {
     pub identity: Identity,
 }
 
+impl std::fmt::Debug for WorkerSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerSession")
+            .field("chunk_bytes", &self.chunk_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Statuses worth another try: the daemon is busy or restarting, or the session was
 /// replaced (`UNAUTHENTICATED` with [`hanzod_protocol::status::UNKNOWN_SESSION`]; the next try uses
 /// the live session).
@@ -290,7 +379,7 @@ fn transient(st: &tonic::Status) -> bool {
 /// (ms since the Unix epoch, read from `clock`) passes: transient failures ([`transient`])
 /// are retried with jittered exponential backoff (50 ms doubling to 2 s), and while no
 /// session is live it waits for one.
-async fn with_live_session<T, F, Fut>(
+pub(crate) async fn with_live_session<T, F, Fut>(
     live: &mut watch::Receiver<Option<WorkerSession>>,
     clock: &Arc<dyn Clock>,
     deadline: Timestamp,
@@ -344,21 +433,62 @@ fn poison(delta: &mut Weights, scale: f32) {
     }
 }
 
-/// Does `assignment`: fetch, train, upload (module docs), through the live session `live`
-/// (a session replaced meanwhile is followed, so finished work is not lost to a
-/// reconnect). The recipe's model and data are resolved here ([`hanzod_train::trainer_of`]);
-/// `clock` tells when the assignment's
-/// deadline passes (work past it is abandoned).
+/// A delta trained (or, for a Byzantine node, fabricated) for one assignment, not yet
+/// delivered: uploaded in star aggregation ([`upload_trained`]), committed to and kept in
+/// memory in ring aggregation (`crate::ring`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainedDelta {
+    /// The HZDL payload (its header's base version is the epoch).
+    pub payload: Vec<u8>,
+    /// SHA-256 of `payload` (the delta hash).
+    pub hash: [u8; 32],
+    /// The claimed loss to state (the measured one unless the node lies).
+    pub claimed_loss: f64,
+    /// The loss of the last local step's batch, after training.
+    pub last_loss: f64,
+    /// Time to fetch the base checkpoint(s), ms.
+    pub fetch_ms: u64,
+    /// Time of the local steps, ms.
+    pub train_ms: u64,
+}
+
+/// Loads the checkpoint `reference` (`None`: the recipe's initial weights) as weights of
+/// `trainer`'s model.
+async fn load_base(
+    live: &mut watch::Receiver<Option<WorkerSession>>,
+    clock: &Arc<dyn Clock>,
+    deadline: Timestamp,
+    trainer: &hanzod_train::recipe::Trainer,
+    reference: Option<&String>,
+) -> Result<Weights, TrainError> {
+    match reference {
+        None => Ok(trainer.init()),
+        Some(reference) => {
+            let bytes = fetch_with_retry(live, clock, deadline, reference).await?;
+            Weights::from_safetensors(&bytes, trainer.layout()).map_err(|e| {
+                TrainError::BadCheckpoint {
+                    checkpoint: reference.clone(),
+                    reason: e.to_string(),
+                }
+            })
+        }
+    }
+}
+
+/// Fetches the base and trains `assignment` (module docs, steps 1 and 2), or fabricates the
+/// delta as `byzantine` says. `previous` is the base the node was assigned for epoch
+/// `assignment.epoch − 1` of the job, when it saw that epoch (`Some(None)`: the recipe's
+/// initial weights); only [`RingFault::FreeRide`] uses it.
 ///
-/// Errors: see [`TrainError`]; the caller reports them and waits for the next assignment
-/// (the daemon resends it while the epoch runs).
-pub async fn work_epoch(
-    mut live: watch::Receiver<Option<WorkerSession>>,
+/// Errors: see [`TrainError`] (not [`TrainError::Upload`]).
+pub async fn train_delta(
+    live: &mut watch::Receiver<Option<WorkerSession>>,
     identity: &Identity,
-    clock: Arc<dyn Clock>,
+    clock: &Arc<dyn Clock>,
     assignment: &EpochAssignment,
-    behaviour: Behaviour,
-) -> Result<EpochWork, TrainError> {
+    byzantine: Byzantine,
+    previous: Option<Option<String>>,
+) -> Result<TrainedDelta, TrainError> {
     let deadline = assignment.deadline;
     if clock.now() >= deadline {
         return Err(TrainError::Expired);
@@ -373,28 +503,36 @@ pub async fn work_epoch(
         .map_err(|e| TrainError::Training(format!("the recipe thread died: {e}")))?
         .map_err(TrainError::Recipe)?;
     let started = Instant::now();
-    let base = match &assignment.base {
-        None => trainer.init(),
-        Some(reference) => {
-            let bytes = fetch_with_retry(&mut live, &clock, deadline, reference).await?;
-            Weights::from_safetensors(&bytes, trainer.layout()).map_err(|e| {
-                TrainError::BadCheckpoint {
-                    checkpoint: reference.clone(),
-                    reason: e.to_string(),
-                }
-            })?
+    let base = load_base(live, clock, deadline, &trainer, assignment.base.as_ref()).await?;
+    // A free rider needs the previous epoch's base too, for the global update.
+    let free_ride = byzantine.ring == RingFault::FreeRide;
+    let lora = trainer.lora().is_some();
+    let prior = match (&previous, free_ride && !lora && assignment.epoch > 0) {
+        (Some(prev), true) => {
+            Some(load_base(live, clock, deadline, &trainer, prev.as_ref()).await?)
         }
+        _ => None,
     };
     let fetch_ms = started.elapsed().as_millis() as u64;
     let started = Instant::now();
     let node = identity.node_id().0;
     let (epoch, step) = (assignment.epoch, assignment.step);
+    let behaviour = byzantine.behaviour;
     let (payload, claimed, last_loss) = tokio::task::spawn_blocking(move || {
-        let run = trainer
-            .local_delta(&base, &node, step)
-            .map_err(|e| TrainError::Training(e.to_string()))?;
-        let mut delta = run.delta;
-        let mut claimed = run.claimed_loss;
+        let training = |e: hanzod_train::TrainError| TrainError::Training(e.to_string());
+        let (mut delta, mut claimed, last) = if free_ride {
+            // No local steps: the loss is measured honestly, the delta is someone else's.
+            let claimed = trainer.batch_loss(&base, &node, step).map_err(training)?;
+            let delta = match prior {
+                Some(prior) => base.sub(&prior).map_err(training)?,
+                None => Weights::zeros(trainer.delta_layout()),
+            };
+            (delta, claimed, claimed)
+        } else {
+            let run = trainer.local_delta(&base, &node, step).map_err(training)?;
+            let last = run.losses.last().copied().unwrap_or(run.claimed_loss);
+            (run.delta, run.claimed_loss, last)
+        };
         match behaviour {
             Behaviour::Honest => {}
             Behaviour::Poison { scale } => poison(&mut delta, scale),
@@ -403,16 +541,36 @@ pub async fn work_epoch(
         let payload = delta
             .to_delta_bytes_as(u64::from(epoch), dtype)
             .map_err(|e| TrainError::Training(e.to_string()))?;
-        let last = run.losses.last().copied().unwrap_or(run.claimed_loss);
         Ok::<_, TrainError>((payload, claimed, last))
     })
     .await
     .map_err(|e| TrainError::Training(format!("the training thread died: {e}")))??;
-    let train_ms = started.elapsed().as_millis() as u64;
     let hash: [u8; 32] = Sha256::digest(&payload).into();
+    Ok(TrainedDelta {
+        payload,
+        hash,
+        claimed_loss: claimed,
+        last_loss,
+        fetch_ms,
+        train_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// Uploads a trained delta for `assignment` (module docs, step 3) through the live session,
+/// retrying transient failures until the deadline.
+///
+/// Errors: [`TrainError::Upload`] (an `ALREADY_EXISTS` naming this very delta's hash is
+/// success, [`EpochWork::already_delivered`]).
+pub async fn upload_trained(
+    live: &mut watch::Receiver<Option<WorkerSession>>,
+    clock: &Arc<dyn Clock>,
+    assignment: &EpochAssignment,
+    trained: &TrainedDelta,
+) -> Result<EpochWork, TrainError> {
+    let (epoch, step) = (assignment.epoch, assignment.step);
     let started = Instant::now();
-    let upload = with_live_session(&mut live, &clock, deadline, |s| {
-        let payload = &payload;
+    let upload = with_live_session(live, clock, assignment.deadline, |s| {
+        let payload = &trained.payload;
         async move {
             let mut client = s.client.clone();
             crate::protocol::upload_delta(
@@ -422,7 +580,7 @@ pub async fn work_epoch(
                 assignment.job.0,
                 epoch,
                 step,
-                claimed,
+                trained.claimed_loss,
                 payload,
                 s.chunk_bytes,
             )
@@ -435,7 +593,7 @@ pub async fn work_epoch(
         // A retry after a lost ack: the daemon names the delivered hash.
         Err(st)
             if st.code() == tonic::Code::AlreadyExists
-                && st.message().contains(&hex::encode(hash)) =>
+                && st.message().contains(&hex::encode(trained.hash)) =>
         {
             true
         }
@@ -446,15 +604,35 @@ pub async fn work_epoch(
         }
     };
     Ok(EpochWork {
-        claimed_loss: claimed,
-        last_loss,
-        delta_hash: hash,
-        delta_bytes: payload.len(),
-        fetch_ms,
-        train_ms,
+        claimed_loss: trained.claimed_loss,
+        last_loss: trained.last_loss,
+        delta_hash: trained.hash,
+        delta_bytes: trained.payload.len(),
+        fetch_ms: trained.fetch_ms,
+        train_ms: trained.train_ms,
         upload_ms: started.elapsed().as_millis() as u64,
         already_delivered,
     })
+}
+
+/// Does `assignment`: fetch, train, upload (module docs), through the live session `live`
+/// (a session replaced meanwhile is followed, so finished work is not lost to a
+/// reconnect). The recipe's model and data are resolved here ([`hanzod_train::trainer_of`]);
+/// `clock` tells when the assignment's deadline passes (work past it is abandoned).
+/// `previous` as in [`train_delta`].
+///
+/// Errors: see [`TrainError`]; the caller reports them and waits for the next assignment
+/// (the daemon resends it while the epoch runs).
+pub async fn work_epoch(
+    mut live: watch::Receiver<Option<WorkerSession>>,
+    identity: &Identity,
+    clock: Arc<dyn Clock>,
+    assignment: &EpochAssignment,
+    byzantine: Byzantine,
+    previous: Option<Option<String>>,
+) -> Result<EpochWork, TrainError> {
+    let trained = train_delta(&mut live, identity, &clock, assignment, byzantine, previous).await?;
+    upload_trained(&mut live, &clock, assignment, &trained).await
 }
 
 #[cfg(test)]
@@ -586,5 +764,77 @@ mod tests {
         ] {
             assert!(bad.parse::<Behaviour>().is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[tokio::test]
+    async fn a_free_rider_states_its_real_loss_but_commits_no_training_in_epoch_0() {
+        let (_tx, mut live) = watch::channel(None::<WorkerSession>);
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(Timestamp(1_000_000)));
+        let a = EpochAssignment {
+            job: hanzod_actors::types::JobId(3),
+            epoch: 0,
+            step: 0,
+            base: None,
+            training: hanzod_actors::job::TrainingSpec::default(),
+            deadline: clock.now().plus_ms(3_600_000),
+            seed_commitments: None,
+        };
+        let id = Identity::from_seed([4; 32]);
+        let free = Byzantine {
+            behaviour: Behaviour::Honest,
+            ring: RingFault::FreeRide,
+        };
+        let values = |t: &TrainedDelta| {
+            let view = hanzod_protocol::hzdl::DeltaView::parse(&t.payload).unwrap();
+            hanzod_protocol::round::flat_values(&view)
+        };
+        let rider = train_delta(&mut live, &id, &clock, &a, free, None)
+            .await
+            .unwrap();
+        assert!(values(&rider).iter().all(|x| *x == 0.0));
+        let honest = train_delta(&mut live, &id, &clock, &a, Byzantine::default(), None)
+            .await
+            .unwrap();
+        assert!(values(&honest).iter().any(|x| *x != 0.0));
+        assert_eq!(values(&honest).len(), values(&rider).len());
+        // Its claimed loss is the honest one (a spot-check of the loss passes).
+        let rel = (rider.claimed_loss - honest.claimed_loss).abs() / honest.claimed_loss;
+        assert!(
+            rel < 1e-6,
+            "{} vs {}",
+            rider.claimed_loss,
+            honest.claimed_loss
+        );
+    }
+
+    #[test]
+    fn byzantine_selects_a_training_attack_or_a_ring_fault() {
+        let b = |s: &str| s.parse::<Byzantine>();
+        assert_eq!(b("honest"), Ok(Byzantine::default()));
+        assert_eq!(
+            b("poison:3").map(|b| (b.behaviour, b.ring)),
+            Ok((Behaviour::Poison { scale: 3.0 }, RingFault::Honest))
+        );
+        assert_eq!(
+            b("tamper-allreduce").map(|b| (b.behaviour, b.ring)),
+            Ok((
+                Behaviour::Honest,
+                RingFault::TamperAllreduce { perturbation: 1.0 }
+            ))
+        );
+        assert_eq!(
+            b("tamper-allreduce:-0.5").map(|b| b.ring),
+            Ok(RingFault::TamperAllreduce { perturbation: -0.5 })
+        );
+        assert_eq!(b("free-ride").map(|b| b.ring), Ok(RingFault::FreeRide));
+        for bad in [
+            "tamper-allreduce:0",
+            "tamper-allreduce:inf",
+            "free-ride:2",
+            "evil",
+        ] {
+            assert!(b(bad).is_err(), "{bad:?} was accepted");
+        }
+        assert!(b("evil").unwrap_err().contains("free-ride"));
     }
 }

@@ -7,6 +7,8 @@
 //!   re-execution) on a pool of validator threads;
 //! - [`score`]: the score math (loss drop, stability, convergence, composite) and the
 //!   commit–reveal spot-check selection;
+//! - [`sketch_score`]: ring mode's scores and merge weights from the members' delta sketches
+//!   (duplicates, outliers, the composite without its loss term);
 //! - [`merge`]: the aggregators (weighted mean by score, coordinate median, trimmed mean)
 //!   and the policy that picks one;
 //! - [`lora`]: merging LoRA deltas on each node's effective update ΔW = (α/r)·B·A per
@@ -31,4 +33,5 @@ pub mod publisher;
 pub mod recovery;
 pub mod score;
 pub mod sink;
+pub mod sketch_score;
 pub mod validate;

@@ -32,6 +32,18 @@
 //! keeper holds (what is owed is retried) and the publication journal (an epoch it was
 //! staging is finished as staged).
 //!
+//! **Ring aggregation** (DESIGN §6.4). The sink gives the core the epoch's two sketch
+//! seeds (from the spot-check secret, [`hanzod_protocol::round::epoch_seed`]), the
+//! spot-check selection, the members' weights from their sketches (scored in the job's
+//! keeper, against its norm average and last merged delta, [`crate::sketch_score`]; more
+//! than [`SinkConfig::suspect_threshold`] excluded is an error, so the core falls back to
+//! the star, where the coordinate median is exact), and the check of the round's uploaded
+//! result against the members' check sketches. The publication then applies the round's
+//! merged delta as star mode applies its merge ([`RING_AGGREGATOR`]), after taking out the
+//! share of every spot-checked member whose upload the validator rejected, and pays the
+//! round's members by their merge weights. LoRA jobs merge in star mode only (a ring would
+//! sum the factors).
+//!
 //! **LoRA jobs.** Nodes upload adapters (the factors `A`, `B` in the trainer's delta layout);
 //! the validator judges each by its update `ΔW = (alpha/r)·B·A` on the full model, and the
 //! merge aggregates the nodes' `ΔWᵢ` module by module ([`crate::lora`]), never the factors.
@@ -64,22 +76,31 @@ use crate::merge::{
     Aggregator, CoordinateMedian, KeepReason, MergeOutcome, RobustPolicy, WeightedMean,
 };
 use crate::publisher::{Checkpoint, Publisher, Staged};
-use crate::score::{Commitment, EpochSecret, NormTracker};
+use crate::score::{is_spot_checked, Commitment, EpochSecret, NormTracker};
+use crate::sketch_score::{
+    score_sketches, Exclusion, MemberSketch, SketchContext, SketchScoreConfig, SketchScoreError,
+    SketchScores,
+};
 use crate::validate::{
     seed_norms, EpochContext, Rejection, SlashEvidence, SpotCheck, Submission, ValidationConfig,
     ValidatorPool, Verdict, SUSPECT_LOSS_RISE,
 };
+use hanzod_actors::aggregation::Commit;
 use hanzod_actors::job::{EpochOutcome, EpochSummary, JobSpec, TrainingSpec};
 use hanzod_actors::ports::memory::MemoryStateStore;
 use hanzod_actors::ports::{
     ChainError, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput, Ledger,
-    LedgerError, Metrics, PublishedEpoch, StateStore, SystemClock,
+    LedgerError, Metrics, PublishedEpoch, RingCheckInput, RingResult, RingScoreInput, RingScores,
+    RingSeeds, SketchData, StateStore, SystemClock,
 };
 use hanzod_actors::rewards::split_rewards;
 use hanzod_actors::types::{GymWei, JobId, NodeId};
+use hanzod_protocol::hzdl::DeltaView;
 use hanzod_protocol::identity::Identity;
-use hanzod_protocol::model::ModelSpec;
+use hanzod_protocol::model::{check_against, ModelSpec};
 use hanzod_protocol::record::SignedPublication;
+use hanzod_protocol::round::{self, SeedPurpose};
+use hanzod_protocol::sketch::{check_reduction, Sketch, SketchError};
 use hanzod_store::blobs::BlobStore;
 use hanzod_store::registry::Location;
 use hanzod_store::{MemoryObjectStore, ModelCard, ModelRegistry, ModelUpload, ObjectStore};
@@ -193,7 +214,9 @@ pub struct DeltaReport {
     /// Loss improvement, stability, convergence, composite.
     pub score: Option<crate::score::QualityScore>,
     /// The weight the merge gave it: the composite under the weighted mean (0 when
-    /// suspect), 1 under the median, 0 when rejected or when the epoch kept its base.
+    /// suspect), 1 under the median, 0 when rejected or when the epoch kept its base. In
+    /// ring aggregation the member's weight in the applied merge (the round's `wᵢ`,
+    /// renormalised when rejected members were taken out; 0 when excluded or rejected).
     pub weight: f32,
     /// Suspect (counts towards the robust-merge threshold).
     pub suspect: bool,
@@ -201,6 +224,27 @@ pub struct DeltaReport {
     pub spot_check: Option<SpotCheck>,
     /// Why rejected (`None`: accepted).
     pub rejected: Option<Rejection>,
+    /// Ring aggregation: why the member got no weight (excluded by the sketch scoring, or
+    /// no part in the accepted round); `None` in star aggregation and for merged members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub excluded: Option<String>,
+}
+
+/// What a ring-aggregated epoch's report adds (DESIGN §6.4): the round the merge came
+/// from, and the correction made for spot-checked members whose uploads were rejected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RingReport {
+    /// SHA-256 (hex) of the round's merged delta `Σ wᵢ·δᵢ` as uploaded; `None` when the
+    /// scoring excluded every member.
+    pub merged: Option<String>,
+    /// The round's members (hex keys) with the weights the round ran with (summing to 1
+    /// within `n·2⁻²⁴`).
+    pub weights: Vec<(String, f32)>,
+    /// Spot-checked members whose uploads were rejected and taken out of the merge (hex
+    /// keys): `merged' = (merged − Σ wᵢ·δᵢ) / (1 − Σ wᵢ)` over them.
+    pub removed: Vec<String>,
+    /// `Σ wᵢ` over [`RingReport::removed`] (dimensionless, in `[0, 1]`).
+    pub removed_weight: f64,
 }
 
 /// What one epoch's aggregation did: every number needed to audit it (DESIGN §6: anyone
@@ -225,7 +269,8 @@ pub struct EpochReport {
     pub secret: String,
     /// Spot-check rate.
     pub spot_check_rate: f64,
-    /// The aggregator used, or `None` when the epoch kept the base checkpoint.
+    /// The aggregator used (`weighted_mean`, `median`, or [`RING_AGGREGATOR`] for a ring
+    /// round's merge), or `None` when the epoch kept the base checkpoint.
     pub aggregator: Option<String>,
     /// Why the base checkpoint was kept, when it was.
     pub kept: Option<String>,
@@ -254,6 +299,10 @@ pub struct EpochReport {
     /// with the epoch's rewards.
     #[serde(default)]
     pub publication: Option<SignedPublication>,
+    /// Ring aggregation: the round the epoch merged (`None` in star aggregation). Rewards
+    /// then follow the merge weights ([`DeltaReport::weight`]), not the composite scores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<RingReport>,
 }
 
 impl EpochReport {
@@ -263,7 +312,9 @@ impl EpochReport {
     pub fn summary(&self) -> EpochSummary {
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         let wei = |s: &str| s.parse::<u128>().unwrap_or(0);
-        let rejected = self.deltas.iter().filter(|d| d.rejected.is_some()).count();
+        // Members the ring's scoring excluded count as rejected: they got nothing.
+        let refused = |d: &DeltaReport| d.rejected.is_some() || d.excluded.is_some();
+        let rejected = self.deltas.iter().filter(|d| refused(d)).count();
         let checks = self.deltas.iter().filter_map(|d| d.spot_check.as_ref());
         let outcome = match (&self.aggregator, &self.kept) {
             (Some(aggregator), None) => EpochOutcome::Advanced {
@@ -286,7 +337,7 @@ impl EpochReport {
             suspect: count(
                 self.deltas
                     .iter()
-                    .filter(|d| d.suspect && d.rejected.is_none())
+                    .filter(|d| d.suspect && !refused(d))
                     .count(),
             ),
             rejected: count(rejected),
@@ -329,8 +380,20 @@ enum KeeperMsg {
         base: Option<String>,
         /// The epoch's accepted deltas.
         deltas: Vec<DeltaReceipt>,
+        /// Ring aggregation: the accepted round ([`EpochInput::ring`]).
+        ring: Option<Box<RingResult>>,
         /// The checkpoint, or why there is none.
         reply: RpcReplyPort<Result<PublishedEpoch, CheckpointError>>,
+    },
+    /// Score a job's ring members from their sketches: handed to the job's keeper, which
+    /// holds the job's norm average and last merged delta.
+    RingScore {
+        /// The job.
+        job: JobId,
+        /// What to score.
+        request: Box<RingScoreRequest>,
+        /// The weights, or why there are none.
+        reply: RpcReplyPort<Result<RingScores, CheckpointError>>,
     },
     /// The report of a job's epoch, from the copy the model keeper holds.
     Report {
@@ -363,13 +426,31 @@ enum JobKeeperMsg {
         base: Option<String>,
         /// The epoch's accepted deltas.
         deltas: Vec<DeltaReceipt>,
+        /// Ring aggregation: the accepted round.
+        ring: Option<Box<RingResult>>,
         /// The checkpoint, or why there is none.
         reply: RpcReplyPort<Result<PublishedEpoch, CheckpointError>>,
+    },
+    /// Score the ring members of an epoch of the keeper's job ([`KeeperMsg::RingScore`]).
+    RingScore {
+        /// What to score.
+        request: Box<RingScoreRequest>,
+        /// The weights, or why there are none.
+        reply: RpcReplyPort<Result<RingScores, CheckpointError>>,
     },
     /// Settle and push again what this job still owes.
     Retry,
     /// Test hook ([`KeeperMsg::CrashJob`]).
     Crash,
+}
+
+/// A [`RingScoreInput`], owned (it crosses to the job's keeper).
+struct RingScoreRequest {
+    epoch: u32,
+    spec: JobSpec,
+    base: Option<String>,
+    seed: [u8; 32],
+    members: Vec<(NodeId, Commit, SketchData)>,
 }
 
 /// How often the keeper retries failed settlements and repo pushes between publications.
@@ -412,6 +493,9 @@ struct JobKeeperState {
     unpushed: BTreeSet<u32>,
     /// When what is owed was last tried.
     retried: Option<tokio::time::Instant>,
+    /// The last ring scoring (epoch, scores): its norm estimates and norm average are
+    /// folded into the job's when that epoch is published.
+    ring_scored: Option<(u32, SketchScores)>,
 }
 
 /// What every keeper shares: the ports and the tunables.
@@ -848,6 +932,239 @@ fn merge_epoch(
     keep(why)
 }
 
+/// The epoch keeps `base`: nothing merged, the loss unchanged, `why` reported.
+fn kept_base(base: &Arc<Weights>, loss_before: f64, why: String) -> Merged {
+    Merged {
+        next: base.clone(),
+        loss_after: loss_before,
+        aggregator: None,
+        kept: Some(why),
+        delta: None,
+        bytes: base.to_safetensors(),
+    }
+}
+
+/// The aggregator name a ring-aggregated epoch reports (`EpochReport::aggregator`, the
+/// `merges{aggregator}` counter).
+pub const RING_AGGREGATOR: &str = "ring";
+
+/// What the ring branch did to the round's weights.
+struct RingMerge {
+    /// Member → its weight in the applied merge: the round's `wᵢ / (1 − Σ removed wⱼ)`, 0
+    /// for a removed member; empty when nothing was merged.
+    weights: BTreeMap<NodeId, f32>,
+    /// Members taken out of the merge (spot-checked, rejected).
+    removed: Vec<NodeId>,
+    /// `Σ wᵢ` over `removed`.
+    removed_weight: f64,
+}
+
+/// A ring epoch's update (DESIGN §6.4), applied as star mode applies its merge: the round's
+/// merged delta `m = Σ wᵢ·δᵢ` (`merged_payload`, an f32 HZDL delta of the job's model,
+/// tensors in name order), less each rejected member's share and renormalised,
+/// `m' = (m − Σ_removed wᵢ·δᵢ) / (1 − Σ_removed wᵢ)` (f64 per coordinate, then f32; `δᵢ`
+/// the member's upload as [`round::flat_values`] reads it, which is what it reduced), then
+/// `base + outer_lr·m'`. Like [`merge_epoch`], a merge that is not a usable model or raises
+/// the validation loss by more than [`SUSPECT_LOSS_RISE`] keeps the base and says why;
+/// nothing here fails the job.
+fn ring_epoch(
+    base: &Arc<Weights>,
+    trainer: &Trainer,
+    loss_before: f64,
+    outer_lr: f32,
+    merged_payload: &[u8],
+    removed: &[(NodeId, f32, &[u8])],
+) -> Merged {
+    let keep = |why: String| {
+        tracing::warn!(reason = %why, "ring merge refused");
+        kept_base(base, loss_before, why)
+    };
+    let merged = match DeltaView::parse(merged_payload)
+        .map_err(|e| e.to_string())
+        .and_then(|view| {
+            Weights::from_delta_view(&view, trainer.layout()).map_err(|e| e.to_string())
+        }) {
+        Ok(w) => w.data,
+        Err(e) => {
+            return keep(format!(
+                "the round's merged delta is not a delta of the model: {e}"
+            ))
+        }
+    };
+    let update = if removed.is_empty() {
+        merged
+    } else {
+        let mut acc: Vec<f64> = merged.iter().map(|&x| f64::from(x)).collect();
+        let mut removed_weight = 0.0f64;
+        for (node, w, payload) in removed {
+            let values = match DeltaView::parse(payload) {
+                Ok(view) => round::flat_values(&view),
+                Err(e) => {
+                    return keep(format!(
+                        "the merge cannot be corrected for {node}'s rejected delta: {e}"
+                    ))
+                }
+            };
+            if values.len() != acc.len() {
+                return keep(format!(
+                    "the merge cannot be corrected for {node}'s rejected delta: {} values, the model has {}",
+                    values.len(),
+                    acc.len()
+                ));
+            }
+            let w = f64::from(*w);
+            for (a, d) in acc.iter_mut().zip(&values) {
+                *a -= w * f64::from(*d);
+            }
+            removed_weight += w;
+        }
+        let denominator = 1.0 - removed_weight;
+        // NaN included: the weights are finite, so this only guards a caller's bug.
+        if denominator.is_nan() || denominator <= 0.0 {
+            return keep("every member of the round was rejected".into());
+        }
+        acc.iter().map(|a| (a / denominator) as f32).collect()
+    };
+    let mut next = (**base).clone();
+    if let Err(e) = next.add_scaled(&update, outer_lr) {
+        return keep(format!("the ring merge is not a usable model: {e}"));
+    }
+    let loss_after = match trainer.validation_loss(&next) {
+        Ok(l) => l,
+        Err(e) => return keep(format!("the ring merge is not a usable model: {e}")),
+    };
+    // A NaN loss is refused too.
+    let limit = loss_before * (1.0 + SUSPECT_LOSS_RISE);
+    if loss_after.is_nan() || loss_after > limit {
+        return keep(format!(
+            "the ring merge would raise the validation loss from {loss_before:.6} to {loss_after:.6}"
+        ));
+    }
+    Merged {
+        bytes: next.to_safetensors(),
+        next: Arc::new(next),
+        loss_after,
+        aggregator: Some(RING_AGGREGATOR),
+        kept: None,
+        delta: Some(Arc::new(update)),
+    }
+}
+
+/// The norms a ring epoch folds into the running average (by committed delta hash): each
+/// member merged with a weight, its upload's exact norm when it was uploaded (and not
+/// suspect, as in star mode), else its sketch's estimate when this keeper scored the epoch.
+/// None when nothing was merged.
+fn ring_norms(
+    r: &RingResult,
+    rm: &RingMerge,
+    judged: &[Verdict],
+    scored: Option<&SketchScores>,
+    advanced: bool,
+) -> Vec<([u8; 32], f64)> {
+    if !advanced {
+        return Vec::new();
+    }
+    let commits: BTreeMap<NodeId, &Commit> = r.commits.iter().map(|(n, c)| (*n, c)).collect();
+    rm.weights
+        .iter()
+        .filter(|(_, w)| **w > 0.0)
+        .filter_map(|(node, _)| {
+            let hash = commits.get(node)?.hash;
+            if let Some(v) = judged.iter().find(|v| v.node == *node) {
+                return (v.outcome.is_ok() && !v.suspect())
+                    .then_some(v.norm)
+                    .flatten()
+                    .map(|n| (hash, n));
+            }
+            let v = scored?.verdicts.iter().find(|v| v.node == *node)?;
+            v.norm_estimate.map(|n| (hash, n))
+        })
+        .collect()
+}
+
+/// Completes a ring epoch's report: every committed member gets a line (the uploads'
+/// lines as judged; the others from their commitments), in node order, with its weight in
+/// the applied merge (0 when nothing was merged, when removed or excluded) and why it was
+/// excluded; and the round's [`RingReport`].
+fn ring_report(
+    report: &mut EpochReport,
+    r: &RingResult,
+    rm: &RingMerge,
+    scored: Option<&SketchScores>,
+    advanced: bool,
+) {
+    let excluded_set: BTreeMap<NodeId, &String> = r.excluded.iter().map(|(n, w)| (*n, w)).collect();
+    let weight_of = |node: &NodeId| {
+        if advanced {
+            rm.weights.get(node).copied().unwrap_or(0.0)
+        } else {
+            0.0
+        }
+    };
+    let why_not = |node: &NodeId| -> Option<String> {
+        if let Some(why) = excluded_set.get(node) {
+            return Some((*why).clone());
+        }
+        (!r.weights.iter().any(|(n, _)| n == node))
+            .then(|| "took no part in the accepted round".to_string())
+    };
+    let mut lines: BTreeMap<NodeId, DeltaReport> = BTreeMap::new();
+    for mut line in std::mem::take(&mut report.deltas) {
+        let Ok(node) = line.node.parse::<NodeId>() else {
+            continue;
+        };
+        line.weight = if line.rejected.is_some() {
+            0.0
+        } else {
+            weight_of(&node)
+        };
+        line.excluded = why_not(&node);
+        line.suspect |= excluded_set.contains_key(&node);
+        lines.insert(node, line);
+    }
+    let nodes: BTreeSet<NodeId> = r
+        .commits
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(r.weights.iter().map(|(n, _)| *n))
+        .chain(r.excluded.iter().map(|(n, _)| *n))
+        .collect();
+    for node in nodes {
+        if lines.contains_key(&node) {
+            continue;
+        }
+        let commit = r.commits.iter().find(|(n, _)| *n == node).map(|(_, c)| c);
+        let estimate = scored
+            .and_then(|s| s.verdicts.iter().find(|v| v.node == node))
+            .and_then(|v| v.norm_estimate);
+        let excluded = why_not(&node);
+        lines.insert(
+            node,
+            DeltaReport {
+                node: node.to_string(),
+                delta_hash: commit.map(|c| hex::encode(c.hash)).unwrap_or_default(),
+                claimed_loss: commit.map_or(0.0, |c| c.claimed_loss),
+                loss_after: None,
+                norm: estimate,
+                score: None,
+                weight: weight_of(&node),
+                suspect: excluded_set.contains_key(&node),
+                spot_check: None,
+                rejected: None,
+                excluded,
+            },
+        );
+    }
+    report.deltas = lines.into_values().collect();
+    report.suspect = report.deltas.iter().filter(|d| d.suspect).count();
+    report.ring = Some(RingReport {
+        merged: r.merged.map(hex::encode),
+        weights: r.weights.iter().map(|(n, w)| (n.to_string(), *w)).collect(),
+        removed: rm.removed.iter().map(NodeId::to_string).collect(),
+        removed_weight: rm.removed_weight,
+    });
+}
+
 /// Removes the delta blobs of an epoch already published (logged, never fatal).
 async fn remove_blobs(blobs: &dyn BlobStore, job: JobId, hashes: Vec<[u8; 32]>) {
     for hash in hashes {
@@ -901,6 +1218,74 @@ impl JobKeeperState {
         Ok(self.model.as_mut().expect("loaded above"))
     }
 
+    /// Scores an epoch's ring members ([`CheckpointSink::ring_score`]) against the job's
+    /// model state as of `request.base`, and keeps the scores for the epoch's publication.
+    async fn ring_score(
+        &mut self,
+        request: RingScoreRequest,
+    ) -> Result<RingScores, CheckpointError> {
+        let job = self.job;
+        let training = &request.spec.training;
+        if training.mode == hanzod_actors::job::TrainMode::Lora {
+            return Err(failed(LORA_RING));
+        }
+        let threshold = self.deps.config.suspect_threshold;
+        let model = self.model(job, training, request.base.as_deref()).await?;
+        if !matches!(DeltaForm::of(&model.trainer), Ok(DeltaForm::Full)) {
+            return Err(failed(LORA_RING));
+        }
+        let len = model.trainer.layout().len() as u64;
+        let (last, norms) = (model.last_merged.clone(), model.norms);
+        let RingScoreRequest {
+            epoch,
+            seed,
+            members,
+            ..
+        } = request;
+        let (scored, members) = blocking(move || {
+            let scored = score_ring(&members, &seed, len, last.as_deref().map(|v| &v[..]), norms);
+            (scored, members)
+        })
+        .await?;
+        let scores = match scored {
+            Ok(Some(scores)) => scores,
+            Ok(None) => {
+                let why = format!(
+                    "the sketch scoring excluded all {} members of the epoch",
+                    members.len()
+                );
+                return Ok(RingScores {
+                    weights: members.iter().map(|(n, ..)| (*n, 0.0)).collect(),
+                    excluded: members.iter().map(|(n, ..)| (*n, why.clone())).collect(),
+                });
+            }
+            Err(e) => return Err(failed(format!("the ring's sketches cannot be scored: {e}"))),
+        };
+        if scores.robust_needed(threshold) {
+            return Err(failed(format!(
+                "the sketch scoring excluded {} of {} members, more than {:.0} %: the epoch \
+                 needs the robust aggregator (the coordinate median), which a ring cannot \
+                 compute",
+                scores.excluded(),
+                scores.verdicts.len(),
+                f64::from(threshold) * 100.0
+            )));
+        }
+        for (copy, of) in scores.copy_pairs() {
+            tracing::info!(job = %job, epoch, copy = %copy, original = %of, "ring member excluded as a copy");
+        }
+        let result = RingScores {
+            weights: scores.verdicts.iter().map(|v| (v.node, v.weight)).collect(),
+            excluded: scores
+                .verdicts
+                .iter()
+                .filter_map(|v| Some((v.node, exclusion_text(v.excluded.as_ref()?))))
+                .collect(),
+        };
+        self.ring_scored = Some((epoch, scores));
+        Ok(result)
+    }
+
     async fn publish(
         &mut self,
         job: JobId,
@@ -908,6 +1293,7 @@ impl JobKeeperState {
         spec: JobSpec,
         base: Option<String>,
         deltas: Vec<DeltaReceipt>,
+        ring: Option<RingResult>,
     ) -> Result<PublishedEpoch, CheckpointError> {
         let training = spec.training.clone();
         self.retry().await;
@@ -923,11 +1309,12 @@ impl JobKeeperState {
         let (staged, weights) = match publisher.staged(job, epoch).await.map_err(failed)? {
             Some(staged) => {
                 tracing::info!(job = %job, epoch, checkpoint = %staged.cid(), "resuming a staged publication");
-                self.adopt(job, &training, &deltas, &staged).await?;
+                let merged = ring.as_ref().and_then(|r| r.merged);
+                self.adopt(job, &training, &deltas, merged, &staged).await?;
                 (staged, None)
             }
             None => {
-                self.aggregate(job, epoch, &spec, base, &deltas, &publisher)
+                self.aggregate(job, epoch, &spec, base, &deltas, ring.as_ref(), &publisher)
                     .await?
             }
         };
@@ -978,6 +1365,7 @@ impl JobKeeperState {
         job: JobId,
         training: &TrainingSpec,
         deltas: &[DeltaReceipt],
+        ring_merged: Option<[u8; 32]>,
         staged: &Staged,
     ) -> Result<(), CheckpointError> {
         let evidence: std::collections::HashSet<String> = staged
@@ -992,6 +1380,7 @@ impl JobKeeperState {
             .iter()
             .map(|r| r.delta_hash)
             .filter(|h| !evidence.contains(&hex::encode(h)))
+            .chain(ring_merged)
             .collect();
         let retain = self.deps.config.retain_deltas;
         let blobs = self.deps.blobs.clone();
@@ -1007,6 +1396,11 @@ impl JobKeeperState {
     /// Judges and merges an epoch, updates the job's model, and stages the publication of
     /// the new checkpoint with its report. Returns what was staged, with the weights when
     /// they are this merge's (`None`: another staging won and was adopted).
+    ///
+    /// In ring aggregation (`ring`) the merge is the round's result, corrected for the
+    /// spot-checked members whose uploads (`deltas`) were rejected ([`ring_epoch`]), and
+    /// the report lists every member of the round with its merge weight.
+    #[allow(clippy::too_many_arguments)]
     async fn aggregate(
         &mut self,
         job: JobId,
@@ -1014,12 +1408,18 @@ impl JobKeeperState {
         spec: &JobSpec,
         base: Option<String>,
         deltas: &[DeltaReceipt],
+        ring: Option<&RingResult>,
         publisher: &Publisher,
     ) -> Result<(Staged, Option<Arc<[u8]>>), CheckpointError> {
         let training = &spec.training;
         let d = &self.deps;
         let (blobs, pool, config, seed) = (d.blobs.clone(), d.pool.clone(), d.config, d.seed);
         let outer_lr = training.outer_lr as f32;
+        // The ring scoring of this epoch, when this keeper ran it.
+        let scored = match self.ring_scored.take() {
+            Some((e, s)) if e == epoch && ring.is_some() => Some(s),
+            _ => None,
+        };
         let model = self.model(job, training, base.as_deref()).await?;
         let base_weights = model.current.clone();
         let secret = EpochSecret::derive(&seed, job.0, epoch);
@@ -1058,49 +1458,61 @@ impl JobKeeperState {
         }))
         .await;
         let mut judged = judged;
-        // A job's first epoch: seed the norm average from the epoch itself (DESIGN §12).
+        // A job's first epoch: seed the norm average from the epoch itself (DESIGN §12); in
+        // ring aggregation with the average the members were scored against.
         let mut norm_average = ctx.norms;
         if norm_average.average().is_none() {
-            if let Some(seeded) = seed_norms(&judged) {
+            let seeded = match scored.as_ref().map(|s| s.norms) {
+                Some(n) if n.average().is_some() => Some(n),
+                _ => seed_norms(&judged),
+            };
+            if let Some(seeded) = seeded {
                 judged.iter_mut().for_each(|v| v.rescore(&seeded));
                 norm_average = seeded;
             }
         }
-
-        // Merge the accepted ones (module docs: weighted by score, or by median).
         let suspect = judged.iter().filter(|v| v.suspect()).count();
-        let inputs: Vec<MergeInput> = judged
-            .iter()
-            .filter_map(|v| {
-                Some(MergeInput {
-                    delta: v.outcome.as_ref().ok()?.clone(),
-                    weight: v.score.map_or(0.0, |s| s.composite as f32),
-                    suspect: v.suspect(),
+
+        let (merged, ring_merge) = match ring {
+            None => {
+                // Merge the accepted ones (module docs: weighted by score, or by median).
+                let inputs: Vec<MergeInput> = judged
+                    .iter()
+                    .filter_map(|v| {
+                        Some(MergeInput {
+                            delta: v.outcome.as_ref().ok()?.clone(),
+                            weight: v.score.map_or(0.0, |s| s.composite as f32),
+                            suspect: v.suspect(),
+                        })
+                    })
+                    .collect();
+                let robust = RobustPolicy {
+                    suspect_threshold: config.suspect_threshold,
+                    ..RobustPolicy::default()
+                }
+                .choose(suspect, judged.len())
+                .name()
+                    != WeightedMean.name();
+                let rejected_all = !judged.is_empty() && inputs.is_empty();
+                let (base, ctx) = (base_weights.clone(), ctx.clone());
+                let merged = blocking(move || {
+                    merge_epoch(
+                        &base,
+                        &ctx.trainer,
+                        loss_before,
+                        &inputs,
+                        robust,
+                        outer_lr,
+                        rejected_all,
+                    )
                 })
-            })
-            .collect();
-        let robust = RobustPolicy {
-            suspect_threshold: config.suspect_threshold,
-            ..RobustPolicy::default()
-        }
-        .choose(suspect, judged.len())
-        .name()
-            != WeightedMean.name();
-        let rejected_all = !judged.is_empty() && inputs.is_empty();
-        let merged = {
-            let (base, ctx) = (base_weights.clone(), ctx.clone());
-            blocking(move || {
-                merge_epoch(
-                    &base,
-                    &ctx.trainer,
-                    loss_before,
-                    &inputs,
-                    robust,
-                    outer_lr,
-                    rejected_all,
-                )
-            })
-            .await?
+                .await?;
+                (merged, None)
+            }
+            Some(r) => {
+                let rm = self.ring_merge(r, deltas, &judged, &ctx, outer_lr).await?;
+                (rm.0, Some(rm.1))
+            }
         };
         if let Some(reason) = &merged.kept {
             tracing::warn!(job = %job, epoch, %reason, "epoch keeps the previous checkpoint");
@@ -1116,7 +1528,7 @@ impl JobKeeperState {
         let bytes = bytes::Bytes::from(bytes);
         // The report's checkpoint is the staged CID, filled in by `publish` (the object
         // store computes it while storing the weights).
-        let report = EpochReport {
+        let mut report = EpochReport {
             kept,
             suspect,
             ..self.report(
@@ -1126,6 +1538,21 @@ impl JobKeeperState {
                 base.clone(),
                 ("", loss_after, aggregator),
             )
+        };
+        // The norms folded into the running average once staged: the accepted, not suspect
+        // deltas (star); the merged members' (ring: exact for an upload, else the sketch's
+        // estimate).
+        let mut norms: Vec<([u8; 32], f64)> = match (ring, &ring_merge) {
+            (Some(r), Some(rm)) => {
+                let folded = ring_norms(r, rm, &judged, scored.as_ref(), merged.is_some());
+                ring_report(&mut report, r, rm, scored.as_ref(), merged.is_some());
+                folded
+            }
+            _ => judged
+                .iter()
+                .filter(|v| v.outcome.is_ok() && !v.suspect())
+                .filter_map(|v| v.norm.map(|n| (v.delta_hash, n)))
+                .collect(),
         };
         let publication = &self.deps.publication;
         let model_spec = self.deps.catalog.check_training(training).map_err(failed)?;
@@ -1167,23 +1594,20 @@ impl JobKeeperState {
             Histogram::PublishStageSeconds,
             started.elapsed().as_secs_f64(),
         );
+        let ring_blob = ring.and_then(|r| r.merged);
         if !ours {
             // Another staging of this epoch won (module docs of `publish::publisher`): its
             // checkpoint is the one published.
-            self.adopt(job, training, deltas, &staged).await?;
+            self.adopt(job, training, deltas, ring_blob, &staged)
+                .await?;
             return Ok((staged, None));
         }
 
-        // Fold the accepted norms into the running average, in delta-hash order so the
-        // result does not depend on arrival order.
+        // Fold the norms into the running average, in delta-hash order so the result does
+        // not depend on arrival order. Suspect deltas stay out of it, so an outsized delta
+        // cannot drag the average.
         let model = self.model.as_mut().expect("loaded above");
-        // Suspect deltas stay out of it, so an outsized delta cannot drag the average.
-        let mut norms: Vec<(&[u8; 32], f64)> = judged
-            .iter()
-            .filter(|v| v.outcome.is_ok() && !v.suspect())
-            .filter_map(|v| v.norm.map(|n| (&v.delta_hash, n)))
-            .collect();
-        norms.sort_by(|a, b| a.0.cmp(b.0));
+        norms.sort_by_key(|n| n.0);
         model.norms = norm_average;
         for (_, n) in norms {
             let _ = model.norms.accept(n);
@@ -1197,7 +1621,7 @@ impl JobKeeperState {
         // Delta blobs are kept one epoch: the core records epoch e's checkpoint before
         // epoch e + 1 can end, so once e + 1 is published nothing asks for e's deltas again
         // (a publication retried after a crash is for the epoch in flight). Deltas that are
-        // slashing evidence stay.
+        // slashing evidence stay. A ring's merged delta goes with its epoch's deltas.
         let evidence: std::collections::HashSet<[u8; 32]> = deltas
             .iter()
             .zip(&judged)
@@ -1208,12 +1632,128 @@ impl JobKeeperState {
             .iter()
             .map(|r| r.delta_hash)
             .filter(|h| !evidence.contains(h))
+            .chain(ring_blob)
             .collect();
         let previous = std::mem::replace(&mut model.collectable, this_epoch);
         if !config.retain_deltas {
             remove_blobs(&*blobs, job, previous).await;
         }
         Ok((staged, Some(Arc::from(bytes.as_ref()))))
+    }
+
+    /// The ring branch of [`JobKeeperState::aggregate`]: fetches the round's merged delta
+    /// and the uploads of the spot-checked members whose verdicts reject them (that had a
+    /// weight in the round), and applies the corrected merge ([`ring_epoch`]). Nothing
+    /// here fails the job: a merge that cannot be had or corrected keeps the base.
+    async fn ring_merge(
+        &self,
+        r: &RingResult,
+        deltas: &[DeltaReceipt],
+        judged: &[Verdict],
+        ctx: &Arc<EpochContext>,
+        outer_lr: f32,
+    ) -> Result<(Merged, RingMerge), CheckpointError> {
+        let blobs = self.deps.blobs.clone();
+        let weights: BTreeMap<NodeId, f32> = r.weights.iter().copied().collect();
+        let mut rm = RingMerge {
+            weights: weights.clone(),
+            removed: Vec::new(),
+            removed_weight: 0.0,
+        };
+        let base = ctx.base.clone();
+        let keep = |why: String| kept_base(&base, ctx.loss_before, why);
+        if !matches!(DeltaForm::of(&ctx.trainer), Ok(DeltaForm::Full)) {
+            return Ok((keep(LORA_RING.into()), rm));
+        }
+        let Some(merged_hash) = r.merged else {
+            let why = if r.excluded.is_empty() {
+                "no ring member had a weight".to_string()
+            } else {
+                let each: Vec<String> = r
+                    .excluded
+                    .iter()
+                    .map(|(n, why)| format!("{n}: {why}"))
+                    .collect();
+                format!("every ring member was excluded ({})", each.join("; "))
+            };
+            rm.weights.clear();
+            return Ok((keep(why), rm));
+        };
+        let merged = match blobs.get(&merged_hash).await {
+            Ok(p) => p,
+            Err(e) => {
+                let why = format!(
+                    "the round's merged delta {} is unavailable: {e}",
+                    hex::encode(merged_hash)
+                );
+                return Ok((keep(why), rm));
+            }
+        };
+        // The members to take out: a weight in the round, an upload the validator rejected.
+        let mut removed: Vec<(NodeId, f32, Arc<[u8]>)> = Vec::new();
+        for (receipt, verdict) in deltas.iter().zip(judged) {
+            let Some(&w) = weights.get(&receipt.node) else {
+                continue;
+            };
+            let Err(why) = &verdict.outcome else { continue };
+            if w == 0.0 {
+                continue;
+            }
+            tracing::warn!(job = %receipt.job, epoch = receipt.epoch, node = %receipt.node, reason = %why, "a spot-checked ring member was rejected: taken out of the merge");
+            match blobs.get(&receipt.delta_hash).await {
+                Ok(p) => removed.push((receipt.node, w, p)),
+                Err(e) => {
+                    let why = format!(
+                        "the merge cannot be corrected for {}'s rejected delta: {e}",
+                        receipt.node
+                    );
+                    return Ok((keep(why), rm));
+                }
+            }
+        }
+        // The core has every selected member upload before the reduce; one merged without
+        // its upload here was not spot-checked (logged: its share cannot be judged).
+        let commits: BTreeMap<NodeId, &Commit> = r.commits.iter().map(|(n, c)| (*n, c)).collect();
+        let rate = ctx.config.spot_check_rate;
+        for (node, w) in &weights {
+            let selected = commits
+                .get(node)
+                .is_some_and(|c| is_spot_checked(&ctx.secret, &c.hash, rate));
+            if *w > 0.0 && selected && !deltas.iter().any(|d| d.node == *node) {
+                tracing::warn!(job = ctx.job, epoch = ctx.epoch, node = %node, "a spot-check-selected ring member was merged without its upload");
+            }
+        }
+        rm.removed = removed.iter().map(|(n, ..)| *n).collect();
+        rm.removed_weight = removed.iter().map(|(_, w, _)| f64::from(*w)).sum();
+        let kept_left = weights
+            .iter()
+            .any(|(n, w)| *w > 0.0 && !rm.removed.contains(n));
+        if !kept_left {
+            return Ok((keep("every member of the round was rejected".into()), rm));
+        }
+        let denominator = 1.0 - rm.removed_weight;
+        for (n, w) in rm.weights.iter_mut() {
+            *w = if rm.removed.contains(n) {
+                0.0
+            } else {
+                (f64::from(*w) / denominator) as f32
+            };
+        }
+        let ctx = ctx.clone();
+        let merged = blocking(move || {
+            let removed: Vec<(NodeId, f32, &[u8])> =
+                removed.iter().map(|(n, w, p)| (*n, *w, &p[..])).collect();
+            ring_epoch(
+                &ctx.base,
+                &ctx.trainer,
+                ctx.loss_before,
+                outer_lr,
+                &merged,
+                &removed,
+            )
+        })
+        .await?;
+        Ok((merged, rm))
     }
 
     fn report(
@@ -1243,6 +1783,7 @@ impl JobKeeperState {
                 suspect: v.suspect(),
                 spot_check: v.spot_check.clone(),
                 rejected: v.outcome.as_ref().err().cloned(),
+                excluded: None,
             })
             .collect();
         EpochReport {
@@ -1271,6 +1812,7 @@ impl JobKeeperState {
             registry_error: None,
             settlement_error: None,
             publication: None,
+            ring: None,
         }
     }
 
@@ -1317,14 +1859,24 @@ impl JobKeeperState {
         }
         let mut shares: Vec<(NodeId, f64)> = Vec::new();
         if report.aggregator.is_some() {
-            for d in report
+            // Star: by composite score over the accepted, not suspect deltas. Ring: by merge
+            // weight over the round's members (0 for the excluded and the rejected).
+            let ring = report.ring.is_some();
+            let eligible: Vec<(NodeId, f64)> = report
                 .deltas
                 .iter()
-                .filter(|d| d.rejected.is_none() && !d.suspect)
-            {
-                let (Some(node), Some(score)) = (node_of(&d.node), d.score) else {
-                    continue;
-                };
+                .filter(|d| d.rejected.is_none() && d.excluded.is_none())
+                .filter_map(|d| {
+                    let node = node_of(&d.node)?;
+                    if ring {
+                        (d.weight > 0.0).then_some((node, f64::from(d.weight)))
+                    } else {
+                        (!d.suspect).then_some(())?;
+                        Some((node, d.score?.composite))
+                    }
+                })
+                .collect();
+            for (node, score) in eligible {
                 // Stake and penalty are checked again each epoch: an operator that
                 // unstaked below the minimum, or was slashed, is not paid for it.
                 let facts = async {
@@ -1339,7 +1891,7 @@ impl JobKeeperState {
                     Ok(Ok((_, Some(until)))) if until > self.deps.publication.clock.now() => {
                         tracing::warn!(job = %job, epoch = report.epoch, node = %node, penalty_until_ms = until.0, "under a slashing penalty: its reward share is withheld");
                     }
-                    Ok(Ok(_)) => shares.push((node, score.composite)),
+                    Ok(Ok(_)) => shares.push((node, score)),
                     Ok(Err(ChainError::Unbound(_))) => {
                         tracing::warn!(job = %job, epoch = report.epoch, node = %node, "unbound node: its reward share is withheld");
                     }
@@ -1588,10 +2140,15 @@ impl KeeperState {
             }
             Err(e) => {
                 tracing::warn!(job = %job, error = %e, "a job's model keeper could not start");
-                if let JobKeeperMsg::Publish { reply, .. } = msg {
-                    let _ = reply.send(Err(failed(format!(
-                        "the job's model keeper could not start: {e}"
-                    ))));
+                let why = || failed(format!("the job's model keeper could not start: {e}"));
+                match msg {
+                    JobKeeperMsg::Publish { reply, .. } => {
+                        let _ = reply.send(Err(why()));
+                    }
+                    JobKeeperMsg::RingScore { reply, .. } => {
+                        let _ = reply.send(Err(why()));
+                    }
+                    JobKeeperMsg::Retry | JobKeeperMsg::Crash => {}
                 }
             }
         }
@@ -1630,6 +2187,7 @@ impl Actor for Keeper {
                 spec,
                 base,
                 deltas,
+                ring,
                 reply,
             } => {
                 let msg = JobKeeperMsg::Publish {
@@ -1637,8 +2195,17 @@ impl Actor for Keeper {
                     spec,
                     base,
                     deltas,
+                    ring,
                     reply,
                 };
+                state.forward(&myself, job, msg).await;
+            }
+            KeeperMsg::RingScore {
+                job,
+                request,
+                reply,
+            } => {
+                let msg = JobKeeperMsg::RingScore { request, reply };
                 state.forward(&myself, job, msg).await;
             }
             KeeperMsg::Report { job, epoch, reply } => {
@@ -1721,6 +2288,7 @@ impl Actor for JobKeeper {
             model: None,
             reports: a.reports,
             retried: None,
+            ring_scored: None,
         })
     }
 
@@ -1736,12 +2304,23 @@ impl Actor for JobKeeper {
                 spec,
                 base,
                 deltas,
+                ring,
                 reply,
             } => {
                 let job = state.job;
-                let result = state.publish(job, epoch, *spec, base, deltas).await;
+                let result = state
+                    .publish(job, epoch, *spec, base, deltas, ring.map(|r| *r))
+                    .await;
                 if let Err(e) = &result {
                     tracing::warn!(job = %job, epoch, error = %e, "aggregation failed");
+                }
+                let _ = reply.send(result);
+            }
+            JobKeeperMsg::RingScore { request, reply } => {
+                let (job, epoch) = (state.job, request.epoch);
+                let result = state.ring_score(*request).await;
+                if let Err(e) = &result {
+                    tracing::warn!(job = %job, epoch, error = %e, "ring scoring refused");
                 }
                 let _ = reply.send(result);
             }
@@ -1765,12 +2344,20 @@ pub struct TrainingSink {
     keeper: ActorRef<KeeperMsg>,
     pool: ValidatorPool,
     seed: [u8; 32],
+    /// The spot-check rate ([`ValidationConfig::spot_check_rate`]), for
+    /// [`CheckpointSink::ring_selected`].
+    spot_check_rate: f64,
+    /// Where the rounds' results are ([`CheckpointSink::ring_check`]).
+    blobs: Arc<dyn BlobStore>,
+    /// The jobs' models ([`CheckpointSink::ring_check`]).
+    catalog: Arc<ModelCatalog>,
 }
 
 impl std::fmt::Debug for KeeperMsg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             KeeperMsg::Publish { .. } => "Publish",
+            KeeperMsg::RingScore { .. } => "RingScore",
             KeeperMsg::Report { .. } => "Report",
             KeeperMsg::Reported(_) => "Reported",
             KeeperMsg::Retry => "Retry",
@@ -1811,8 +2398,8 @@ impl TrainingSink {
             None,
             Keeper,
             KeeperDeps {
-                blobs,
-                catalog,
+                blobs: blobs.clone(),
+                catalog: catalog.clone(),
                 pool: pool.clone(),
                 seed,
                 config,
@@ -1823,7 +2410,14 @@ impl TrainingSink {
         )
         .await
         .map_err(SinkStartError::Keeper)?;
-        Ok(TrainingSink { keeper, pool, seed })
+        Ok(TrainingSink {
+            keeper,
+            pool,
+            seed,
+            spot_check_rate: config.validation.spot_check_rate,
+            blobs,
+            catalog,
+        })
     }
 
     /// The commitment `SHA-256(secret_e)` for `job`'s epoch `epoch` (DESIGN §6), publishable
@@ -1873,6 +2467,7 @@ impl CheckpointSink for TrainingSink {
             spec: Box::new(input.spec.clone()),
             base: input.base.map(str::to_string),
             deltas: input.deltas.to_vec(),
+            ring: input.ring.map(|r| Box::new(r.clone())),
             reply,
         };
         // A job keeper that died mid-call drops the reply; the call is idempotent per
@@ -1890,7 +2485,241 @@ impl CheckpointSink for TrainingSink {
         }
         Err(failed("the model keeper did not answer (3 attempts)"))
     }
+
+    /// The epoch's two seeds from its spot-check secret ([`EpochSecret::derive`]):
+    /// [`round::epoch_seed`] for [`SeedPurpose::Score`] and [`SeedPurpose::Check`], and
+    /// their SHA-256 commitments ([`round::seed_commitment`]).
+    fn ring_seeds(&self, job: JobId, epoch: u32) -> Option<RingSeeds> {
+        let secret = EpochSecret::derive(&self.seed, job.0, epoch);
+        let score = round::epoch_seed(secret.as_bytes(), SeedPurpose::Score);
+        let check = round::epoch_seed(secret.as_bytes(), SeedPurpose::Check);
+        Some(RingSeeds {
+            score,
+            check,
+            score_commitment: round::seed_commitment(&score),
+            check_commitment: round::seed_commitment(&check),
+        })
+    }
+
+    /// Star mode's commit–reveal selection ([`is_spot_checked`]) at the configured rate.
+    fn ring_selected(&self, job: JobId, epoch: u32, delta_hash: &[u8; 32]) -> bool {
+        let secret = EpochSecret::derive(&self.seed, job.0, epoch);
+        is_spot_checked(&secret, delta_hash, self.spot_check_rate)
+    }
+
+    /// Scores the members' sketches in the job's keeper ([`score_sketches`] against the
+    /// job's norm average and its last merged delta sketched under the scoring seed).
+    /// Every member gets a weight (0 when excluded, with the reason); when the scoring
+    /// excluded them all, every weight is 0 (the epoch keeps its base).
+    ///
+    /// Errors: a LoRA job (a ring would sum the adapters' factors, not their updates); more
+    /// than [`SinkConfig::suspect_threshold`] of the members excluded (star mode would merge
+    /// by the coordinate median, which a ring cannot compute: the core falls back to the
+    /// star for the epoch); inputs that cannot be scored; a keeper that did not answer.
+    async fn ring_score(&self, input: RingScoreInput<'_>) -> Result<RingScores, CheckpointError> {
+        let request = Box::new(RingScoreRequest {
+            epoch: input.epoch,
+            spec: input.spec.clone(),
+            base: input.base.map(str::to_string),
+            seed: input.seed,
+            members: input.members.to_vec(),
+        });
+        let job = input.job;
+        match self
+            .keeper
+            .call(
+                |reply| KeeperMsg::RingScore {
+                    job,
+                    request,
+                    reply,
+                },
+                None,
+            )
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(r)) => r,
+            Ok(_) => Err(failed(
+                "the job's model keeper did not answer the ring scoring",
+            )),
+            Err(e) => Err(failed(format!("the model keeper is gone: {e}"))),
+        }
+    }
+
+    /// Sketches the uploaded result (the blob `input.result`) under the check seed with
+    /// the members' row count ([`round::sketch_delta`]) and compares it with `Σ wᵢ·Sᵢ`
+    /// ([`check_reduction`], its rounding tolerance): `Ok(Err(why))` when a row is off, the
+    /// result does not fit the job's model, or a member's sketch is refused.
+    ///
+    /// Errors: the blob is missing or is not an HZDL delta; the job's model is unknown.
+    async fn ring_check(
+        &self,
+        input: RingCheckInput<'_>,
+    ) -> Result<Result<(), String>, CheckpointError> {
+        let payload = self.blobs.get(&input.result).await.map_err(|e| {
+            failed(format!(
+                "the round's result {}: {e}",
+                hex::encode(input.result)
+            ))
+        })?;
+        if input.spec.training.mode == hanzod_actors::job::TrainMode::Lora {
+            return Ok(Err(LORA_RING.into()));
+        }
+        let model = self
+            .catalog
+            .check_training(&input.spec.training)
+            .map_err(failed)?;
+        let members: Vec<(NodeId, f32, Sketch)> = input
+            .members
+            .iter()
+            .map(|(n, w, s)| (*n, *w, sketch_of(s)))
+            .collect();
+        let seed = input.seed;
+        blocking(move || check_result(&payload, &model, &seed, &members)).await?
+    }
 }
+
+/// Why a LoRA job does not aggregate over a ring.
+const LORA_RING: &str = "a ring sums the adapters' factors, which is not the merge of their \
+                         updates ΔW = (α/r)·B·A: a LoRA epoch merges in star mode";
+
+/// A sketch as the core carries it, as the protocol's type.
+fn sketch_of(s: &SketchData) -> Sketch {
+    Sketch {
+        rows: s.rows.clone(),
+        abs_rows: s.abs_rows.clone(),
+        len: s.len,
+    }
+}
+
+/// The row count most of `rows` have (ties: the larger); `None` when empty. The daemon
+/// checks every sketch has the round's rows, so this is that count.
+fn common_rows(rows: impl Iterator<Item = usize>) -> Option<usize> {
+    let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
+    for r in rows {
+        *counts.entry(r).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|&(rows, count)| (count, rows))
+        .map(|(rows, _)| rows)
+}
+
+/// The element count of `model`'s parameters (the length of its deltas' flat values).
+fn element_count(model: &ModelSpec) -> u64 {
+    model
+        .params
+        .values()
+        .map(|s| hanzod_protocol::hzdl::elements(s))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// [`CheckpointSink::ring_check`] on the result's bytes (CPU-bound: parse, format check,
+/// one sketching pass).
+fn check_result(
+    payload: &[u8],
+    model: &ModelSpec,
+    seed: &[u8; 32],
+    members: &[(NodeId, f32, Sketch)],
+) -> Result<Result<(), String>, CheckpointError> {
+    let view = DeltaView::parse(payload)
+        .map_err(|e| failed(format!("the round's result is not an HZDL delta: {e}")))?;
+    if let Err(e) = check_against(&view, model) {
+        return Ok(Err(format!(
+            "the round's result does not fit the job's model: {e}"
+        )));
+    }
+    let Some(rows) = common_rows(members.iter().map(|(_, _, s)| s.rows.len())) else {
+        return Ok(Err("no check sketch to compare the result with".into()));
+    };
+    let result = match round::sketch_delta(&view, seed, rows) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(format!("the check sketches: {e}"))),
+    };
+    let refs: Vec<(f32, &Sketch)> = members.iter().map(|(_, w, s)| (*w, s)).collect();
+    Ok(
+        match check_reduction(&result, &refs, element_count(model)) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(m)) => Err(format!("the result is not the members' weighted sum: {m}")),
+            Err(SketchError::Implausible { member }) => Err(format!(
+                "the check sketch of {} claims more mass than its norm allows",
+                members
+                    .get(member)
+                    .map_or_else(String::new, |m| m.0.to_string())
+            )),
+            Err(e) => Err(format!("the reduction cannot be checked: {e}")),
+        },
+    )
+}
+
+/// Why the sketch scoring excluded a member, in words (for the core's log and the report).
+fn exclusion_text(e: &Exclusion) -> String {
+    match e {
+        Exclusion::Duplicate { of } => format!("its committed delta is {of}'s (a duplicate)"),
+        Exclusion::Malformed(m) => format!("its sketch is malformed: {m}"),
+        Exclusion::NearCopy { of, cosine, limit } => {
+            format!("its delta is a near-copy of {of}'s (sketch cosine {cosine:.5} ≥ {limit})")
+        }
+        Exclusion::NoUpdate => "its delta is zero (no update)".into(),
+        Exclusion::CopiesLastMerged { cosine, limit } => format!(
+            "its delta is a copy of the last merged update (sketch cosine {cosine:.5} ≥ {limit})"
+        ),
+        Exclusion::NormOutlier { stability, limit } => format!(
+            "its norm is at least 3× the running average (stability {stability:.3e} ≤ {limit:.3e})"
+        ),
+        Exclusion::Outlier { distance, limit } => {
+            format!("its sketch is too far from the members' centre ({distance:.4e} > {limit:.4e})")
+        }
+        Exclusion::Opposed { cosine, limit } => format!(
+            "its delta points against the members' centre (cosine {cosine:.3} < {limit:.3})"
+        ),
+    }
+}
+
+/// Scores ring members (CPU-bound): [`score_sketches`] with `members` in commitment order
+/// (their index), `rows` the sketches' common row count, the last merged update (flat, in
+/// the model's layout = [`round::flat_values`]' order) sketched under `seed`. `Ok(None)`:
+/// every member was excluded ([`SketchScoreError::NoUsableMember`]).
+///
+/// Errors: the scoring's other errors (the inputs are unusable).
+fn score_ring(
+    members: &[(NodeId, Commit, SketchData)],
+    seed: &[u8; 32],
+    len: u64,
+    last_merged: Option<&[f32]>,
+    norms: NormTracker,
+) -> Result<Option<SketchScores>, SketchScoreError> {
+    let sketches: Vec<Sketch> = members.iter().map(|(_, _, s)| sketch_of(s)).collect();
+    let rows = common_rows(sketches.iter().map(|s| s.rows.len())).unwrap_or(0);
+    let last = last_merged
+        .filter(|l| l.len() as u64 == len)
+        .and_then(|l| hanzod_protocol::sketch::sketch(seed, rows, l).ok());
+    let input: Vec<MemberSketch<'_>> = members
+        .iter()
+        .zip(&sketches)
+        .enumerate()
+        .map(|(i, ((node, commit, _), sketch))| MemberSketch {
+            node: *node,
+            commit_seq: i as u64,
+            delta_hash: commit.hash,
+            sketch,
+        })
+        .collect();
+    let ctx = SketchContext {
+        rows,
+        len,
+        last_merged: last.as_ref(),
+        norms,
+        config: SketchScoreConfig::default(),
+    };
+    match score_sketches(&input, &ctx) {
+        Ok(s) => Ok(Some(s)),
+        Err(SketchScoreError::NoUsableMember { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod ring_tests;
 
 #[cfg(test)]
 mod tests {

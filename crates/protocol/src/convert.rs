@@ -4,7 +4,8 @@
 
 use hanzod_actors::actor::job::JobView;
 use hanzod_actors::job::{
-    AdamWSpec, EpochAssignment, JobPhase, JobSpec, LoraSpec, TrainMode, TrainingSpec,
+    AdamWSpec, Aggregation, EpochAssignment, JobPhase, JobSpec, LoraSpec, SeedCommitments,
+    TrainMode, TrainingSpec,
 };
 use hanzod_actors::node::Heartbeat;
 use hanzod_actors::ports::RingView;
@@ -225,6 +226,7 @@ fn training_spec(t: Option<&pb::TrainingSpec>) -> Result<TrainingSpec, FieldErro
         ("spec.training.mode", &t.mode),
         ("spec.training.base", &t.base),
         ("spec.training.delta_dtype", &t.delta_dtype),
+        ("spec.training.aggregation", &t.aggregation),
     ] {
         if let Some(v) = value {
             short(field, v, 256)?;
@@ -239,6 +241,17 @@ fn training_spec(t: Option<&pb::TrainingSpec>) -> Result<TrainingSpec, FieldErro
             format!("longer than {MAX_ARCHITECTURE_BYTES} bytes"),
         ));
     }
+    let aggregation = match t.aggregation.as_deref() {
+        None => d.aggregation,
+        Some("star") => Aggregation::Star,
+        Some("ring") => Aggregation::Ring,
+        Some(other) => {
+            return Err(bad(
+                "spec.training.aggregation",
+                format!("{other:?} is not \"star\" or \"ring\""),
+            ))
+        }
+    };
     let mode = match t.mode.as_deref() {
         None => d.mode,
         Some("full") => TrainMode::Full,
@@ -298,6 +311,7 @@ fn training_spec(t: Option<&pb::TrainingSpec>) -> Result<TrainingSpec, FieldErro
         architecture: t.architecture.clone(),
         base: t.base.clone(),
         delta_dtype: t.delta_dtype.clone().unwrap_or(d.delta_dtype),
+        aggregation,
     })
 }
 
@@ -345,6 +359,7 @@ pub fn training_spec_to_wire(t: &TrainingSpec) -> pb::TrainingSpec {
         architecture: t.architecture.clone(),
         base: t.base.clone(),
         delta_dtype: Some(t.delta_dtype.clone()),
+        aggregation: Some(t.aggregation.as_str().into()),
     }
 }
 
@@ -357,6 +372,14 @@ pub fn epoch_start_to_wire(a: &EpochAssignment) -> pb::EpochStart {
         base_checkpoint: a.base.clone().unwrap_or_default(),
         training: Some(training_spec_to_wire(&a.training)),
         deadline_ms: a.deadline.as_millis(),
+        sketch_commitment: a
+            .seed_commitments
+            .map(|(s, _)| s.to_vec())
+            .unwrap_or_default(),
+        check_commitment: a
+            .seed_commitments
+            .map(|(_, c)| c.to_vec())
+            .unwrap_or_default(),
     }
 }
 
@@ -386,9 +409,35 @@ pub fn epoch_start(e: &pb::EpochStart) -> Result<EpochAssignment, FieldError> {
         epoch: e.epoch,
         step: e.step,
         base: (!e.base_checkpoint.is_empty()).then(|| e.base_checkpoint.clone()),
+        seed_commitments: seed_commitments(e, training.aggregation)?,
         training,
         deadline: Timestamp(e.deadline_ms),
     })
+}
+
+/// The two seed commitments of a ring-aggregation assignment: 32 bytes each, present
+/// exactly when the recipe aggregates over the ring.
+fn seed_commitments(
+    e: &pb::EpochStart,
+    aggregation: Aggregation,
+) -> Result<Option<SeedCommitments>, FieldError> {
+    let field = |name: &'static str, v: &[u8]| -> Result<[u8; 32], FieldError> {
+        v.try_into()
+            .map_err(|_| bad(name, format!("{} bytes, not 32", v.len())))
+    };
+    match aggregation {
+        Aggregation::Star => {
+            if e.sketch_commitment.is_empty() && e.check_commitment.is_empty() {
+                Ok(None)
+            } else {
+                Err(bad("sketch_commitment", "set in star aggregation"))
+            }
+        }
+        Aggregation::Ring => Ok(Some((
+            field("sketch_commitment", &e.sketch_commitment)?,
+            field("check_commitment", &e.check_commitment)?,
+        ))),
+    }
 }
 
 /// A ring on the wire; `endpoint` gives each member's peer endpoint (empty when unknown).
@@ -720,6 +769,19 @@ mod tests {
         });
         let e = job_spec(Some(&partial)).unwrap_err();
         assert!(e.to_string().contains("outer_lr"), "{e}");
+        for (aggregation, ok) in [("star", true), ("ring", true), ("mesh", false)] {
+            partial.training = Some(pb::TrainingSpec {
+                aggregation: Some(aggregation.into()),
+                ..Default::default()
+            });
+            match job_spec(Some(&partial)) {
+                Ok(_) => assert!(ok, "{aggregation} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{aggregation} refused: {e}");
+                    assert_eq!(e.field, "spec.training.aggregation");
+                }
+            }
+        }
         assert_eq!(spec.submitter_stake, GymWei(10_000 * 10u128.pow(18)));
         // The wire form spells the defaulted recipe out; everything else is as sent.
         let wire = job_spec_to_wire(&spec);

@@ -19,6 +19,7 @@ pub mod identity;
 pub mod model;
 pub mod peft;
 pub mod record;
+pub mod round;
 pub mod sketch;
 pub mod status;
 

@@ -19,7 +19,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use hanzod_actors::actor::Notice;
-use hanzod_actors::job::{JobPhase, JobSpec, LoraSpec, TrainMode, TrainingSpec};
+use hanzod_actors::job::{Aggregation, JobPhase, JobSpec, LoraSpec, TrainMode, TrainingSpec};
 use hanzod_actors::types::{GymWei, JobId, NodeId};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 
 use hanzod_daemon::config::Config;
 use hanzod_daemon::serve::Daemon;
-use hanzod_node::trainer::Behaviour;
+use hanzod_node::trainer::{Behaviour, RingFault};
 use hanzod_pipeline::sink::EpochReport;
 use hanzod_protocol::identity::Identity;
 
@@ -55,7 +55,9 @@ pub struct DemoArgs {
     #[arg(long)]
     pub byzantine: Option<usize>,
     /// What Byzantine nodes do: `poison` (upload −10 × the honest delta), `lie-loss` (claim
-    /// half the measured loss) or `mixed` (alternate) [default: mixed].
+    /// half the measured loss) or `mixed` (alternate); with `--aggregation ring` also
+    /// `tamper-allreduce` (corrupt the all-reduce) or `free-ride` (commit the last global
+    /// update as its own delta) [default: mixed].
     #[arg(long)]
     pub attack: Option<Attack>,
     /// The model: `wine-mlp` (an MLP on the Wine Quality table, seconds) or `qwen3-tiny`
@@ -114,6 +116,12 @@ pub struct DemoArgs {
     /// With --chain-outage-epoch: how long the endpoint stays down, s [default: 5].
     #[arg(long)]
     pub chain_outage_s: Option<u64>,
+    /// How each epoch's deltas are combined: `star` (every node uploads its delta to the
+    /// orchestrator) or `ring` (nodes commit, send sketches and all-reduce the weighted sum
+    /// among themselves over the ring; only spot-checked deltas and the result reach the
+    /// orchestrator) [default: star].
+    #[arg(long, value_parser = ["star", "ring"])]
+    pub aggregation: Option<String>,
     /// A TOML scenario file with any of the flags above.
     #[arg(long)]
     #[serde(skip)]
@@ -130,6 +138,12 @@ pub enum Attack {
     LieLoss,
     /// Alternate poison and lie-loss.
     Mixed,
+    /// Ring aggregation: add 1.0 to every value of its contribution to the all-reduce while
+    /// committing to and sketching its honest delta (the result check must catch it).
+    TamperAllreduce,
+    /// Ring aggregation: skip training and commit the previous epoch's global update as its
+    /// own delta (the sketch scoring must give it no weight).
+    FreeRide,
 }
 
 /// A resolved demo run.
@@ -151,6 +165,8 @@ pub struct DemoPlan {
     pub model: String,
     /// Train a LoRA adapter (`--lora`, qwen3-tiny only).
     pub lora: bool,
+    /// How the epochs' deltas are combined (`--aggregation`).
+    pub aggregation: Aggregation,
     /// The checkpoint epoch 0 starts from (`--base`), read when the plan was made.
     pub base: Option<DemoBase>,
     /// Local steps per epoch.
@@ -345,6 +361,15 @@ impl DemoArgs {
             attack: self.attack.or(file.attack).unwrap_or(Attack::Mixed),
             model: model.clone(),
             lora: self.lora || file.lora,
+            aggregation: match self.aggregation.clone().or(file.aggregation).as_deref() {
+                None | Some("star") => Aggregation::Star,
+                Some("ring") => Aggregation::Ring,
+                Some(other) => {
+                    return Err(DemoError::Usage(format!(
+                        "--aggregation must be star or ring, got {other:?}"
+                    )))
+                }
+            },
             base,
             local_steps: self
                 .local_steps
@@ -393,6 +418,17 @@ impl DemoPlan {
                 "--kill {} + --byzantine {} must leave at least one honest node alive of --nodes {}",
                 self.kill, self.byzantine, self.nodes
             ));
+        }
+        if matches!(self.attack, Attack::TamperAllreduce | Attack::FreeRide)
+            && self.byzantine > 0
+            && self.aggregation != Aggregation::Ring
+        {
+            return bad("--attack tamper-allreduce and free-ride need --aggregation ring".into());
+        }
+        if self.lora && self.aggregation == Aggregation::Ring {
+            return bad(
+                "--aggregation ring needs full-parameter training (not --lora): adapters merge as B·A products, not as sums".into(),
+            );
         }
         if self.kill > 0 && self.kill_epoch >= self.epochs {
             return bad(format!(
@@ -500,8 +536,28 @@ impl DemoPlan {
             seq_len: if lm { 64 } else { d.seq_len },
             validation_tokens: if lm { 2048 } else { d.validation_tokens },
             base: self.base.as_ref().map(|b| b.cid.clone()),
+            aggregation: self.aggregation,
             ..d
         }
+    }
+
+    /// The ring faults of the nodes (index → fault): the Byzantine nodes' under
+    /// `--attack tamper-allreduce` or `free-ride`, honest otherwise; the same nodes
+    /// [`DemoPlan::roles`] makes Byzantine.
+    pub fn ring_faults(&self) -> Vec<RingFault> {
+        let mut order: Vec<usize> = (0..self.nodes).collect();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed);
+        order.shuffle(&mut rng);
+        let fault = match self.attack {
+            Attack::TamperAllreduce => RingFault::TamperAllreduce { perturbation: 1.0 },
+            Attack::FreeRide => RingFault::FreeRide,
+            _ => RingFault::Honest,
+        };
+        let mut faults = vec![RingFault::Honest; self.nodes];
+        for &i in order.iter().take(self.byzantine) {
+            faults[i] = fault;
+        }
+        faults
     }
 
     /// The node roles: index → behaviour, and the indices killed, drawn from the seed.
@@ -515,6 +571,8 @@ impl DemoPlan {
                 Attack::Poison => true,
                 Attack::LieLoss => false,
                 Attack::Mixed => k % 2 == 0,
+                // A ring fault ([`DemoPlan::ring_faults`]) trains honestly.
+                Attack::TamperAllreduce | Attack::FreeRide => continue,
             };
             behaviours[i] = if poison {
                 Behaviour::Poison { scale: 10.0 }
@@ -571,6 +629,8 @@ pub struct NodeLine {
     pub node: String,
     /// Its behaviour.
     pub behaviour: Behaviour,
+    /// Its ring fault (ring aggregation only).
+    pub ring_fault: RingFault,
     /// Killed during the run.
     pub killed: bool,
     /// Deltas accepted by validation.
@@ -675,6 +735,7 @@ impl DemoSummary {
 struct NodeProc {
     id: NodeId,
     behaviour: Behaviour,
+    ring_fault: RingFault,
     child: Option<tokio::process::Child>,
     /// The node's stdin: while the demo holds it the node runs (`--parent-stdin`), so a
     /// demo that dies, however it dies, takes its nodes with it.
@@ -1023,6 +1084,7 @@ fn spawn_nodes(
     behaviours: &[Behaviour],
     tx: &mpsc::Sender<NodeEvent>,
 ) -> Result<Vec<NodeProc>, DemoError> {
+    let faults = plan.ring_faults();
     let endpoint = format!("http://{}", d.grpc_addr);
     let mut nodes: Vec<NodeProc> = Vec::new();
     for (i, behaviour) in behaviours.iter().enumerate() {
@@ -1044,7 +1106,7 @@ fn spawn_nodes(
             .args(["--endpoint", &endpoint])
             .args(["--backoff-min-ms", "100", "--backoff-max-ms", "2000"])
             .arg("--byzantine")
-            .arg(behaviour_flag(behaviour))
+            .arg(behaviour_flag(behaviour, faults[i]))
             .arg("--parent-stdin")
             .env_remove("HANZOD_ENDPOINT")
             .stdin(Stdio::piped())
@@ -1077,6 +1139,7 @@ fn spawn_nodes(
         nodes.push(NodeProc {
             id: identity.node_id(),
             behaviour: *behaviour,
+            ring_fault: faults[i],
             _lifeline: lifeline,
             child: Some(child),
             killed: false,
@@ -1495,6 +1558,7 @@ async fn node_lines(
             index: i,
             node: hex_id.clone(),
             behaviour: n.behaviour,
+            ring_fault: n.ring_fault,
             killed: n.killed,
             accepted: 0,
             rejected: 0,
@@ -1680,7 +1744,14 @@ fn initial_loss(plan: &DemoPlan, training: &TrainingSpec, job: JobId) -> Option<
     trainer.validation_loss(&start).ok()
 }
 
-fn behaviour_flag(b: &Behaviour) -> String {
+fn behaviour_flag(b: &Behaviour, fault: RingFault) -> String {
+    match fault {
+        RingFault::TamperAllreduce { perturbation } => {
+            return format!("tamper-allreduce:{perturbation}")
+        }
+        RingFault::FreeRide => return "free-ride".into(),
+        RingFault::Honest => {}
+    }
     match b {
         Behaviour::Honest => "honest".into(),
         Behaviour::Poison { scale } => format!("poison:{scale}"),
@@ -1726,15 +1797,20 @@ struct View {
 impl View {
     fn new(plan: &DemoPlan) -> View {
         let (behaviours, _) = plan.roles();
+        let faults = plan.ring_faults();
         let labels: Vec<String> = behaviours
             .iter()
             .enumerate()
             .map(|(i, b)| {
                 let id = node_identity(plan.seed, i).node_id().to_string();
-                let role = match b {
-                    Behaviour::Honest => "honest",
-                    Behaviour::Poison { .. } => "POISON",
-                    Behaviour::LieLoss { .. } => "LIAR",
+                let role = match (b, faults[i]) {
+                    (_, RingFault::TamperAllreduce { .. }) => "TAMPER",
+                    (_, RingFault::FreeRide) => "FREERIDE",
+                    (b, RingFault::Honest) => match b {
+                        Behaviour::Honest => "honest",
+                        Behaviour::Poison { .. } => "POISON",
+                        Behaviour::LieLoss { .. } => "LIAR",
+                    },
                 };
                 format!("node {i:>2} {} {role:<6}", &id[..8.min(id.len())])
             })
@@ -1864,11 +1940,15 @@ pub fn render(s: &DemoSummary) -> String {
         "stake GYM"
     );
     for n in &s.nodes {
-        let role = match n.behaviour {
-            Behaviour::Honest if n.killed => "killed",
-            Behaviour::Honest => "honest",
-            Behaviour::Poison { .. } => "poison",
-            Behaviour::LieLoss { .. } => "liar",
+        let role = match (n.ring_fault, n.behaviour) {
+            (RingFault::TamperAllreduce { .. }, _) => "tamper",
+            (RingFault::FreeRide, _) => "freeride",
+            (_, b) => match b {
+                Behaviour::Honest if n.killed => "killed",
+                Behaviour::Honest => "honest",
+                Behaviour::Poison { .. } => "poison",
+                Behaviour::LieLoss { .. } => "liar",
+            },
         };
         let wei = |v: &str| gym(v.parse().unwrap_or(0));
         let _ = writeln!(

@@ -990,7 +990,11 @@ impl Sim {
                         NodeCommand::EpochStart(a) => {
                             self.status.send_modify(|s| s.assignments.push((a.job, a.epoch, a.base.clone())));
                         }
-                        NodeCommand::ProbeRequest { .. } => {}
+                        // A simulated node trains nothing and takes part in no round.
+                        NodeCommand::ProbeRequest { .. }
+                        | NodeCommand::SketchRequest { .. }
+                        | NodeCommand::ReduceStart { .. }
+                        | NodeCommand::UploadRequest { .. } => {}
                     }
                 }
                 ctl = self.control.recv() => {

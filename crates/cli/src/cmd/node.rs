@@ -15,7 +15,7 @@ pub(crate) struct NodeArgs {
     /// Region label ([a-z0-9-]).
     #[arg(long, default_value = "local")]
     region: String,
-    /// Where to accept probe traffic from peers.
+    /// Where to accept peer traffic: link probes and ring all-reduce links.
     #[arg(long, default_value = "0.0.0.0:9560")]
     listen: String,
     /// host:port that peers use to reach --listen (default: 127.0.0.1 and the bound port).
@@ -49,8 +49,12 @@ pub(crate) struct NodeArgs {
     /// Fault injection: train as a Byzantine node. `poison[:scale]` uploads −scale × the
     /// honest delta (scale 10); `lie-loss[:factor]` claims factor × the measured loss
     /// (0.5). The validator must reject or down-weight it, and a spot-check slash it.
+    /// In ring aggregation: `tamper-allreduce[:perturbation]` adds the perturbation (1.0)
+    /// to every value of its weighted contribution to the all-reduce (the sketch check
+    /// must catch it); `free-ride` skips training and commits the previous epoch's global
+    /// update as its delta.
     #[arg(long, default_value = "honest", value_name = "BEHAVIOUR")]
-    byzantine: hanzod_node::trainer::Behaviour,
+    byzantine: hanzod_node::trainer::Byzantine,
     /// Where this node trains: `cpu`, `cuda` (device 0), `cuda:N` or `wgpu`. A GPU needs a
     /// build with `--features cuda` (or `wgpu`).
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
@@ -225,12 +229,20 @@ pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
         advertise,
         backoff_min_ms: args.backoff_min_ms,
         backoff_max_ms: args.backoff_max_ms,
-        behaviour: args.byzantine,
+        behaviour: args.byzantine.behaviour,
+        ring_fault: args.byzantine.ring,
+        round: hanzod_node::ring::RoundSettings::default(),
         train: !args.no_train,
     };
     let agent = hanzod_node::Agent::new(settings, identity);
     let me = agent.node_id();
-    let probes = tokio::spawn(hanzod_node::probe::serve(listener, me));
+    // One endpoint for link probes and ring links (told apart by their first bytes).
+    let probes = tokio::spawn(hanzod_node::probe::serve_peers(
+        listener,
+        me,
+        Some(agent.ring_router()),
+        hanzod_node::probe::FIRST_BYTES_TIMEOUT,
+    ));
     let mut events = agent.subscribe();
     let json = args.client.json;
     // The event printer; stdout closing (the reader went away) stops the node.

@@ -495,6 +495,46 @@ impl NodeService for NodeServiceImpl {
             .map(Response::new)
     }
 
+    async fn commit_delta(
+        &self,
+        request: Request<pb::DeltaCommitment>,
+    ) -> Result<Response<pb::RoundAck>, Status> {
+        self.uploads
+            .commit_delta(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn submit_sketch(
+        &self,
+        request: Request<pb::SketchSubmission>,
+    ) -> Result<Response<pb::RoundAck>, Status> {
+        self.uploads
+            .submit_sketch(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn report_reduction(
+        &self,
+        request: Request<pb::ReductionReport>,
+    ) -> Result<Response<pb::RoundAck>, Status> {
+        self.uploads
+            .report_reduction(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn submit_evidence(
+        &self,
+        request: Request<pb::RoundEvidence>,
+    ) -> Result<Response<pb::RoundAck>, Status> {
+        self.uploads
+            .submit_evidence(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     type FetchCheckpointStream = super::upload::CheckpointStream;
 
     async fn fetch_checkpoint(

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use ed25519_dalek::VerifyingKey;
-use hanzod_actors::ports::{LinkError, Metrics, NodeCommand, NodeLink};
+use hanzod_actors::ports::{LinkError, Metrics, NodeCommand, NodeLink, RoundUpload};
 use hanzod_actors::types::NodeId;
 use hanzod_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -295,6 +295,63 @@ impl Sessions {
             NodeCommand::EpochStart(a) => {
                 pb::orchestrator_message::Body::EpochStart(convert::epoch_start_to_wire(&a))
             }
+            NodeCommand::SketchRequest {
+                job,
+                epoch,
+                seed,
+                rows,
+                upload_delta,
+                check,
+            } => pb::orchestrator_message::Body::SketchRequest(pb::SketchRequest {
+                job_id: job.0,
+                epoch,
+                seed: seed.to_vec(),
+                rows,
+                upload_delta,
+                check: check.is_some(),
+                ring_version: check.unwrap_or(0),
+            }),
+            NodeCommand::ReduceStart {
+                job,
+                epoch,
+                version,
+                members,
+                bottleneck_mbps,
+            } => pb::orchestrator_message::Body::ReduceStart(pb::ReduceStart {
+                job_id: job.0,
+                epoch,
+                ring_version: version,
+                members: members
+                    .into_iter()
+                    .map(|(n, weight)| pb::RoundMember {
+                        node_id: n.0.to_vec(),
+                        endpoint: g
+                            .by_node
+                            .get(&n)
+                            .map(|s| s.endpoint.clone())
+                            .unwrap_or_default(),
+                        weight,
+                    })
+                    .collect(),
+                bottleneck_mbps,
+            }),
+            NodeCommand::UploadRequest {
+                job,
+                epoch,
+                version,
+                kind,
+                reason,
+            } => pb::orchestrator_message::Body::UploadRequest(pb::UploadRequest {
+                job_id: job.0,
+                epoch,
+                ring_version: version,
+                kind: match kind {
+                    RoundUpload::Delta => pb::upload_request::Kind::Delta,
+                    RoundUpload::Merged => pb::upload_request::Kind::Merged,
+                    RoundUpload::Evidence => pb::upload_request::Kind::Evidence,
+                } as i32,
+                reason,
+            }),
             NodeCommand::ProbeRequest { peer } => {
                 let peer_endpoint = g
                     .by_node
@@ -362,6 +419,9 @@ impl NodeLink for GrpcNodeLink {
             NodeCommand::Release { .. } => "release",
             NodeCommand::ProbeRequest { .. } => "probe_request",
             NodeCommand::EpochStart(_) => "epoch_start",
+            NodeCommand::SketchRequest { .. } => "sketch_request",
+            NodeCommand::ReduceStart { .. } => "reduce_start",
+            NodeCommand::UploadRequest { .. } => "upload_request",
         };
         let r = self.0.deliver(node, command);
         let outcome = if r.is_ok() { kind } else { "undeliverable" };

@@ -73,12 +73,15 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use super::sessions::Sessions;
+
+mod round;
 use hanzod_protocol::hzdl::{
     verify_statement, DeltaDtype, DeltaError, DeltaView, Statement, HEADER_LEN,
 };
 use hanzod_protocol::model::{check_against, ModelSpec};
 use hanzod_store::blobs::{BlobError, BlobStore};
 use hanzod_train::catalog::ModelCatalog;
+pub use round::{EVIDENCE_PIECE_BYTES, MAX_EVIDENCE_PIECES};
 
 /// Limits of delta uploads (config section `[deltas]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -479,6 +482,11 @@ impl DeltaUploads {
                 )),
             ));
         }
+        if header.kind == pb::DeltaKind::Merged as i32 {
+            return self
+                .finish_merged(&header, node, &key, &view, model, bytes, sha256, &trailer)
+                .await;
+        }
         let statement = Statement {
             job: header.job_id,
             epoch: header.epoch,
@@ -499,16 +507,7 @@ impl DeltaUploads {
             )
         })?;
 
-        let base_version = check_off_runtime(bytes.clone(), model).await?;
-        let current = view.checkpoints.len() as u64;
-        if base_version != current {
-            return Err(refusal(
-                "stale_base",
-                Status::failed_precondition(format!(
-                    "the delta was computed against checkpoint version {base_version}, the job is at version {current}"
-                )),
-            ));
-        }
+        check_format_and_base(bytes.clone(), model, &view, "delta").await?;
 
         let receipt = DeltaReceipt {
             job: JobId(header.job_id),
@@ -534,6 +533,69 @@ impl DeltaUploads {
                 Status::internal(format!("storing the delta did not finish: {e}")),
             )
         })??;
+        Ok(pb::DeltaAck {
+            delta_hash: sha256.to_vec(),
+            accepted: true,
+            reason: String::new(),
+        })
+    }
+}
+
+impl DeltaUploads {
+    /// The rest of an upload of kind MERGED (a ring round's result, DESIGN §6.4): the
+    /// uploader's signature over the merged statement, the format check (an f32 full delta
+    /// of the job's model on the current checkpoint version), the blob stored, the core
+    /// told ([`RoundMsg::Merged`](hanzod_actors::actor::msg::RoundMsg::Merged)), which
+    /// compares it with the round's agreed hash. A refused result's blob is removed unless
+    /// it was stored before.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_merged(
+        &self,
+        header: &pb::DeltaHeader,
+        node: NodeId,
+        key: &ed25519_dalek::VerifyingKey,
+        view: &JobView,
+        model: ModelSpec,
+        bytes: Arc<[u8]>,
+        sha256: [u8; 32],
+        trailer: &pb::DeltaTrailer,
+    ) -> Result<pb::DeltaAck, Refusal> {
+        use hanzod_protocol::round::{merged_digest, verify_digest};
+        let digest = merged_digest(header.job_id, header.epoch, &sha256);
+        verify_digest(key, &digest, &trailer.signature).map_err(|_| {
+            refusal(
+                "bad_signature",
+                Status::unauthenticated(format!(
+                    "the merged statement's signature does not verify under node {}'s key",
+                    node.short()
+                )),
+            )
+        })?;
+        if bytes.get(6) != Some(&DeltaDtype::F32.code()) {
+            return Err(refusal(
+                "wrong_dtype",
+                Status::invalid_argument("a round's result is uploaded as f32"),
+            ));
+        }
+        check_format_and_base(bytes.clone(), model, view, "result").await?;
+        let _lock = self.storing.lock(sha256).await;
+        let stored_before = self.blobs.contains(&sha256).await.unwrap_or(true);
+        self.blobs.put(sha256, bytes).await.map_err(|e| {
+            refusal(
+                "unavailable",
+                Status::unavailable(format!("result not stored: {e}")),
+            )
+        })?;
+        let msg = hanzod_actors::actor::msg::RoundMsg::Merged {
+            epoch: header.epoch,
+            hash: sha256,
+        };
+        if let Err(e) = self.core.round(JobId(header.job_id), node, msg).await {
+            if !stored_before {
+                let _ = self.blobs.remove(&sha256).await;
+            }
+            return Err(core_refusal(&e));
+        }
         Ok(pb::DeltaAck {
             delta_hash: sha256.to_vec(),
             accepted: true,
@@ -610,7 +672,19 @@ fn admit(
             )),
         ));
     }
-    if let Some(hash) = view.delivered.get(&node) {
+    let merged = header.kind == pb::DeltaKind::Merged as i32;
+    if merged && view.spec.training.aggregation != hanzod_actors::job::Aggregation::Ring {
+        return Err(refusal(
+            "not_ring",
+            Status::failed_precondition(format!(
+                "job {} aggregates in star mode: there is no ring round result to upload",
+                header.job_id
+            )),
+        ));
+    }
+    // A round's result is not the node's own delta: a member that delivered its delta (a
+    // spot-checked one) may still be asked for the result.
+    if let Some(hash) = view.delivered.get(&node).filter(|_| !merged) {
         return Err(refusal(
             "already_delivered",
             Status::already_exists(format!(
@@ -936,6 +1010,28 @@ async fn check_off_runtime(bytes: Arc<[u8]>, model: ModelSpec) -> Result<u64, Re
     })
 }
 
+/// The format check ([`check_off_runtime`]) and the base version: an upload (`what`:
+/// "delta" or "result") computed against another checkpoint than the job's current one is
+/// stale (`FAILED_PRECONDITION`).
+async fn check_format_and_base(
+    bytes: Arc<[u8]>,
+    model: ModelSpec,
+    view: &JobView,
+    what: &str,
+) -> Result<(), Refusal> {
+    let base_version = check_off_runtime(bytes, model).await?;
+    let current = view.checkpoints.len() as u64;
+    if base_version != current {
+        return Err(refusal(
+            "stale_base",
+            Status::failed_precondition(format!(
+                "the {what} was computed against checkpoint version {base_version}, the job is at version {current}"
+            )),
+        ));
+    }
+    Ok(())
+}
+
 /// The metric label of a format-check failure.
 fn delta_reason(e: &DeltaError) -> &'static str {
     use DeltaError as D;
@@ -974,6 +1070,9 @@ fn core_refusal(e: &OrchestratorError) -> Refusal {
             | JobRequestError::Ended(_)
             | JobRequestError::Transition(_) => {
                 refusal("not_running", Status::failed_precondition(msg))
+            }
+            JobRequestError::NotRing(_) | JobRequestError::RoundStep { .. } => {
+                refusal("not_ring", Status::failed_precondition(msg))
             }
             JobRequestError::Restarting(_) | JobRequestError::Store(_) => {
                 refusal("unavailable", Status::unavailable(msg))

@@ -17,7 +17,11 @@
 //!   sharing `/run/netns` would remove each other's beds, so give each its own;
 //! - [`Testbed::command`]: a process inside a namespace (`ip netns exec`), killed on drop;
 //!   [`in_namespace`]: a closure on a thread inside one (to open sockets there);
-//!   [`Testbed::measure_tcp`]: TCP goodput between two endpoints.
+//!   [`Testbed::measure_tcp`]: TCP goodput between two endpoints;
+//! - [`clean_stale`]: what `hanzod testbed clean` runs (the stale-bed removal of `up`);
+//! - [`probe`]: every node→node link measured with the node agent's probe protocol, and
+//!   the ring built on the measurements against the ring built on the configured rates;
+//! - [`allreduce`]: one real ring all-reduce round among the nodes, against its bound.
 //!
 //! Shaping: node `i`'s traffic to node `j` is limited to `rates[i][j]`; its traffic to the
 //! orchestrator to its uplink (and, when the orchestrator has a region, that region pair's
@@ -38,7 +42,9 @@
 //! # Ok(()) }
 //! ```
 
+pub mod allreduce;
 pub mod plan;
+pub mod probe;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -161,8 +167,13 @@ fn cmd(program: &str, args: &[&str]) -> Cmd {
 
 /// Whether this process runs as root (effective uid 0).
 pub fn is_root() -> bool {
+    effective_uid() == 0
+}
+
+/// This process's effective uid.
+pub fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    unsafe { libc::geteuid() }
 }
 
 /// The live beds of this process: sequence digit → namespaces (what a signal removes).
@@ -231,6 +242,26 @@ fn remove_stale(live: &BTreeMap<u8, Vec<String>>) -> Vec<String> {
         }
     }
     removed
+}
+
+/// Removes the namespaces that earlier, dead processes of this family left (what
+/// [`Testbed::up`] does first; `hanzod testbed clean`): names [`parse_name`] accepts whose
+/// pid is not running, and those with this process's pid that no live bed of this process
+/// owns. Every interface, address and qdisc of a bed lives inside its namespaces (nothing
+/// is created in the caller's namespace), so removing them removes the links too. Needs
+/// root ([`TestbedError::NotRoot`]); returns the names removed (a name that could not be
+/// removed is left and not listed). The pid-namespace limitation of [`Testbed::up`]
+/// applies.
+pub fn clean_stale() -> Result<Vec<String>, TestbedError> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        return Err(TestbedError::NotRoot(euid));
+    }
+    // `ip` itself missing is reported (remove_stale treats a failed list as empty).
+    run_cmd(&cmd("ip", &["netns", "list"]))?;
+    let live = live();
+    Ok(remove_stale(&live))
 }
 
 /// Removes every live bed of this process (the signal path).

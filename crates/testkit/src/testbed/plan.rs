@@ -157,6 +157,18 @@ impl Topology {
         None
     }
 
+    /// Each node's region name, node by node (empty for a node out of range: none is, on
+    /// a validated topology).
+    pub fn node_regions(&self) -> Vec<String> {
+        (0..self.node_count())
+            .map(|k| {
+                self.region_of(k)
+                    .map(|r| self.regions[r].name.clone())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
     fn region_index(&self, name: &str) -> Option<usize> {
         self.regions.iter().position(|r| r.name == name)
     }

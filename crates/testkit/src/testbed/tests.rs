@@ -335,6 +335,10 @@ fn the_example_topology_loads() {
     assert!(rates.contains(&200) && rates.contains(&20), "{rates:?}");
 }
 
+/// Held by the tests that measure rates or load the links, so that they do not disturb
+/// each other's figures (the other bed tests run alongside).
+static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Skips (returns `None`) when the machine cannot host a bed, unless `CI` is set.
 fn up_or_skip(t: &Topology) -> Option<Testbed> {
     match Testbed::up(t) {
@@ -349,6 +353,7 @@ fn up_or_skip(t: &Topology) -> Option<Testbed> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_node_bed_shapes_each_link() {
+    let _serial = MEASURING.lock().await;
     let topo = three();
     let Some(bed) = tokio::task::spawn_blocking(move || up_or_skip(&topo))
         .await
@@ -449,4 +454,239 @@ fn a_dropped_bed_and_a_stale_one_are_removed() {
     assert!(netns_exists(&foreign), "{foreign} removed");
     let _ = remove_netns(&foreign);
     bed.down().expect("down");
+}
+
+/// One region of `nodes` nodes at `mbit` Mbit/s.
+fn lan(nodes: usize, mbit: f64) -> Topology {
+    Topology {
+        regions: vec![Region {
+            name: "lan".into(),
+            nodes,
+            intra_mbit: mbit,
+            uplink_mbit: None,
+        }],
+        links: vec![],
+        uplinks: vec![],
+        orchestrator: OrchestratorPlacement::default(),
+    }
+}
+
+#[test]
+fn a_ring_all_reduce_on_the_bed_ends_with_the_reference_sum_everywhere() {
+    let _serial = MEASURING.blocking_lock();
+    let Some(bed) = up_or_skip(&lan(4, 200.0)) else {
+        return;
+    };
+    let spec = allreduce::AllReduceSpec::new(8_000_000);
+    let r = allreduce::run_allreduce(&bed, &spec).unwrap_or_else(|e| panic!("round: {e}"));
+    // run_allreduce has checked every member's hash and each owner's chunk against the
+    // reference; what is left to check is what it reports.
+    assert_eq!(r.nodes, 4);
+    assert_eq!(r.bottleneck_mbit, 200.0);
+    assert!((r.bound_s - 0.48).abs() < 1e-9, "{}", r.bound_s);
+    assert_eq!(r.member_s.len(), 4);
+    assert!(r.elapsed_s > 0.0 && r.ratio.is_finite());
+    assert!(r.peak_in_flight >= 1 && r.peak_in_flight <= spec.max_in_flight);
+    assert_eq!(r.result_sha256.len(), 64);
+    eprintln!(
+        "all-reduce on the bed: N=4, 8 MB, bottleneck {} Mbit/s: bound {:.3} s, measured {:.3} s, ratio {:.3}",
+        r.bottleneck_mbit, r.bound_s, r.elapsed_s, r.ratio
+    );
+    // The same seed gives the same sum; another ring order a different one (the summation
+    // order differs), still checked against its own reference.
+    let again = allreduce::run_allreduce(&bed, &spec).expect("again");
+    assert_eq!(again.result_sha256, r.result_sha256);
+    let reversed = allreduce::AllReduceSpec {
+        ring: Some(vec![3, 2, 1, 0]),
+        piece_elems: 10_000, // pieces that do not divide the chunks
+        ..spec.clone()
+    };
+    let other = allreduce::run_allreduce(&bed, &reversed).expect("reversed ring");
+    assert_eq!(other.ring, vec![3, 2, 1, 0]);
+    // Bad specifications are refused, typed, before anything runs.
+    for bad in [
+        allreduce::AllReduceSpec::new(7),
+        allreduce::AllReduceSpec {
+            ring: Some(vec![0, 1, 1, 2]),
+            ..spec.clone()
+        },
+        allreduce::AllReduceSpec {
+            max_in_flight: 0,
+            ..spec.clone()
+        },
+    ] {
+        assert!(matches!(
+            allreduce::run_allreduce(&bed, &bad),
+            Err(allreduce::AllReduceError::Spec(_))
+        ));
+    }
+    bed.down().expect("down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_on_the_bed_measure_every_link_and_the_ring_is_compared() {
+    let _serial = MEASURING.lock().await;
+    let topo = three();
+    let regions = topo.node_regions();
+    assert_eq!(regions, ["a", "a", "b"]);
+    let Some(bed) = tokio::task::spawn_blocking(move || up_or_skip(&topo))
+        .await
+        .expect("join")
+    else {
+        return;
+    };
+    let report = probe::probe_links(&bed, 512 * 1024, &regions)
+        .await
+        .unwrap_or_else(|e| panic!("probes: {e}"));
+    assert_eq!(report.links.len(), 6);
+    for l in &report.links {
+        assert_eq!(Some(l.configured_mbit), bed.rate(l.from, l.to));
+        assert_eq!(l.bytes, 512 * 1024);
+        assert!(l.measured_mbit > 0.0 && l.seconds > 0.0, "{l:?}");
+        eprintln!(
+            "n{} -> n{}: configured {:.1}, measured {:.2} Mbit/s ({:+.1} %)",
+            l.from,
+            l.to,
+            l.configured_mbit,
+            l.measured_mbit,
+            100.0 * l.relative_error()
+        );
+    }
+    // Every 3-node ring has the same two edges out of region b's node: 10 Mbit/s.
+    assert_eq!(report.ring.true_ring_on_true_mbit, 10.0);
+    assert_eq!(report.ring.exact_on_true_mbit, Some(10.0));
+    assert_eq!(report.ring.measured_ring.len(), 3);
+    assert!(report.ring.ratio > 0.0 && report.ring.ratio <= 1.0);
+    assert!(matches!(
+        probe::probe_links(&bed, 0, &regions).await,
+        Err(probe::ProbeRunError::BadSize(0))
+    ));
+    drop(bed);
+}
+
+#[test]
+fn ring_comparison_on_given_measurements() {
+    // Measurements 5 % under every configured rate change no choice: the ring built on
+    // them is as good on the truth (ratio 1), and its bottleneck on them is 0.95 × 10.
+    let rates = three().rate_matrix();
+    let mut links = vec![];
+    for (i, row) in rates.iter().enumerate() {
+        for (j, r) in row.iter().enumerate() {
+            if let Some(r) = r {
+                links.push(probe::LinkProbe {
+                    from: i,
+                    to: j,
+                    configured_mbit: *r,
+                    measured_mbit: *r * 0.95,
+                    bytes: 1,
+                    seconds: 1.0,
+                });
+            }
+        }
+    }
+    let regions = three().node_regions();
+    let cmp = probe::compare_rings(&rates, &links, &regions);
+    assert_eq!(cmp.ratio, 1.0);
+    assert!((cmp.measured_ring_on_measured_mbit - 9.5).abs() < 1e-4);
+    assert!((links[0].relative_error() + 0.05).abs() < 1e-12);
+    assert!((links[0].goodput_error() - (0.95 / probe::GOODPUT_FACTOR - 1.0)).abs() < 1e-12);
+}
+
+#[test]
+fn clean_needs_root_or_removes_only_dead_beds() {
+    if !is_root() {
+        assert!(matches!(clean_stale(), Err(TestbedError::NotRoot(_))));
+        return;
+    }
+    let dead = (4_000_000..4_194_304u32)
+        .rev()
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .expect("a dead pid");
+    let stale = format!("{}n0", name_prefix(dead, 5));
+    if run_cmd(&cmd("ip", &["netns", "add", &stale])).is_err() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "ip netns add refused under CI"
+        );
+        eprintln!("SKIPPED: ip netns add refused");
+        return;
+    }
+    // (A bed coming up in a parallel test may remove it first: only its absence is sure.)
+    clean_stale().expect("clean");
+    assert!(!netns_exists(&stale), "{stale} left");
+}
+
+#[test]
+fn the_allreduce_topology_loads() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../config/testbed.allreduce.toml"
+    );
+    let text = std::fs::read_to_string(path).expect("config/testbed.allreduce.toml");
+    let t = Topology::from_toml_str(&text).expect("all-reduce topology");
+    assert_eq!(t.regions.len(), 1);
+    assert_eq!(t.node_count(), 4);
+    assert_eq!(t.node_regions(), ["lan"; 4]);
+    assert!(t
+        .rate_matrix()
+        .iter()
+        .flatten()
+        .flatten()
+        .all(|r| *r == 100.0));
+}
+
+/// A comma-separated list from the environment, or the default.
+fn env_list<T: std::str::FromStr + Clone>(name: &str, default: &[T]) -> Vec<T> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{name}: {s:?} does not parse"))
+            })
+            .collect(),
+        Err(_) => default.to_vec(),
+    }
+}
+
+/// The all-reduce table (`hanzod testbed allreduce` prints the same): N × MB on one region
+/// at `HZ_TB_MBIT` Mbit/s (default 100). Nodes `HZ_TB_NODES` (default 4,8,16), sizes
+/// `HZ_TB_MB` (default 8,64,256), piece KiB `HZ_TB_PIECE_KIB` (256), in flight
+/// `HZ_TB_IN_FLIGHT` (4). Rows that do not fit in memory are skipped, saying so.
+#[test]
+#[ignore = "minutes of shaped traffic; run by hand as root"]
+fn allreduce_table() {
+    let _serial = MEASURING.blocking_lock();
+    let nodes: Vec<usize> = env_list("HZ_TB_NODES", &[4, 8, 16]);
+    let mbs: Vec<u64> = env_list("HZ_TB_MB", &[8, 64, 256]);
+    let mbit: f64 = env_list("HZ_TB_MBIT", &[100.0])[0];
+    let piece_kib: u32 = env_list("HZ_TB_PIECE_KIB", &[256])[0];
+    let in_flight: usize = env_list("HZ_TB_IN_FLIGHT", &[4])[0];
+    eprintln!("piece {piece_kib} KiB, {in_flight} in flight, {mbit} Mbit/s");
+    eprintln!("  N     MB  bottleneck  bound s  measured s  ratio  goodput  load");
+    for n in nodes {
+        let Some(bed) = up_or_skip(&lan(n, mbit)) else {
+            return;
+        };
+        for &mb in &mbs {
+            let spec = allreduce::AllReduceSpec {
+                piece_elems: piece_kib * 256,
+                max_in_flight: in_flight,
+                ..allreduce::AllReduceSpec::new(mb * 1_000_000)
+            };
+            let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+            let load = load.split_whitespace().next().unwrap_or("-").to_string();
+            if let Err(e) = allreduce::check_memory(n, &spec) {
+                eprintln!("{n:>3} {mb:>6}  skipped: {e}");
+                continue;
+            }
+            let r = allreduce::run_allreduce(&bed, &spec).unwrap_or_else(|e| panic!("{e}"));
+            eprintln!(
+                "{:>3} {:>6} {:>6.1} Mb/s {:>8.3} {:>11.3} {:>6.3} {:>6.1} {:>5}",
+                n, mb, r.bottleneck_mbit, r.bound_s, r.elapsed_s, r.ratio, r.goodput_mbit, load
+            );
+        }
+        bed.down().expect("down");
+    }
 }

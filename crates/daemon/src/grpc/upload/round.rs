@@ -1,0 +1,247 @@
+//! The ring-aggregation calls of `NodeService` (`CommitDelta`, `SubmitSketch`,
+//! `ReportReduction`, `SubmitEvidence`; `node.proto`, DESIGN §6.4): each is bounded and
+//! checked here (the session, the job's model, the signature under the session's node key,
+//! the sketch's shape), then handed to the job's ring aggregation in the core
+//! ([`OrchestratorHandle::round`]), which answers with the step it is at.
+
+use hanzod_actors::actor::msg::RoundMsg;
+use hanzod_actors::aggregation::Commit;
+use hanzod_actors::job::Aggregation;
+use hanzod_actors::ports::{Counter, SketchData};
+use hanzod_actors::types::{JobId, NodeId};
+use hanzod_proto::v1 as pb;
+use hanzod_protocol::hzdl::{verify_statement, DeltaDtype, Statement, HEADER_LEN};
+use hanzod_protocol::round::{self as ring, SeedPurpose};
+use tonic::Status;
+
+use super::DeltaUploads;
+
+/// Most pieces one `RoundEvidence` may carry.
+pub const MAX_EVIDENCE_PIECES: usize = 65_536;
+/// Bytes of one evidence piece: a 73-byte piece header and a 64-byte Ed25519 signature.
+pub const EVIDENCE_PIECE_BYTES: usize = 73 + 64;
+
+fn hash32(field: &'static str, v: &[u8]) -> Result<[u8; 32], Status> {
+    v.try_into().map_err(|_| {
+        Status::invalid_argument(format!("invalid {field}: {} bytes, not 32", v.len()))
+    })
+}
+
+impl DeltaUploads {
+    /// The calling session's node and key, and the job's view, for a ring call.
+    async fn round_caller(
+        &self,
+        session: &[u8],
+        job: u64,
+    ) -> Result<
+        (
+            NodeId,
+            ed25519_dalek::VerifyingKey,
+            hanzod_actors::actor::job::JobView,
+        ),
+        Status,
+    > {
+        let (node, key) = <[u8; 16]>::try_from(session)
+            .ok()
+            .and_then(|t| self.sessions.lookup(&t))
+            .ok_or_else(|| Status::unauthenticated(hanzod_protocol::status::UNKNOWN_SESSION))?;
+        let view = self
+            .core
+            .job(JobId(job))
+            .await
+            .map_err(|e| super::super::status_of(&e))?;
+        if view.spec.training.aggregation != Aggregation::Ring {
+            return Err(Status::failed_precondition(format!(
+                "job {job} aggregates in star mode: upload the delta with UploadDelta"
+            )));
+        }
+        Ok((node, key, view))
+    }
+
+    fn refused(&self, what: &'static str, status: Status) -> Status {
+        self.metrics.incr(Counter::RejectedMessages, what, 1);
+        tracing::info!(call = what, code = ?status.code(), "ring call refused: {}", status.message());
+        status
+    }
+
+    async fn to_core(&self, job: u64, node: NodeId, msg: RoundMsg) -> Result<pb::RoundAck, Status> {
+        let step = self
+            .core
+            .round(JobId(job), node, msg)
+            .await
+            .map_err(|e| super::core_refusal(&e).status)?;
+        Ok(pb::RoundAck {
+            step: step.to_string(),
+        })
+    }
+
+    /// `CommitDelta` (see `node.proto`).
+    ///
+    /// Errors, in order: UNAUTHENTICATED (session), NOT_FOUND (job), FAILED_PRECONDITION (star
+    /// job), INVALID_ARGUMENT (sha256 not 32 bytes, claimed_loss not finite, step not
+    /// epoch × local_steps, total_bytes below the HZDL header or above the model's largest
+    /// f32 delta, unknown model), UNAUTHENTICATED (the statement signature), then the
+    /// core's: FAILED_PRECONDITION (not running in `epoch`, not at the commit step),
+    /// PERMISSION_DENIED (not in the ring), ALREADY_EXISTS (a different commitment).
+    pub async fn commit_delta(&self, r: pb::DeltaCommitment) -> Result<pb::RoundAck, Status> {
+        let res = async {
+            let (node, key, view) = self.round_caller(&r.session, r.job_id).await?;
+            let hash = hash32("sha256", &r.sha256)?;
+            if !r.claimed_loss.is_finite() {
+                return Err(Status::invalid_argument(format!(
+                    "invalid claimed_loss: {} is not finite",
+                    r.claimed_loss
+                )));
+            }
+            let step = u64::from(r.epoch) * u64::from(view.spec.training.local_steps);
+            if r.step != step {
+                return Err(Status::invalid_argument(format!(
+                    "invalid step: expected {step} (epoch × local_steps), got {}",
+                    r.step
+                )));
+            }
+            let model = self.catalog.delta_spec(&view.spec.training).map_err(|e| {
+                Status::failed_precondition(format!("job {}'s model: {e}", r.job_id))
+            })?;
+            let max = model.max_delta_bytes(DeltaDtype::F32);
+            if r.total_bytes < HEADER_LEN as u64 || r.total_bytes > max {
+                return Err(Status::invalid_argument(format!(
+                    "invalid total_bytes: {} is outside {HEADER_LEN}..={max}, the model's delta sizes",
+                    r.total_bytes
+                )));
+            }
+            let statement = Statement {
+                job: r.job_id,
+                epoch: r.epoch,
+                step: r.step,
+                claimed_loss: r.claimed_loss,
+            };
+            verify_statement(&key, &statement, &hash, &r.signature).map_err(|_| {
+                Status::unauthenticated(format!(
+                    "the commitment's signature does not verify under node {}'s key",
+                    node.short()
+                ))
+            })?;
+            let msg = RoundMsg::Commit {
+                epoch: r.epoch,
+                step: r.step,
+                commit: Commit {
+                    hash,
+                    claimed_loss: r.claimed_loss,
+                    total_bytes: r.total_bytes,
+                },
+                signature: r.signature.clone(),
+            };
+            self.to_core(r.job_id, node, msg).await
+        }
+        .await;
+        res.map_err(|s| self.refused("commit_delta", s))
+    }
+
+    /// `SubmitSketch` (see `node.proto`).
+    ///
+    /// Errors, in order: UNAUTHENTICATED (session), NOT_FOUND, FAILED_PRECONDITION (star job),
+    /// INVALID_ARGUMENT (sha256, the sketch's shape: `core.aggregation.sketch_rows` rows
+    /// and masses over the model's parameter count, finite, masses above magnitudes),
+    /// UNAUTHENTICATED (signature), then the core's (not at the sketch or verify step,
+    /// another hash than committed: ALREADY_EXISTS).
+    pub async fn submit_sketch(&self, r: pb::SketchSubmission) -> Result<pb::RoundAck, Status> {
+        let res = async {
+            let (node, key, view) = self.round_caller(&r.session, r.job_id).await?;
+            let hash = hash32("sha256", &r.sha256)?;
+            let model = self.catalog.delta_spec(&view.spec.training).map_err(|e| {
+                Status::failed_precondition(format!("job {}'s model: {e}", r.job_id))
+            })?;
+            let rows = self.core.config().aggregation.sketch_rows as usize;
+            let sketch = ring::sketch_from_wire(r.sketch.as_ref(), rows, model.param_count())
+                .map_err(Status::from)?;
+            let purpose = SeedPurpose::from_check(r.check);
+            let digest = ring::sketch_digest(r.job_id, r.epoch, purpose, &hash, &sketch);
+            ring::verify_digest(&key, &digest, &r.signature).map_err(|_| {
+                Status::unauthenticated(format!(
+                    "the sketch's signature does not verify under node {}'s key",
+                    node.short()
+                ))
+            })?;
+            let msg = RoundMsg::Sketch {
+                epoch: r.epoch,
+                check: r.check,
+                delta_hash: hash,
+                sketch: SketchData {
+                    rows: sketch.rows,
+                    abs_rows: sketch.abs_rows,
+                    len: sketch.len,
+                },
+            };
+            self.to_core(r.job_id, node, msg).await
+        }
+        .await;
+        res.map_err(|s| self.refused("submit_sketch", s))
+    }
+
+    /// `ReportReduction` (see `node.proto`).
+    ///
+    /// Errors: UNAUTHENTICATED (session, signature), NOT_FOUND, FAILED_PRECONDITION (star
+    /// job, not at the reduce step of `ring_version`), INVALID_ARGUMENT (result_sha256 not
+    /// 32 bytes).
+    pub async fn report_reduction(&self, r: pb::ReductionReport) -> Result<pb::RoundAck, Status> {
+        let res = async {
+            let (node, key, _) = self.round_caller(&r.session, r.job_id).await?;
+            let result = hash32("result_sha256", &r.result_sha256)?;
+            let digest = ring::reduction_digest(r.job_id, r.epoch, r.ring_version, &result);
+            ring::verify_digest(&key, &digest, &r.signature).map_err(|_| {
+                Status::unauthenticated(format!(
+                    "the report's signature does not verify under node {}'s key",
+                    node.short()
+                ))
+            })?;
+            let msg = RoundMsg::Report {
+                epoch: r.epoch,
+                version: r.ring_version,
+                result,
+            };
+            self.to_core(r.job_id, node, msg).await
+        }
+        .await;
+        res.map_err(|s| self.refused("report_reduction", s))
+    }
+
+    /// `SubmitEvidence` (see `node.proto`). The pieces' signatures are the sender's and are
+    /// checked when the evidence is used.
+    ///
+    /// Errors: UNAUTHENTICATED (session), NOT_FOUND, FAILED_PRECONDITION (star job, the epoch
+    /// did not fall back), INVALID_ARGUMENT (sender not 32 bytes, more than
+    /// [`MAX_EVIDENCE_PIECES`] pieces, a piece not [`EVIDENCE_PIECE_BYTES`] long).
+    pub async fn submit_evidence(&self, r: pb::RoundEvidence) -> Result<pb::RoundAck, Status> {
+        let res = async {
+            let (node, _, _) = self.round_caller(&r.session, r.job_id).await?;
+            let sender = NodeId(hash32("sender", &r.sender)?);
+            if r.pieces.len() > MAX_EVIDENCE_PIECES {
+                return Err(Status::invalid_argument(format!(
+                    "invalid pieces: {} pieces, at most {MAX_EVIDENCE_PIECES}",
+                    r.pieces.len()
+                )));
+            }
+            if let Some((i, p)) = r
+                .pieces
+                .iter()
+                .enumerate()
+                .find(|(_, p)| p.len() != EVIDENCE_PIECE_BYTES)
+            {
+                return Err(Status::invalid_argument(format!(
+                    "invalid pieces[{i}]: {} bytes, not {EVIDENCE_PIECE_BYTES}",
+                    p.len()
+                )));
+            }
+            let msg = RoundMsg::Evidence {
+                epoch: r.epoch,
+                version: r.ring_version,
+                sender,
+                pieces: r.pieces,
+            };
+            self.to_core(r.job_id, node, msg).await
+        }
+        .await;
+        res.map_err(|s| self.refused("submit_evidence", s))
+    }
+}
