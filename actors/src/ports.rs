@@ -626,6 +626,9 @@ pub struct RingCheckInput<'a> {
     pub seed: [u8; 32],
     /// The round's members with their weights and check sketches.
     pub members: &'a [(NodeId, f32, SketchData)],
+    /// The members whose delta the orchestrator holds (the spot-checked uploads), with its
+    /// hash: their check sketches are recomputed from the bytes and must be equal.
+    pub uploaded: &'a [(NodeId, [u8; 32])],
 }
 
 /// What a [`CheckpointSink`] returns for one published epoch.

@@ -2573,9 +2573,59 @@ impl CheckpointSink for TrainingSink {
             .iter()
             .map(|(n, w, s)| (*n, *w, sketch_of(s)))
             .collect();
+        // The deltas the orchestrator holds bind their members' check sketches.
+        let mut held = Vec::with_capacity(input.uploaded.len());
+        for (node, hash) in input.uploaded {
+            match self.blobs.get(hash).await {
+                Ok(bytes) => held.push((*node, bytes)),
+                Err(e) => {
+                    return Ok(Err(format!(
+                        "the delta of {node} the orchestrator holds cannot be read: {e}"
+                    )))
+                }
+            }
+        }
         let seed = input.seed;
-        blocking(move || check_result(&payload, &model, &seed, &members)).await?
+        blocking(move || {
+            if let Some(why) = held_sketches_differ(&held, &members, &seed) {
+                return Ok(Err(why));
+            }
+            check_result(&payload, &model, &seed, &members)
+        })
+        .await?
     }
+}
+
+/// The first member whose check sketch is not the sketch, under `seed`, of the delta the
+/// orchestrator holds for it (`held`: node and payload, the spot-checked uploads, whose
+/// hashes are their commitments): a member that reduced something other than its committed
+/// delta and sketched that instead. A sketch is a deterministic function of the bytes (f64
+/// sums in a fixed order), so equality is exact. `None` when every held delta matches.
+fn held_sketches_differ(
+    held: &[(NodeId, Arc<[u8]>)],
+    members: &[(NodeId, f32, Sketch)],
+    seed: &[u8; 32],
+) -> Option<String> {
+    for (node, bytes) in held {
+        let Some((_, _, claimed)) = members.iter().find(|(n, _, _)| n == node) else {
+            continue;
+        };
+        let recomputed = DeltaView::parse(bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|v| {
+                round::sketch_delta(&v, seed, claimed.rows.len()).map_err(|e| e.to_string())
+            });
+        match recomputed {
+            Ok(s) if s == *claimed => {}
+            Ok(_) => {
+                return Some(format!(
+                    "the check sketch of {node} is not the sketch of its committed delta"
+                ))
+            }
+            Err(e) => return Some(format!("the delta of {node} cannot be sketched: {e}")),
+        }
+    }
+    None
 }
 
 /// Why a LoRA job does not aggregate over a ring.

@@ -1407,7 +1407,9 @@ mod tests {
             sketch_seed in any::<[u8; 32]>(),
             len in 2_000usize..20_000,
             avg_factor in 0.5f64..2.0,
-            mix in 0.0f32..3.0,
+            // Below about 0.1 the delta is a copy of the last merged one (cosine ≥ 0.995),
+            // which rule 3 excludes as free-riding.
+            mix in 0.2f32..3.0,
         ) {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
             let scale = profile(&mut rng, len);

@@ -611,6 +611,10 @@ impl JobState {
                     .iter()
                     .filter_map(|(n, w)| Some((*n, *w, round.check_sketches.get(n)?.clone())))
                     .collect();
+                let uploaded: Vec<(NodeId, [u8; 32])> = members
+                    .iter()
+                    .filter_map(|(n, _)| Some((*n, self.receipts.get(n)?.delta_hash)))
+                    .collect();
                 let sink = self.deps.sink.clone();
                 let spec = self.job.spec.clone();
                 let me = myself.clone();
@@ -622,6 +626,7 @@ impl JobState {
                         result,
                         seed: seeds.check,
                         members: &with_sketches,
+                        uploaded: &uploaded,
                     };
                     let result = sink.ring_check(input).await.map_err(|e| e.to_string());
                     let _ = me.cast(JobMsg::RoundChecked {

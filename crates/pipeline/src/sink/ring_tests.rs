@@ -196,6 +196,7 @@ async fn ring_check_accepts_the_honest_sum_and_refuses_a_tampered_one() {
         result,
         seed: seeds.check,
         members: &members,
+        uploaded: &[],
     };
     // Any summation order is within the tolerance.
     let mut honest = reduce(&w, &ds);
@@ -241,6 +242,53 @@ async fn ring_check_accepts_the_honest_sum_and_refuses_a_tampered_one() {
     assert!(f.sink.ring_check(check([9; 32])).await.is_err());
     let hash = store(&f.blobs, b"not a delta".to_vec()).await;
     assert!(f.sink.ring_check(check(hash)).await.is_err());
+
+    // A member whose delta the orchestrator holds (a spot-checked upload) must have sent the
+    // check sketch of exactly that delta: one that reduced and sketched δ + p instead is
+    // refused, though the sum itself matches its sketches.
+    let tampered: Vec<f32> = ds[0].iter().map(|x| x + 0.25).collect();
+    let held = store(&f.blobs, round::result_payload(&layout, 0, &ds[0]).unwrap()).await;
+    let mut lying = members.clone();
+    lying[0].2 = data_of(&sketch(&seeds.check, DEFAULT_ROWS, &tampered).expect("sketch"));
+    let sum = reduce(&w, &[tampered, ds[1].clone(), ds[2].clone()]);
+    let sum = store(&f.blobs, round::result_payload(&layout, 0, &sum).unwrap()).await;
+    let uploaded = [(members[0].0, held)];
+    let input = |members| RingCheckInput {
+        job: JobId(1),
+        epoch: 0,
+        spec: &spec,
+        result: sum,
+        seed: seeds.check,
+        members,
+        uploaded: &uploaded,
+    };
+    let why = f
+        .sink
+        .ring_check(input(&lying))
+        .await
+        .expect("ran")
+        .expect_err("a sketch that is not the held delta's");
+    assert!(
+        why.contains("not the sketch of its committed delta"),
+        "{why}"
+    );
+    // Without the held delta the lie passes: what the audit after the check must close.
+    let unaudited = RingCheckInput {
+        uploaded: &[],
+        ..input(&lying)
+    };
+    assert_eq!(f.sink.ring_check(unaudited).await.expect("ran"), Ok(()));
+    // The honest member's held delta matches its sketch.
+    let honest_sum = store(
+        &f.blobs,
+        round::result_payload(&layout, 0, &reduce(&w, &ds)).unwrap(),
+    )
+    .await;
+    let honest_input = RingCheckInput {
+        result: honest_sum,
+        ..input(&members)
+    };
+    assert_eq!(f.sink.ring_check(honest_input).await.expect("ran"), Ok(()));
     f.sink.stop();
 }
 
