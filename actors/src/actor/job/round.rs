@@ -335,6 +335,9 @@ impl JobState {
                             at: machine.step().name(),
                         })
                     }
+                    Some(Some(_)) if !machine.round().iter().any(|(n, _)| *n == node) => {
+                        return Err(JobRequestError::NotMember(node))
+                    }
                     Some(Some(version)) => {
                         round.check_sketches.insert(node, sketch);
                         Input::CheckSketched { node, version }
@@ -349,6 +352,9 @@ impl JobState {
                         want: "reduce",
                         at: machine.step().name(),
                     });
+                }
+                if !machine.round().iter().any(|(n, _)| *n == node) {
+                    return Err(JobRequestError::NotMember(node));
                 }
                 Input::Reported {
                     node,
