@@ -549,15 +549,22 @@ impl JobState {
                 let base = self.job.base_of(epoch).map(str::to_string);
                 let me = myself.clone();
                 tokio::spawn(async move {
-                    let input = RingScoreInput {
-                        job,
-                        epoch,
-                        spec: &spec,
-                        base: base.as_deref(),
-                        seed: seeds.score,
-                        members: &input_members,
-                    };
-                    let result = sink.ring_score(input).await.map_err(|e| e.to_string());
+                    // Its own task: a sink that panics is an answer (the round falls back),
+                    // never a round waiting for ever.
+                    let scoring = tokio::spawn(async move {
+                        let input = RingScoreInput {
+                            job,
+                            epoch,
+                            spec: &spec,
+                            base: base.as_deref(),
+                            seed: seeds.score,
+                            members: &input_members,
+                        };
+                        sink.ring_score(input).await.map_err(|e| e.to_string())
+                    });
+                    let result = scoring
+                        .await
+                        .unwrap_or_else(|e| Err(format!("the scoring did not finish: {e}")));
                     let _ = me.cast(JobMsg::RoundScored { epoch, result });
                 });
             }
@@ -625,16 +632,22 @@ impl JobState {
                 let spec = self.job.spec.clone();
                 let me = myself.clone();
                 tokio::spawn(async move {
-                    let input = RingCheckInput {
-                        job,
-                        epoch,
-                        spec: &spec,
-                        result,
-                        seed: seeds.check,
-                        members: &with_sketches,
-                        uploaded: &uploaded,
-                    };
-                    let result = sink.ring_check(input).await.map_err(|e| e.to_string());
+                    // As for the scoring: a panic is an answer.
+                    let checking = tokio::spawn(async move {
+                        let input = RingCheckInput {
+                            job,
+                            epoch,
+                            spec: &spec,
+                            result,
+                            seed: seeds.check,
+                            members: &with_sketches,
+                            uploaded: &uploaded,
+                        };
+                        sink.ring_check(input).await.map_err(|e| e.to_string())
+                    });
+                    let result = checking
+                        .await
+                        .unwrap_or_else(|e| Err(format!("the check did not finish: {e}")));
                     let _ = me.cast(JobMsg::RoundChecked {
                         epoch,
                         version,
