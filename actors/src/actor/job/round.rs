@@ -547,11 +547,10 @@ impl JobState {
                 let sink = self.deps.sink.clone();
                 let spec = self.job.spec.clone();
                 let base = self.job.base_of(epoch).map(str::to_string);
-                let me = myself.clone();
-                tokio::spawn(async move {
-                    // Its own task: a sink that panics is an answer (the round falls back),
-                    // never a round waiting for ever.
-                    let scoring = tokio::spawn(async move {
+                answer_from_task(
+                    myself.clone(),
+                    "scoring",
+                    async move {
                         let input = RingScoreInput {
                             job,
                             epoch,
@@ -561,12 +560,9 @@ impl JobState {
                             members: &input_members,
                         };
                         sink.ring_score(input).await.map_err(|e| e.to_string())
-                    });
-                    let result = scoring
-                        .await
-                        .unwrap_or_else(|e| Err(format!("the scoring did not finish: {e}")));
-                    let _ = me.cast(JobMsg::RoundScored { epoch, result });
-                });
+                    },
+                    move |result| JobMsg::RoundScored { epoch, result },
+                );
             }
             Effect::StartReduce { version, members } => {
                 tracing::info!(%job, epoch, version, members = members.len(), "ring round starts");
@@ -630,10 +626,10 @@ impl JobState {
                     .collect();
                 let sink = self.deps.sink.clone();
                 let spec = self.job.spec.clone();
-                let me = myself.clone();
-                tokio::spawn(async move {
-                    // As for the scoring: a panic is an answer.
-                    let checking = tokio::spawn(async move {
+                answer_from_task(
+                    myself.clone(),
+                    "check",
+                    async move {
                         let input = RingCheckInput {
                             job,
                             epoch,
@@ -644,16 +640,13 @@ impl JobState {
                             uploaded: &uploaded,
                         };
                         sink.ring_check(input).await.map_err(|e| e.to_string())
-                    });
-                    let result = checking
-                        .await
-                        .unwrap_or_else(|e| Err(format!("the check did not finish: {e}")));
-                    let _ = me.cast(JobMsg::RoundChecked {
+                    },
+                    move |result| JobMsg::RoundChecked {
                         epoch,
                         version,
                         result,
-                    });
-                });
+                    },
+                );
             }
             Effect::Accept { result, members } => {
                 tracing::info!(%job, epoch, result = %hex::encode(&result[..8]), members = members.len(), "ring round accepted");
@@ -855,4 +848,21 @@ impl JobState {
             .filter(|r| r.epoch == epoch)
             .and_then(|r| r.result.clone())
     }
+}
+
+/// Runs `work` (a sink call) as a task of its own and casts its answer to the job actor
+/// `me` as `wrap(result)`. A task that panics is an answer too (`Err`, naming `what`), so
+/// the round falls back instead of waiting for ever; the actor never waits on the call.
+fn answer_from_task<T: Send + 'static>(
+    me: ActorRef<JobMsg>,
+    what: &'static str,
+    work: impl std::future::Future<Output = Result<T, String>> + Send + 'static,
+    wrap: impl FnOnce(Result<T, String>) -> JobMsg + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let result = tokio::spawn(work)
+            .await
+            .unwrap_or_else(|e| Err(format!("the {what} did not finish: {e}")));
+        let _ = me.cast(wrap(result));
+    });
 }

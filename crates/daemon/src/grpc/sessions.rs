@@ -196,6 +196,12 @@ impl Sessions {
         g.by_node.get(node).map(|s| (*node, s.key))
     }
 
+    /// [`Sessions::lookup`] of a token as it arrives on the wire: `None` when it is not 16
+    /// bytes or not a live session.
+    pub fn lookup_bytes(&self, token: &[u8]) -> Option<(NodeId, VerifyingKey)> {
+        self.lookup(&<[u8; 16]>::try_from(token).ok()?)
+    }
+
     /// Attaches the calling stream to the session `token` (once per session).
     pub fn attach(&self, token: &Token) -> Result<Attached, AttachError> {
         let mut g = self.lock();

@@ -236,9 +236,8 @@ impl DeltaUploads {
         &self,
         request: pb::FetchCheckpointRequest,
     ) -> Result<CheckpointStream, Status> {
-        <[u8; 16]>::try_from(request.session.as_slice())
-            .ok()
-            .and_then(|t| self.sessions.lookup(&t))
+        self.sessions
+            .lookup_bytes(&request.session)
             .ok_or_else(|| Status::unauthenticated(hanzod_protocol::status::UNKNOWN_SESSION))?;
         // Downloads share the transfer slots of uploads: a node looping on fetches cannot
         // take more of the daemon than an upload could.
@@ -409,15 +408,12 @@ impl DeltaUploads {
                 )),
             ));
         }
-        let (node, key) = <[u8; 16]>::try_from(header.session.as_slice())
-            .ok()
-            .and_then(|t| self.sessions.lookup(&t))
-            .ok_or_else(|| {
-                refusal(
-                    "unknown_session",
-                    Status::unauthenticated(hanzod_protocol::status::UNKNOWN_SESSION),
-                )
-            })?;
+        let (node, key) = self.sessions.lookup_bytes(&header.session).ok_or_else(|| {
+            refusal(
+                "unknown_session",
+                Status::unauthenticated(hanzod_protocol::status::UNKNOWN_SESSION),
+            )
+        })?;
         cx.node = Some(node);
 
         let view = self

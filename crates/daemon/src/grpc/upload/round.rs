@@ -41,9 +41,9 @@ impl DeltaUploads {
         ),
         Status,
     > {
-        let (node, key) = <[u8; 16]>::try_from(session)
-            .ok()
-            .and_then(|t| self.sessions.lookup(&t))
+        let (node, key) = self
+            .sessions
+            .lookup_bytes(session)
             .ok_or_else(|| Status::unauthenticated(hanzod_protocol::status::UNKNOWN_SESSION))?;
         let view = self
             .core
