@@ -438,7 +438,8 @@ fn node_events(s: &DemoSummary) -> Vec<Vec<serde_json::Value>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_tampered_all_reduce_is_caught_by_the_check_and_the_epoch_falls_back_to_the_star() {
+async fn a_tampered_all_reduce_is_caught_attributed_and_slashed_and_the_epoch_falls_back_to_the_star(
+) {
     let mut p = plan("ring-tamper", 4, 2);
     p.aggregation = hanzod_actors::job::Aggregation::Ring;
     p.byzantine = 1;
@@ -468,6 +469,33 @@ async fn a_tampered_all_reduce_is_caught_by_the_check_and_the_epoch_falls_back_t
             e.epoch
         );
         assert!(e.loss_after < e.loss_before, "epoch {}", e.epoch);
+        // The signed pieces proved who sent the wrong partial sum: its delta stays out of
+        // the merge, everyone else's goes in.
+        assert_eq!(
+            (e.accepted, e.rejected),
+            (3, 1),
+            "epoch {}: the tamperer is rejected",
+            e.epoch
+        );
+    }
+    // The tamperer is slashed once per epoch (10 % each) and paid nothing; the honest
+    // members are paid and not slashed.
+    let tamperer = s
+        .nodes
+        .iter()
+        .find(|n| {
+            matches!(
+                n.ring_fault,
+                hanzod::agent::trainer::RingFault::TamperAllreduce { .. }
+            )
+        })
+        .expect("a tamperer");
+    assert_eq!(wei(&tamperer.stake_wei), STAKE / 100 * 81, "{tamperer:?}");
+    assert_eq!(wei(&tamperer.slashed_wei), STAKE - STAKE / 100 * 81);
+    assert_eq!(wei(&tamperer.rewards_wei), 0);
+    for n in s.nodes.iter().filter(|n| n.index != tamperer.index) {
+        assert_eq!(wei(&n.slashed_wei), 0, "honest node {} slashed", n.index);
+        assert!(wei(&n.rewards_wei) > 0, "honest node {} unpaid", n.index);
     }
 }
 

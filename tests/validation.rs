@@ -162,6 +162,7 @@ impl Fixture {
             base,
             deltas,
             ring: None,
+            audit: None,
         };
         self.sink.publish(input).await.unwrap()
     }
@@ -901,6 +902,7 @@ async fn publish_on(
         base: None,
         deltas,
         ring: None,
+        audit: None,
     };
     sink.publish(input).await.unwrap()
 }

@@ -89,6 +89,33 @@ pub struct RingResult {
     pub excluded: Vec<(NodeId, String)>,
 }
 
+/// A ring round whose result was not accepted, handed with the star fallback's deltas to
+/// [`crate::ports::CheckpointSink::publish`] (`EpochInput::audit`) so the sink can attribute
+/// a wrong partial sum to the member that sent it (DESIGN §4b, `hanzod_allreduce::audit`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundAudit {
+    /// The round's ring version.
+    pub version: u64,
+    /// The round's members in ring order with the f32 weights it ran with.
+    pub members: Vec<(NodeId, f32)>,
+    /// Every member's commitment (its delta's hash: the star upload must match it).
+    pub commits: Vec<(NodeId, Commit)>,
+    /// The evidence handed in, one entry per member that sent it.
+    pub evidence: Vec<RoundEvidence>,
+}
+
+/// One member's round evidence (`SubmitEvidence`, `node.proto`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundEvidence {
+    /// The member that received the pieces and handed them in.
+    pub receiver: NodeId,
+    /// The member it says signed them (its predecessor in the round).
+    pub signer: NodeId,
+    /// The signed piece headers, 137 bytes each (`hanzod_allreduce::wire::SIGNED_PIECE_LEN`),
+    /// unchecked: the sink verifies them.
+    pub pieces: Vec<Vec<u8>>,
+}
+
 /// How long each step may take, ms (the reduce's limit is [`reduce_budget`]'s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoundTimeouts {
@@ -533,6 +560,17 @@ impl RingRound {
     /// the first).
     pub fn round(&self) -> &[(NodeId, f32)] {
         &self.round
+    }
+
+    /// The ring version of the round that last started (`None` before the first).
+    pub fn last_round(&self) -> Option<u64> {
+        self.last_round
+    }
+
+    /// The members that reported a result for the round that last started: those that
+    /// hold the round's evidence (a fallback asks them for it).
+    pub fn reported(&self) -> impl Iterator<Item = &NodeId> {
+        self.reports.keys()
     }
 
     /// The current members in ring order with their weights (empty before Score).

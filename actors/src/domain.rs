@@ -24,6 +24,9 @@ pub const SPOT_CHECK: &[u8] = b"hanzod-spot-check-v1";
 /// Slashing evidence (DESIGN §8): the `domain` field of the evidence JSON whose SHA-256 the
 /// chain keys a slash by.
 pub const SLASH_EVIDENCE: &[u8] = b"hanzod-slash-v2";
+/// Ring tamper evidence (DESIGN §4b, §8): the `domain` field of the evidence JSON that
+/// proves a ring member sent a wrong partial sum, whose SHA-256 the chain keys its slash by.
+pub const RING_TAMPER_EVIDENCE: &[u8] = b"hanzod-ring-tamper-v1";
 /// The publication record (DESIGN §7): the orchestrator signs `PUBLICATION_RECORD ||`
 /// the record's canonical bytes.
 pub const PUBLICATION_RECORD: &[u8] = b"hanzod/publication-record/v1\0";
@@ -73,7 +76,7 @@ pub const REDUCTION: &[u8] = b"hanzod.v1.reduction";
 pub const MERGED: &[u8] = b"hanzod.v1.merged";
 
 /// Every domain, for the check that none is a prefix of another.
-pub const ALL: [&[u8]; 24] = [
+pub const ALL: [&[u8]; 25] = [
     REGISTER,
     SESSION,
     GPU,
@@ -81,6 +84,7 @@ pub const ALL: [&[u8]; 24] = [
     SPOT_CHECK_SEED,
     SPOT_CHECK,
     SLASH_EVIDENCE,
+    RING_TAMPER_EVIDENCE,
     PUBLICATION_RECORD,
     RECEIPT,
     EVM_ACCOUNT,

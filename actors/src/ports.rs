@@ -30,7 +30,7 @@ use crate::job::{EpochSummary, JobSpec};
 use crate::publication::{PublicationReceipt, SignedPublication};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
-pub use crate::aggregation::RingResult;
+pub use crate::aggregation::{RingResult, RoundAudit, RoundEvidence};
 pub use crate::types::{DeltaReceipt, RingView};
 pub use memory::TokioClock;
 
@@ -669,6 +669,9 @@ pub struct EpochInput<'a> {
     /// Ring aggregation: the accepted round (`None` in star aggregation and when a ring
     /// epoch fell back to the star).
     pub ring: Option<&'a RingResult>,
+    /// Ring aggregation that fell back to the star after a round ran: the round and the
+    /// evidence its members handed in, to attribute a wrong partial sum (`None` otherwise).
+    pub audit: Option<&'a RoundAudit>,
 }
 
 /// Every counter hanzod reports through [`Metrics::incr`] (DESIGN §10): an exporter

@@ -17,6 +17,7 @@ use super::children::{schedule_respawn, Children};
 use super::msg::JobSupervisorMsg;
 use super::msg::OrchestratorMsg;
 use super::msg::RingMsg;
+use super::msg::RoundMsg;
 use super::msg::SchedulerMsg;
 use super::ring::{RingActor, RingActorArgs};
 use super::{answer, Deps, Notice};
@@ -352,6 +353,7 @@ impl JobState {
         self.publishing = Some(epoch);
         let deltas: Vec<DeltaReceipt> = self.receipts.values().cloned().collect();
         let ring = self.ring_result(epoch);
+        let audit = self.round_audit(epoch);
         let spec = self.job.spec.clone();
         let base = self.job.base_of(epoch).map(str::to_string);
         let sink = self.deps.sink.clone();
@@ -369,6 +371,7 @@ impl JobState {
                     base: base.as_deref(),
                     deltas: &deltas,
                     ring: ring.as_ref(),
+                    audit: audit.as_ref(),
                 };
                 sink.publish(input).await
             });
@@ -637,8 +640,14 @@ impl Actor for JobActor {
                 }
             }
             JobMsg::Round { node, msg, reply } => {
+                let evidence = matches!(msg, RoundMsg::Evidence { .. });
                 let r = state.on_round_msg(&myself, node, msg).await;
+                let accepted = r.is_ok();
                 answer(reply, r);
+                if evidence && accepted {
+                    // The last evidence a fallback waits for may complete the epoch.
+                    state.check_epoch(&myself, false).await;
+                }
             }
             JobMsg::RoundScored { epoch, result } => {
                 state.on_round_scored(&myself, epoch, result).await

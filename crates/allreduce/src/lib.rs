@@ -11,13 +11,16 @@
 //! * [`links`]: a member's two TCP links and a loopback ring for tests and benches.
 //! * [`round`]: one member's round ([`round::all_reduce`]), pipelined, memory-bounded,
 //!   aborting with a typed error that names the suspected peer.
+//! * [`audit`] (pure): after a failed round, which member sent a wrong partial sum, proved
+//!   from the signed pieces the members received and their uploaded deltas.
 //!
 //! Every member ends with the same bytes: each chunk's sum is computed once, by its owner,
 //! and copied by the all-gather. The signature domains ([`wire::HANDSHAKE_DOMAIN`],
-//! [`wire::PIECE_DOMAIN`], [`wire::ABORT_DOMAIN`]) are not prefixes of any domain in
-//! `hanzod_actors::domain` and should move there when the ring is wired into the node.
+//! [`wire::PIECE_DOMAIN`], [`wire::ABORT_DOMAIN`]) live in `hanzod_actors::domain` with
+//! every other domain.
 #![warn(missing_docs)]
 
+pub mod audit;
 pub mod links;
 pub mod round;
 pub mod schedule;

@@ -299,7 +299,37 @@ pub struct SignedPiece {
     pub signature: [u8; 64],
 }
 
+/// Bytes of a [`SignedPiece`] as evidence carries it (`RoundEvidence.pieces`, `node.proto`):
+/// the encoded header then the signature.
+pub const SIGNED_PIECE_LEN: usize = PIECE_HEADER_LEN + 64;
+
 impl SignedPiece {
+    /// The [`SIGNED_PIECE_LEN`] bytes: header ([`PieceHeader::encode`]) then signature.
+    pub fn to_bytes(&self) -> [u8; SIGNED_PIECE_LEN] {
+        let mut b = [0u8; SIGNED_PIECE_LEN];
+        b[..PIECE_HEADER_LEN].copy_from_slice(&self.header.encode());
+        b[PIECE_HEADER_LEN..].copy_from_slice(&self.signature);
+        b
+    }
+
+    /// Parses [`SignedPiece::to_bytes`]'s form; the signature is not checked here.
+    ///
+    /// Errors: [`PieceError::Unexpected`] when `b` is not [`SIGNED_PIECE_LEN`] bytes,
+    /// [`PieceError::UnknownPhase`] for an unknown phase code.
+    pub fn from_bytes(b: &[u8]) -> Result<SignedPiece, PieceError> {
+        if b.len() != SIGNED_PIECE_LEN {
+            return Err(PieceError::Unexpected(format!(
+                "signed piece of {} bytes, not {SIGNED_PIECE_LEN}",
+                b.len()
+            )));
+        }
+        let (h, sig) = b.split_at(PIECE_HEADER_LEN);
+        Ok(SignedPiece {
+            header: PieceHeader::decode(h.try_into().expect("split at the header length"))?,
+            signature: sig.try_into().expect("the rest is 64 bytes"),
+        })
+    }
+
     /// Signs `header` with `key`.
     pub fn sign(header: PieceHeader, key: &Identity) -> SignedPiece {
         let signature = key.sign(PIECE_DOMAIN, &[&header.encode()]);

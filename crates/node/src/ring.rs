@@ -952,12 +952,7 @@ impl<R: RingRpc> RingParticipant<R> {
                 .evidence
                 .iter()
                 .take(MAX_EVIDENCE_PIECES)
-                .map(|p| {
-                    let mut b = Vec::with_capacity(hanzod_allreduce::wire::PIECE_HEADER_LEN + 64);
-                    b.extend_from_slice(&p.header.encode());
-                    b.extend_from_slice(&p.signature);
-                    b
-                })
+                .map(|p| p.to_bytes().to_vec())
                 .collect();
             if result.evidence.len() > MAX_EVIDENCE_PIECES {
                 tracing::warn!(

@@ -9,6 +9,8 @@
 //!   commit–reveal spot-check selection;
 //! - [`sketch_score`]: ring mode's scores and merge weights from the members' delta sketches
 //!   (duplicates, outliers, the composite without its loss term);
+//! - [`ring_audit`]: after a ring round fell back to the star, which member sent a wrong
+//!   partial sum (from the signed pieces and the uploaded deltas), and its slashing evidence;
 //! - [`merge`]: the aggregators (weighted mean by score, coordinate median, trimmed mean)
 //!   and the policy that picks one;
 //! - [`lora`]: merging LoRA deltas on each node's effective update ΔW = (α/r)·B·A per
@@ -16,7 +18,7 @@
 //!   the base weights;
 //! - [`sink`]: the [`CheckpointSink`](hanzod_actors::ports::CheckpointSink) that runs an
 //!   epoch end to end (the model keeper owns each job's weights), and settles it on the
-//!   ledger (rewards by score, slashes for failed spot-checks);
+//!   ledger (rewards by score, slashes for failed spot-checks and proved ring tampering);
 //! - [`publisher`]: staging and completing a publication (object store, model registry,
 //!   signed record) so that a crash resumes it;
 //! - [`recovery`]: rebuilding jobs from their signed publication records after the state
@@ -31,6 +33,7 @@ pub mod lora;
 pub mod merge;
 pub mod publisher;
 pub mod recovery;
+pub mod ring_audit;
 pub mod score;
 pub mod sink;
 pub mod sketch_score;

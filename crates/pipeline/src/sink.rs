@@ -76,6 +76,7 @@ use crate::merge::{
     Aggregator, CoordinateMedian, KeepReason, MergeOutcome, RobustPolicy, WeightedMean,
 };
 use crate::publisher::{Checkpoint, Publisher, Staged};
+use crate::ring_audit::{self, RoundAuditReport};
 use crate::score::{is_spot_checked, Commitment, EpochSecret, NormTracker};
 use crate::sketch_score::{
     score_sketches, Exclusion, MemberSketch, SketchContext, SketchScoreConfig, SketchScoreError,
@@ -85,7 +86,7 @@ use crate::validate::{
     seed_norms, EpochContext, Rejection, SlashEvidence, SpotCheck, Submission, ValidationConfig,
     ValidatorPool, Verdict, SUSPECT_LOSS_RISE,
 };
-use hanzod_actors::aggregation::Commit;
+use hanzod_actors::aggregation::{Commit, RoundAudit};
 use hanzod_actors::job::{EpochOutcome, EpochSummary, JobSpec, TrainingSpec};
 use hanzod_actors::ports::memory::MemoryStateStore;
 use hanzod_actors::ports::{
@@ -303,6 +304,11 @@ pub struct EpochReport {
     /// then follow the merge weights ([`DeltaReport::weight`]), not the composite scores.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ring: Option<RingReport>,
+    /// Ring aggregation fallen back to the star after a round ran: what the attribution of
+    /// the round found; each member proved to have tampered is rejected and slashed with
+    /// its [`TamperEvidence`](ring_audit::TamperEvidence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round_audit: Option<RoundAuditReport>,
 }
 
 impl EpochReport {
@@ -382,6 +388,9 @@ enum KeeperMsg {
         deltas: Vec<DeltaReceipt>,
         /// Ring aggregation: the accepted round ([`EpochInput::ring`]).
         ring: Option<Box<RingResult>>,
+        /// Ring aggregation fallen back to the star: the round to attribute
+        /// ([`EpochInput::audit`]).
+        audit: Option<Box<RoundAudit>>,
         /// The checkpoint, or why there is none.
         reply: RpcReplyPort<Result<PublishedEpoch, CheckpointError>>,
     },
@@ -428,6 +437,8 @@ enum JobKeeperMsg {
         deltas: Vec<DeltaReceipt>,
         /// Ring aggregation: the accepted round.
         ring: Option<Box<RingResult>>,
+        /// Ring aggregation fallen back to the star: the round to attribute.
+        audit: Option<Box<RoundAudit>>,
         /// The checkpoint, or why there is none.
         reply: RpcReplyPort<Result<PublishedEpoch, CheckpointError>>,
     },
@@ -1166,6 +1177,16 @@ fn ring_report(
 }
 
 /// Removes the delta blobs of an epoch already published (logged, never fatal).
+/// The deltas tamper evidence is checked against: every member's of a round with a
+/// proved tamperer (none when nobody was).
+fn tamper_inputs(audit: Option<&RoundAuditReport>) -> impl Iterator<Item = [u8; 32]> + '_ {
+    audit
+        .into_iter()
+        .flat_map(|a| a.tampered.first())
+        .flat_map(|t| &t.delta_hashes)
+        .filter_map(|h| <[u8; 32]>::try_from(hex::decode(h).ok()?).ok())
+}
+
 async fn remove_blobs(blobs: &dyn BlobStore, job: JobId, hashes: Vec<[u8; 32]>) {
     for hash in hashes {
         if let Err(e) = blobs.remove(&hash).await {
@@ -1293,7 +1314,7 @@ impl JobKeeperState {
         spec: JobSpec,
         base: Option<String>,
         deltas: Vec<DeltaReceipt>,
-        ring: Option<RingResult>,
+        (ring, audit): (Option<RingResult>, Option<RoundAudit>),
     ) -> Result<PublishedEpoch, CheckpointError> {
         let training = spec.training.clone();
         self.retry().await;
@@ -1314,7 +1335,8 @@ impl JobKeeperState {
                 (staged, None)
             }
             None => {
-                self.aggregate(job, epoch, &spec, base, &deltas, ring.as_ref(), &publisher)
+                let rounds = (ring.as_ref(), audit.as_ref());
+                self.aggregate(job, epoch, &spec, base, &deltas, rounds, &publisher)
                     .await?
             }
         };
@@ -1375,6 +1397,14 @@ impl JobKeeperState {
             .into_iter()
             .flatten()
             .filter_map(|s| s.get("delta_hash")?.as_str().map(str::to_string))
+            .chain(
+                staged
+                    .report
+                    .get("round_audit")
+                    .and_then(|a| serde_json::from_value::<RoundAuditReport>(a.clone()).ok())
+                    .map(|a| tamper_inputs(Some(&a)).map(hex::encode).collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            )
             .collect();
         let this_epoch = deltas
             .iter()
@@ -1408,7 +1438,7 @@ impl JobKeeperState {
         spec: &JobSpec,
         base: Option<String>,
         deltas: &[DeltaReceipt],
-        ring: Option<&RingResult>,
+        (ring, audit): (Option<&RingResult>, Option<&RoundAudit>),
         publisher: &Publisher,
     ) -> Result<(Staged, Option<Arc<[u8]>>), CheckpointError> {
         let training = &spec.training;
@@ -1458,6 +1488,21 @@ impl JobKeeperState {
         }))
         .await;
         let mut judged = judged;
+        // A ring round that fell back: attribute a wrong partial sum, and keep the members
+        // proved to have tampered out of the merge and the rewards.
+        let round_audit = match (ring, audit) {
+            (None, Some(a)) => Some(self.attribute(job, epoch, a, deltas).await),
+            _ => None,
+        };
+        if let Some(found) = &round_audit {
+            for node in found.guilty() {
+                for v in judged.iter_mut().filter(|v| v.node == node) {
+                    v.outcome = Err(Rejection::RingTamper {
+                        ring_version: found.ring_version,
+                    });
+                }
+            }
+        }
         // A job's first epoch: seed the norm average from the epoch itself (DESIGN §12); in
         // ring aggregation with the average the members were scored against.
         let mut norm_average = ctx.norms;
@@ -1531,6 +1576,7 @@ impl JobKeeperState {
         let mut report = EpochReport {
             kept,
             suspect,
+            round_audit: round_audit.clone(),
             ..self.report(
                 &ctx,
                 deltas,
@@ -1622,12 +1668,14 @@ impl JobKeeperState {
         // epoch e + 1 can end, so once e + 1 is published nothing asks for e's deltas again
         // (a publication retried after a crash is for the epoch in flight). Deltas that are
         // slashing evidence stay. A ring's merged delta goes with its epoch's deltas.
-        let evidence: std::collections::HashSet<[u8; 32]> = deltas
+        let mut evidence: std::collections::HashSet<[u8; 32]> = deltas
             .iter()
             .zip(&judged)
             .filter(|(r, v)| v.evidence(r).is_some())
             .map(|(r, _)| r.delta_hash)
             .collect();
+        // Tamper evidence is checked against every member's delta of the round.
+        evidence.extend(tamper_inputs(round_audit.as_ref()));
         let this_epoch: Vec<[u8; 32]> = deltas
             .iter()
             .map(|r| r.delta_hash)
@@ -1639,6 +1687,41 @@ impl JobKeeperState {
             remove_blobs(&*blobs, job, previous).await;
         }
         Ok((staged, Some(Arc::from(bytes.as_ref()))))
+    }
+
+    /// Attributes a ring round that fell back to the star ([`ring_audit::attribute`]) from
+    /// the round members' star uploads among `deltas` (fetched again from the blob store)
+    /// and their evidence, on a blocking thread. Nothing here fails the epoch: an upload
+    /// that cannot be read counts as not held.
+    async fn attribute(
+        &self,
+        job: JobId,
+        epoch: u32,
+        audit: &RoundAudit,
+        deltas: &[DeltaReceipt],
+    ) -> RoundAuditReport {
+        let blobs = self.deps.blobs.clone();
+        let payloads = futures_util::future::join_all(audit.members.iter().map(|(n, _)| {
+            let hash = deltas.iter().find(|r| r.node == *n).map(|r| r.delta_hash);
+            let blobs = blobs.clone();
+            async move { blobs.get(&hash?).await.ok().map(|b| Arc::from(b.as_ref())) }
+        }))
+        .await;
+        let audit = audit.clone();
+        let found = blocking(move || ring_audit::attribute(job.0, epoch, &audit, &payloads))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(job = %job, epoch, error = %e, "ring round attribution failed");
+                RoundAuditReport::default()
+            });
+        for t in &found.tampered {
+            tracing::warn!(job = %job, epoch, node = %t.node, ring_version = t.ring_version, receiver = %t.receiver, "ring member proved to have sent a wrong partial sum: rejected and slashed");
+        }
+        if !found.undetermined.is_empty() {
+            tracing::warn!(job = %job, epoch, members = ?found.undetermined, "ring members sent a wrong partial sum but withheld the evidence of their input: not slashed");
+        }
+        tracing::info!(job = %job, epoch, ring_version = found.ring_version, checked = found.checked, wrong = found.wrong, unverifiable = found.unverifiable, refused = found.refused, "ring round attributed");
+        found
     }
 
     /// The ring branch of [`JobKeeperState::aggregate`]: fetches the round's merged delta
@@ -1813,6 +1896,7 @@ impl JobKeeperState {
             settlement_error: None,
             publication: None,
             ring: None,
+            round_audit: None,
         }
     }
 
@@ -1930,19 +2014,25 @@ impl JobKeeperState {
             }
         }
         report.slashed.clear();
-        for evidence in &report.slashes {
-            let Some(node) = node_of(&evidence.node) else {
+        let tampered = report.round_audit.iter().flat_map(|a| &a.tampered);
+        let evidences: Vec<(String, Vec<u8>)> = report
+            .slashes
+            .iter()
+            .map(|e| (e.node.clone(), e.canonical_bytes()))
+            .chain(tampered.map(|t| (t.node.clone(), t.canonical_bytes())))
+            .collect();
+        for (hex_node, bytes) in &evidences {
+            let Some(node) = node_of(hex_node) else {
                 continue;
             };
-            let bytes = evidence.canonical_bytes();
-            let call = econ.ledger.slash(&node, econ.slash_pct, &bytes);
+            let call = econ.ledger.slash(&node, econ.slash_pct, bytes);
             match tokio::time::timeout_at(deadline, call).await {
                 Ok(Ok(r)) => {
                     if !r.duplicate {
                         self.deps.metrics.incr(Counter::Slashes, "applied", 1);
                     }
                     report.slashed.push(SlashLine {
-                        node: evidence.node.clone(),
+                        node: hex_node.clone(),
                         pct: r.pct,
                         slashed_wei: r.slashed.0.to_string(),
                         stake_after_wei: r.stake_after.0.to_string(),
@@ -1953,11 +2043,11 @@ impl JobKeeperState {
                 Ok(Err(
                     e @ (LedgerError::Chain(ChainError::Unbound(_)) | LedgerError::Invalid(_)),
                 )) => {
-                    tracing::warn!(job = %job, epoch = report.epoch, node = %evidence.node, error = %e, "slash refused for good; not retried");
+                    tracing::warn!(job = %job, epoch = report.epoch, node = %hex_node, error = %e, "slash refused for good; not retried");
                     self.deps.metrics.incr(Counter::Slashes, "refused", 1);
                 }
-                Ok(Err(e)) => errors.push(format!("slashing {}: {e}", evidence.node)),
-                Err(_) => errors.push(bounded(format!("slashing {}", evidence.node))),
+                Ok(Err(e)) => errors.push(format!("slashing {}: {e}", hex_node)),
+                Err(_) => errors.push(bounded(format!("slashing {}", hex_node))),
             }
         }
         if errors.is_empty() {
@@ -2188,6 +2278,7 @@ impl Actor for Keeper {
                 base,
                 deltas,
                 ring,
+                audit,
                 reply,
             } => {
                 let msg = JobKeeperMsg::Publish {
@@ -2196,6 +2287,7 @@ impl Actor for Keeper {
                     base,
                     deltas,
                     ring,
+                    audit,
                     reply,
                 };
                 state.forward(&myself, job, msg).await;
@@ -2305,12 +2397,12 @@ impl Actor for JobKeeper {
                 base,
                 deltas,
                 ring,
+                audit,
                 reply,
             } => {
                 let job = state.job;
-                let result = state
-                    .publish(job, epoch, *spec, base, deltas, ring.map(|r| *r))
-                    .await;
+                let rounds = (ring.map(|r| *r), audit.map(|a| *a));
+                let result = state.publish(job, epoch, *spec, base, deltas, rounds).await;
                 if let Err(e) = &result {
                     tracing::warn!(job = %job, epoch, error = %e, "aggregation failed");
                 }
@@ -2468,6 +2560,7 @@ impl CheckpointSink for TrainingSink {
             base: input.base.map(str::to_string),
             deltas: input.deltas.to_vec(),
             ring: input.ring.map(|r| Box::new(r.clone())),
+            audit: input.audit.map(|a| Box::new(a.clone())),
             reply,
         };
         // A job keeper that died mid-call drops the reply; the call is idempotent per

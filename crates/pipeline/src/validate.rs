@@ -205,6 +205,14 @@ pub enum Rejection {
     /// The validator worker crashed twice on this delta.
     #[error("validator crashed while scoring this delta")]
     ValidatorCrashed,
+    /// The node was proved to have sent a wrong partial sum in the epoch's ring round
+    /// (`crate::ring_audit`): its delta stays out of the merge and the rewards, and it is
+    /// slashed with the round's tamper evidence.
+    #[error("sent a wrong partial sum in ring round {ring_version}")]
+    RingTamper {
+        /// The round's ring version.
+        ring_version: u64,
+    },
 }
 
 impl Rejection {
@@ -220,6 +228,7 @@ impl Rejection {
             Rejection::Quality(_) => "quality",
             Rejection::SpotCheckLoss { .. } => "spot_check_loss",
             Rejection::SpotCheckReplay { .. } => "spot_check_replay",
+            Rejection::RingTamper { .. } => "ring_tamper",
             Rejection::ValidatorCrashed => "validator_crashed",
         }
     }

@@ -19,7 +19,8 @@ use crate::actor::msg::{JobMsg, JobRequestError, RoundMsg};
 use crate::aggregation::{reduce_budget, Commit, Effect, Input, RingRound, RoundTimeouts, Step};
 use crate::job::{Aggregation, JobEvent, JobPhase};
 use crate::ports::{
-    NodeCommand, RingCheckInput, RingResult, RingScoreInput, RingSeeds, RoundUpload, SketchData,
+    NodeCommand, RingCheckInput, RingResult, RingScoreInput, RingSeeds, RoundAudit, RoundEvidence,
+    RoundUpload, SketchData,
 };
 use crate::types::{NodeId, Timestamp};
 
@@ -43,6 +44,9 @@ pub(super) struct RoundState {
     pub excluded: BTreeMap<NodeId, String>,
     /// Round evidence received after a fallback: member → (version, sender, pieces).
     pub evidence: BTreeMap<NodeId, (u64, NodeId, Vec<Vec<u8>>)>,
+    /// After a fallback from a round that ran: its version and the members asked for their
+    /// evidence (those that reported a result); the epoch waits for them as for deltas.
+    pub evidence_wanted: Option<(u64, Vec<NodeId>)>,
     /// The accepted round (or every member excluded: `merged` is `None`).
     pub result: Option<RingResult>,
     /// Whether `result` is recorded in the event log ([`crate::events::Event::RingAccepted`]).
@@ -72,6 +76,7 @@ impl RoundState {
             check_sketches: BTreeMap::new(),
             excluded: BTreeMap::new(),
             evidence: BTreeMap::new(),
+            evidence_wanted: None,
             result: None,
             recorded: false,
             star_until,
@@ -93,6 +98,29 @@ impl RoundState {
             excluded: self.excluded.iter().map(|(n, w)| (*n, w.clone())).collect(),
         }
     }
+    /// The round a fallback audits: its members, commitments and the evidence handed in
+    /// for its version (`None` when no round ran or nobody handed any in).
+    pub(super) fn audit(&self) -> Option<RoundAudit> {
+        let (version, _) = self.evidence_wanted.as_ref()?;
+        let machine = self.machine.as_ref()?;
+        let evidence: Vec<RoundEvidence> = self
+            .evidence
+            .iter()
+            .filter(|(_, (v, _, _))| v == version)
+            .map(|(receiver, (_, signer, pieces))| RoundEvidence {
+                receiver: *receiver,
+                signer: *signer,
+                pieces: pieces.clone(),
+            })
+            .collect();
+        (!evidence.is_empty()).then(|| RoundAudit {
+            version: *version,
+            members: machine.round().to_vec(),
+            commits: machine.commits().iter().map(|(n, c)| (*n, *c)).collect(),
+            evidence,
+        })
+    }
+
     /// A rebuilt actor whose log holds the epoch's accepted round (`Event::RingAccepted`).
     pub(super) fn recorded_round(epoch: u32, result: RingResult) -> RoundState {
         let mut r = RoundState::new(epoch, None, None, None, Vec::new());
@@ -270,7 +298,15 @@ impl JobState {
                     at: round.step(),
                 });
             }
-            round.evidence.insert(node, (version, sender, pieces));
+            // Only the members asked, for the round asked, once (a repeat keeps the first).
+            match &round.evidence_wanted {
+                Some((v, from)) if *v == version && from.contains(&node) => {}
+                _ => return Err(JobRequestError::NotMember(node)),
+            }
+            round
+                .evidence
+                .entry(node)
+                .or_insert((version, sender, pieces));
             return Ok(round.step());
         }
         let Some(machine) = round.machine.as_ref() else {
@@ -666,6 +702,18 @@ impl JobState {
                     Some(self.deps.now().plus_ms(self.deps.cfg.aggregation.upload_ms));
                 round.star_members = members.clone();
                 let reason = reason.to_string();
+                // Evidence from the round members that reported a result (the others hold
+                // none); the epoch waits for it as for the deltas.
+                let evidence = evidence.and_then(|v| {
+                    let machine = round.machine.as_ref()?;
+                    let from: Vec<NodeId> = machine
+                        .reported()
+                        .filter(|n| members.contains(n))
+                        .copied()
+                        .collect();
+                    Some((v, from))
+                });
+                round.evidence_wanted = evidence.clone();
                 for n in &members {
                     if !self.receipts.contains_key(n) {
                         self.send(
@@ -680,7 +728,8 @@ impl JobState {
                         )
                         .await;
                     }
-                    if let Some(v) = evidence {
+                    if let Some((v, _)) = evidence.as_ref().filter(|(_, f)| f.contains(n)) {
+                        let v = *v;
                         self.send(
                             n,
                             NodeCommand::UploadRequest {
@@ -805,9 +854,13 @@ impl JobState {
             .copied()
             .collect();
         let passed = round.star_until.is_some_and(|t| now >= t);
+        let evidence_in = |m: &NodeId| match &round.evidence_wanted {
+            Some((_, from)) if from.contains(m) => round.evidence.contains_key(m),
+            _ => true,
+        };
         self.job.epoch_due(
             Some(&members),
-            |m| self.receipts.contains_key(m),
+            |m| self.receipts.contains_key(m) && evidence_in(m),
             self.receipts.len(),
             passed,
         )
@@ -839,6 +892,14 @@ impl JobState {
                 false
             }
         }
+    }
+
+    /// The failed round to hand the sink for attribution, if any.
+    pub(super) fn round_audit(&self, epoch: u32) -> Option<RoundAudit> {
+        self.round
+            .as_ref()
+            .filter(|r| r.epoch == epoch && r.result.is_none())
+            .and_then(RoundState::audit)
     }
 
     /// The accepted round to hand the sink, if any.

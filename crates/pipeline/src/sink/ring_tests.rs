@@ -408,6 +408,7 @@ async fn publish_ring(
         base: None,
         deltas,
         ring: Some(ring),
+        audit: None,
     };
     let published = f.sink.publish(input).await.expect("published");
     // Idempotent per (job, epoch).
