@@ -6,7 +6,7 @@
 //! # The steps
 //!
 //! ```text
-//! Commit ─▶ Sketch ─▶ Score ─▶ Reduce(v) ─hashes agree─▶ Verify(v) ─upload + check sketches─▶ Check ─ok─▶ Done
+//! Commit ─▶ Sketch ─▶ Score ─▶ Reduce(v) ─hashes agree─▶ Verify(v) ─upload + check sketches + audit─▶ Check ─ok─▶ Done
 //!   │                   │        │  ▲                       │                                  │
 //!   │                   │        │  └ ring version v′ > v:  │ uploader fails: next member      │ refused
 //!   │                   │        │    restart without the   │                                  ▼
@@ -44,11 +44,15 @@
 //!    revealed ([`Effect::RevealCheck`]): a second seed, unknown while the members reduced,
 //!    because a sketch is blind to changes in its projection's null space and a reducer who
 //!    knew the seed could hide one there (see `hanzod_protocol::sketch`). Each member sends
-//!    its committed delta's sketch under it.
+//!    its committed delta's sketch under it. The caller also draws the post-reduce *audit*
+//!    ([`Input::Audited`], a commit–reveal sample nobody could predict while reducing):
+//!    those members upload their delta now, and the check waits for it, so their sketches
+//!    are recomputed from the committed bytes: a member that reduced and sketched anything
+//!    but its committed delta is caught with the audit's probability.
 //! 6. **Check.** The caller sketches the uploaded result itself under the check seed and
 //!    compares it with Σ wᵢ·sketchᵢ ([`Effect::Check`]). Hashes that differ, a refused
-//!    check, a check sketch that does not come, no uploader left, or a round that misses its
-//!    deadline fall back to the star for the epoch ([`Effect::Fallback`]): every committed
+//!    check, a check sketch or an audited delta that does not come, no uploader left, or a
+//!    round that misses its deadline fall back to the star for the epoch ([`Effect::Fallback`]): every committed
 //!    member uploads its delta (which must match its commitment) and its round evidence, and
 //!    the epoch merges as in star mode; the evidence attributes a wrong partial sum to the
 //!    member that forwarded it.
@@ -243,6 +247,8 @@ pub enum Fallback {
     NoUpload,
     /// These round members did not sketch their delta under the check seed in time.
     CheckSketchMissing(Vec<NodeId>),
+    /// These audited round members did not upload their delta in time.
+    AuditWithheld(Vec<NodeId>),
     /// The caller could not score the sketches.
     ScoreFailed(String),
 }
@@ -265,6 +271,11 @@ impl std::fmt::Display for Fallback {
             Fallback::CheckSketchMissing(late) => write!(
                 f,
                 "{} members did not sketch their delta under the check seed",
+                late.len()
+            ),
+            Fallback::AuditWithheld(late) => write!(
+                f,
+                "{} audited members did not upload their delta",
                 late.len()
             ),
             Fallback::ScoreFailed(why) => write!(f, "sketches could not be scored: {why}"),
@@ -334,6 +345,13 @@ pub enum Input {
         /// The round it is for.
         version: u64,
     },
+    /// The members the post-reduce audit selected among the round's, answering
+    /// [`Effect::RevealCheck`] (their check SketchRequest asked for their delta): the check
+    /// waits for their uploads ([`Input::Uploaded`]), which bind their sketches.
+    Audited {
+        /// The audited members.
+        nodes: BTreeSet<NodeId>,
+    },
     /// The caller's check of the agreed result, answering [`Effect::Check`].
     Checked {
         /// The ring version checked.
@@ -391,7 +409,9 @@ pub enum Effect {
         members: Vec<(NodeId, f32)>,
     },
     /// Reveal the check seed to every round member (SketchRequest, check = true): each
-    /// committed to the result, so the seed can no longer shape it.
+    /// committed to the result, so the seed can no longer shape it. Answer
+    /// [`Input::Audited`] with the members the post-reduce audit selects (their request
+    /// asks for their delta too).
     RevealCheck {
         /// The round's ring version.
         version: u64,
@@ -470,6 +490,9 @@ pub struct RingRound {
     merged: bool,
     /// Round members whose check sketch arrived.
     check_sketched: BTreeSet<NodeId>,
+    /// Round members the post-reduce audit selected, and those whose upload arrived.
+    audited: BTreeSet<NodeId>,
+    audit_uploaded: BTreeSet<NodeId>,
     /// The version of the last round started, for evidence.
     last_round: Option<u64>,
     /// The members and weights the last round started with (ring order).
@@ -510,6 +533,8 @@ impl RingRound {
             asked: Vec::new(),
             merged: false,
             check_sketched: BTreeSet::new(),
+            audited: BTreeSet::new(),
+            audit_uploaded: BTreeSet::new(),
             last_round: None,
             round: Vec::new(),
             reduce_ms,
@@ -581,6 +606,18 @@ impl RingRound {
             .collect()
     }
 
+    /// Whether the machine expects `node`'s delta now: a spot-checked member in the Sketch
+    /// step, or an audited member in the Verify step.
+    pub fn wants_upload(&self, node: &NodeId) -> bool {
+        match self.step {
+            Step::Sketch => self.selected.contains(node) && !self.uploaded.contains(node),
+            Step::Verify { .. } => {
+                self.audited.contains(node) && !self.audit_uploaded.contains(node)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether `node` is expected to send its sketch now (a committed member in the Sketch
     /// step that has not sent one).
     pub fn wants_sketch(&self, node: &NodeId) -> bool {
@@ -632,6 +669,18 @@ impl RingRound {
                 if self.step == Step::Sketch && self.selected.contains(&node) {
                     self.uploaded.insert(node);
                     self.maybe_close_sketch(&mut out);
+                } else if matches!(self.step, Step::Verify { .. }) && self.audited.contains(&node) {
+                    self.audit_uploaded.insert(node);
+                    self.maybe_check(&mut out);
+                }
+            }
+            Input::Audited { nodes } => {
+                if matches!(self.step, Step::Verify { .. }) {
+                    self.audited = nodes
+                        .into_iter()
+                        .filter(|n| self.round.iter().any(|(m, _)| m == n))
+                        .collect();
+                    self.maybe_check(&mut out);
                 }
             }
             Input::Scored { weights } => {
@@ -854,6 +903,8 @@ impl RingRound {
         self.agreed = Some(agreed);
         self.merged = false;
         self.check_sketched.clear();
+        self.audited.clear();
+        self.audit_uploaded.clear();
         self.asked.clear();
         out.push(Effect::RevealCheck {
             version,
@@ -876,6 +927,7 @@ impl RingRound {
                 .round
                 .iter()
                 .any(|(n, _)| !self.check_sketched.contains(n))
+            || !self.audited.is_subset(&self.audit_uploaded)
         {
             return;
         }
@@ -952,8 +1004,15 @@ impl RingRound {
                     .map(|(n, _)| *n)
                     .filter(|n| !self.check_sketched.contains(n))
                     .collect();
+                let withheld: Vec<NodeId> = self
+                    .audited
+                    .difference(&self.audit_uploaded)
+                    .copied()
+                    .collect();
                 if !late.is_empty() {
                     self.fall_back(Fallback::CheckSketchMissing(late), out);
+                } else if !withheld.is_empty() {
+                    self.fall_back(Fallback::AuditWithheld(withheld), out);
                 } else if !self.merged {
                     self.ask_next_uploader(now, out);
                 }

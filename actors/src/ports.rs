@@ -531,6 +531,15 @@ pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
         false
     }
 
+    /// Ring aggregation, step 5: whether the post-reduce audit selects the delta of hash
+    /// `delta_hash` in `job`'s epoch `epoch` (a commit–reveal sample independent of the
+    /// spot-check's, DESIGN §4b): its member uploads it before the check, which recomputes
+    /// its sketches from it.
+    fn ring_audited(&self, job: JobId, epoch: u32, delta_hash: &[u8; 32]) -> bool {
+        let _ = (job, epoch, delta_hash);
+        false
+    }
+
     /// Ring aggregation, step 3: the weights of the members from their sketches under the
     /// scoring seed (member → weight ≥ 0; 0 or absent excludes it).
     ///
@@ -600,6 +609,10 @@ pub struct RingScoreInput<'a> {
     /// Each member with its commitment and sketch, in the order the commitments were
     /// accepted (the earlier of two copies keeps its weight).
     pub members: &'a [(NodeId, crate::aggregation::Commit, SketchData)],
+    /// The members whose delta the orchestrator holds (the spot-checked uploads), with its
+    /// hash: their scoring sketches are recomputed from the bytes, and a member whose
+    /// sketch is not its delta's is excluded.
+    pub uploaded: &'a [(NodeId, [u8; 32])],
 }
 
 /// What [`CheckpointSink::ring_score`] decided.
@@ -626,9 +639,14 @@ pub struct RingCheckInput<'a> {
     pub seed: [u8; 32],
     /// The round's members with their weights and check sketches.
     pub members: &'a [(NodeId, f32, SketchData)],
-    /// The members whose delta the orchestrator holds (the spot-checked uploads), with its
-    /// hash: their check sketches are recomputed from the bytes and must be equal.
+    /// The members whose delta the orchestrator holds (the spot-checked and audited
+    /// uploads), with its hash: their check sketches, and their scoring sketches in
+    /// `scoring`, are recomputed from the bytes and must be equal.
     pub uploaded: &'a [(NodeId, [u8; 32])],
+    /// The scoring seed.
+    pub score_seed: [u8; 32],
+    /// The round members' scoring sketches.
+    pub scoring: &'a [(NodeId, SketchData)],
 }
 
 /// What a [`CheckpointSink`] returns for one published epoch.

@@ -178,6 +178,64 @@ fn an_honest_round_commits_sketches_reduces_verifies_and_accepts() {
 }
 
 #[test]
+fn the_check_waits_for_the_audited_uploads_and_falls_back_when_one_is_withheld() {
+    for withhold in [false, true] {
+        let mut r = round(4, 2);
+        let members = to_reduce(&mut r, 4);
+        report_all(&mut r, &members, 1, [7; 32]);
+        // The caller draws the audit when it reveals the check seed: members 2 and 3 (and
+        // one from outside the round, ignored).
+        let audited: BTreeSet<NodeId> = [node(2), node(3), node(9)].into();
+        assert!(r
+            .apply(Input::Audited { nodes: audited }, t(410))
+            .is_empty());
+        assert!(r.wants_upload(&node(2)) && r.wants_upload(&node(3)));
+        assert!(!r.wants_upload(&node(1)) && !r.wants_upload(&node(9)));
+        r.apply(
+            Input::MergedUploaded {
+                node: node(4),
+                hash: [7; 32],
+            },
+            t(500),
+        );
+        assert!(
+            check_sketch_all(&mut r, &members, 1).is_empty(),
+            "waits for audits"
+        );
+        assert!(r
+            .apply(Input::Uploaded { node: node(2) }, t(520))
+            .is_empty());
+        assert!(!r.wants_upload(&node(2)));
+        // An upload outside the audit changes nothing.
+        assert!(r
+            .apply(Input::Uploaded { node: node(1) }, t(525))
+            .is_empty());
+        if withhold {
+            let effects = r.apply(
+                Input::Tick {
+                    now: t(u64::MAX / 2),
+                },
+                t(1),
+            );
+            assert!(
+                matches!(
+                    effects.as_slice(),
+                    [Effect::Fallback { reason: Fallback::AuditWithheld(late), evidence: Some(1), .. }]
+                        if late == &vec![node(3)]
+                ),
+                "{effects:?}"
+            );
+        } else {
+            let effects = r.apply(Input::Uploaded { node: node(3) }, t(530));
+            assert!(
+                matches!(effects.as_slice(), [Effect::Check { version: 1, .. }]),
+                "{effects:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_member_lost_mid_round_restarts_it_on_the_new_version_without_its_weight() {
     let mut r = round(4, 2);
     let members = to_reduce(&mut r, 4);
@@ -560,6 +618,7 @@ enum Ev {
     Merged(u8, bool),
     MergedFail(u8),
     CheckSketch(u8),
+    Audit(Vec<u8>),
     Tick(u64),
 }
 
@@ -576,6 +635,7 @@ fn ev() -> impl Strategy<Value = Ev> {
         (1u8..=6, any::<bool>()).prop_map(|(n, h)| Ev::Merged(n, h)),
         (1u8..=6).prop_map(Ev::MergedFail),
         (1u8..=6).prop_map(Ev::CheckSketch),
+        proptest::collection::vec(1u8..=6, 0..3).prop_map(Ev::Audit),
         (0u64..200_000).prop_map(Ev::Tick),
     ]
 }
@@ -604,6 +664,7 @@ proptest! {
             let input = match e {
                 Ev::Commit(i) => Input::Committed { node: node(i), commit: commit(i) },
                 Ev::Select(v) => Input::Selected { nodes: v.into_iter().map(node).collect() },
+                Ev::Audit(v) => Input::Audited { nodes: v.into_iter().map(node).collect() },
                 Ev::Sketch(i) => Input::Sketched { node: node(i) },
                 Ev::Upload(i) => Input::Uploaded { node: node(i) },
                 Ev::Score(v) => Input::Scored { weights: v.into_iter().map(|(i, w)| (node(i), f64::from(w))).collect() },

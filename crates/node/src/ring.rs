@@ -868,7 +868,8 @@ impl<R: RingRpc> RingParticipant<R> {
             })
             .await
             .map_err(RingError::rpc("SubmitSketch"))?;
-        let upload = req.upload_delta && !req.check;
+        // Uploaded for the spot-check (scoring seed) or the post-reduce audit (check seed).
+        let upload = req.upload_delta;
         self.emit(AgentEvent::SketchSubmitted {
             job,
             epoch,

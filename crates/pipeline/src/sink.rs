@@ -462,6 +462,8 @@ struct RingScoreRequest {
     base: Option<String>,
     seed: [u8; 32],
     members: Vec<(NodeId, Commit, SketchData)>,
+    /// The deltas the orchestrator holds (spot-checked uploads): node and payload.
+    held: Vec<(NodeId, Arc<[u8]>)>,
 }
 
 /// How often the keeper retries failed settlements and repo pushes between publications.
@@ -1261,13 +1263,32 @@ impl JobKeeperState {
             epoch,
             seed,
             members,
+            held,
             ..
         } = request;
-        let (scored, members) = blocking(move || {
-            let scored = score_ring(&members, &seed, len, last.as_deref().map(|v| &v[..]), norms);
-            (scored, members)
+        let (scored, members, unbound) = blocking(move || {
+            // A held delta binds its member's scoring sketch: one that is not its delta's
+            // is excluded before scoring (it would score something it does not reduce).
+            let unbound = unbound_sketches(&held, &members, &seed);
+            let bound: Vec<(NodeId, Commit, SketchData)> = members
+                .iter()
+                .filter(|(n, ..)| !unbound.iter().any(|(u, _)| u == n))
+                .cloned()
+                .collect();
+            let scored = score_ring(&bound, &seed, len, last.as_deref().map(|v| &v[..]), norms);
+            (scored, members, unbound)
         })
         .await?;
+        for (node, why) in &unbound {
+            tracing::warn!(job = %job, epoch, node = %node, %why, "ring member excluded: its scoring sketch is not its committed delta's");
+        }
+        let unbound_of = |weights: &mut BTreeMap<NodeId, f64>,
+                          excluded: &mut BTreeMap<NodeId, String>| {
+            for (node, why) in &unbound {
+                weights.insert(*node, 0.0);
+                excluded.insert(*node, why.clone());
+            }
+        };
         let scores = match scored {
             Ok(Some(scores)) => scores,
             Ok(None) => {
@@ -1275,10 +1296,12 @@ impl JobKeeperState {
                     "the sketch scoring excluded all {} members of the epoch",
                     members.len()
                 );
-                return Ok(RingScores {
-                    weights: members.iter().map(|(n, ..)| (*n, 0.0)).collect(),
-                    excluded: members.iter().map(|(n, ..)| (*n, why.clone())).collect(),
-                });
+                let mut weights: BTreeMap<NodeId, f64> =
+                    members.iter().map(|(n, ..)| (*n, 0.0)).collect();
+                let mut excluded: BTreeMap<NodeId, String> =
+                    members.iter().map(|(n, ..)| (*n, why.clone())).collect();
+                unbound_of(&mut weights, &mut excluded);
+                return Ok(RingScores { weights, excluded });
             }
             Err(e) => return Err(failed(format!("the ring's sketches cannot be scored: {e}"))),
         };
@@ -1295,7 +1318,7 @@ impl JobKeeperState {
         for (copy, of) in scores.copy_pairs() {
             tracing::info!(job = %job, epoch, copy = %copy, original = %of, "ring member excluded as a copy");
         }
-        let result = RingScores {
+        let mut result = RingScores {
             weights: scores.verdicts.iter().map(|v| (v.node, v.weight)).collect(),
             excluded: scores
                 .verdicts
@@ -1303,6 +1326,7 @@ impl JobKeeperState {
                 .filter_map(|v| Some((v.node, exclusion_text(v.excluded.as_ref()?))))
                 .collect(),
         };
+        unbound_of(&mut result.weights, &mut result.excluded);
         self.ring_scored = Some((epoch, scores));
         Ok(result)
     }
@@ -2600,6 +2624,19 @@ impl CheckpointSink for TrainingSink {
         is_spot_checked(&secret, delta_hash, self.spot_check_rate)
     }
 
+    /// The post-reduce audit: [`is_spot_checked`] at the spot-check rate under the secret
+    /// [`round::epoch_seed`]`(spot-check secret, Audit)`, so the sample is independent of
+    /// the spot-check's and recomputable by anyone once the epoch's secret is revealed.
+    fn ring_audited(&self, job: JobId, epoch: u32, delta_hash: &[u8; 32]) -> bool {
+        let secret = EpochSecret::derive(&self.seed, job.0, epoch);
+        let audit = round::epoch_seed(secret.as_bytes(), SeedPurpose::Audit);
+        is_spot_checked(
+            &EpochSecret::from_bytes(audit),
+            delta_hash,
+            self.spot_check_rate,
+        )
+    }
+
     /// Scores the members' sketches in the job's keeper ([`score_sketches`] against the
     /// job's norm average and its last merged delta sketched under the scoring seed).
     /// Every member gets a weight (0 when excluded, with the reason); when the scoring
@@ -2610,12 +2647,22 @@ impl CheckpointSink for TrainingSink {
     /// by the coordinate median, which a ring cannot compute: the core falls back to the
     /// star for the epoch); inputs that cannot be scored; a keeper that did not answer.
     async fn ring_score(&self, input: RingScoreInput<'_>) -> Result<RingScores, CheckpointError> {
+        let mut held = Vec::with_capacity(input.uploaded.len());
+        for (node, hash) in input.uploaded {
+            let bytes = self.blobs.get(hash).await.map_err(|e| {
+                failed(format!(
+                    "the delta of {node} the orchestrator holds cannot be read: {e}"
+                ))
+            })?;
+            held.push((*node, bytes));
+        }
         let request = Box::new(RingScoreRequest {
             epoch: input.epoch,
             spec: input.spec.clone(),
             base: input.base.map(str::to_string),
             seed: input.seed,
             members: input.members.to_vec(),
+            held,
         });
         let job = input.job;
         match self
@@ -2641,7 +2688,8 @@ impl CheckpointSink for TrainingSink {
     /// Sketches the uploaded result (the blob `input.result`) under the check seed with
     /// the members' row count ([`round::sketch_delta`]) and compares it with `Σ wᵢ·Sᵢ`
     /// ([`check_reduction`], its rounding tolerance): `Ok(Err(why))` when a row is off, the
-    /// result does not fit the job's model, or a member's sketch is refused.
+    /// result does not fit the job's model, a member's sketch is refused, or a held delta's
+    /// (spot-checked or audited) check or scoring sketch is not the sketch of its bytes.
     ///
     /// Errors: the blob is missing or is not an HZDL delta; the job's model is unknown.
     async fn ring_check(
@@ -2678,9 +2726,18 @@ impl CheckpointSink for TrainingSink {
                 }
             }
         }
-        let seed = input.seed;
+        let (seed, score_seed) = (input.seed, input.score_seed);
+        let scoring: Vec<(NodeId, Sketch)> = input
+            .scoring
+            .iter()
+            .map(|(n, s)| (*n, sketch_of(s)))
+            .collect();
         blocking(move || {
             if let Some(why) = held_sketches_differ(&held, &members, &seed) {
+                return Ok(Err(why));
+            }
+            let unbound = sketches_not_of_held(&held, scoring.into_iter(), &score_seed, "scoring");
+            if let Some((_, why)) = unbound.into_iter().next() {
                 return Ok(Err(why));
             }
             check_result(&payload, &model, &seed, &members)
@@ -2699,8 +2756,36 @@ fn held_sketches_differ(
     members: &[(NodeId, f32, Sketch)],
     seed: &[u8; 32],
 ) -> Option<String> {
-    for (node, bytes) in held {
-        let Some((_, _, claimed)) = members.iter().find(|(n, _, _)| n == node) else {
+    let claimed = members.iter().map(|(n, _, s)| (*n, s.clone()));
+    sketches_not_of_held(held, claimed, seed, "check")
+        .into_iter()
+        .next()
+        .map(|(_, why)| why)
+}
+
+/// The members whose scoring sketch (under `seed`) is not the sketch of the delta the
+/// orchestrator holds for them, with why ([`held_sketches_differ`]'s rule for the scoring
+/// seed).
+fn unbound_sketches(
+    held: &[(NodeId, Arc<[u8]>)],
+    members: &[(NodeId, Commit, SketchData)],
+    seed: &[u8; 32],
+) -> Vec<(NodeId, String)> {
+    let claimed = members.iter().map(|(n, _, s)| (*n, sketch_of(s)));
+    sketches_not_of_held(held, claimed, seed, "scoring")
+}
+
+/// Every member of `claimed` with a held delta whose sketch under `seed` (with the claimed
+/// row count) is not the claimed one, or whose delta cannot be sketched, with why.
+fn sketches_not_of_held(
+    held: &[(NodeId, Arc<[u8]>)],
+    claimed: impl Iterator<Item = (NodeId, Sketch)>,
+    seed: &[u8; 32],
+    which: &str,
+) -> Vec<(NodeId, String)> {
+    let mut out = Vec::new();
+    for (node, claimed) in claimed {
+        let Some((_, bytes)) = held.iter().find(|(n, _)| *n == node) else {
             continue;
         };
         let recomputed = DeltaView::parse(bytes)
@@ -2709,16 +2794,15 @@ fn held_sketches_differ(
                 round::sketch_delta(&v, seed, claimed.rows.len()).map_err(|e| e.to_string())
             });
         match recomputed {
-            Ok(s) if s == *claimed => {}
-            Ok(_) => {
-                return Some(format!(
-                    "the check sketch of {node} is not the sketch of its committed delta"
-                ))
-            }
-            Err(e) => return Some(format!("the delta of {node} cannot be sketched: {e}")),
+            Ok(s) if s == claimed => {}
+            Ok(_) => out.push((
+                node,
+                format!("the {which} sketch of {node} is not the sketch of its committed delta"),
+            )),
+            Err(e) => out.push((node, format!("the delta of {node} cannot be sketched: {e}"))),
         }
     }
-    None
+    out
 }
 
 /// Why a LoRA job does not aggregate over a ring.

@@ -25,6 +25,9 @@ pub enum SeedPurpose {
     Score,
     /// The check seed, revealed after every round member committed to the result (step 4).
     Check,
+    /// The post-reduce audit's selection (never revealed on its own; anyone recomputes it
+    /// from the spot-check secret once that is revealed with the checkpoint).
+    Audit,
 }
 
 impl SeedPurpose {
@@ -32,6 +35,7 @@ impl SeedPurpose {
         match self {
             SeedPurpose::Score => 0,
             SeedPurpose::Check => 1,
+            SeedPurpose::Audit => 2,
         }
     }
 

@@ -421,8 +421,8 @@ impl JobState {
     }
 
     /// A receipt in a ring epoch: it must be the committed delta, uploaded when the machine
-    /// wants it (a selected member during the sketch step) or after a fallback. Returns
-    /// whether the receipt is to be recorded.
+    /// wants it (a selected member during the sketch step, an audited one during the verify
+    /// step) or after a fallback. Returns whether the receipt is to be recorded.
     pub(super) fn check_round_receipt(
         &self,
         node: &NodeId,
@@ -443,9 +443,7 @@ impl JobState {
                 want: "commit",
                 at: machine.step().name(),
             }),
-            Some(_) if *machine.step() == Step::Sketch && machine.selected().contains(node) => {
-                Ok(())
-            }
+            Some(_) if machine.wants_upload(node) => Ok(()),
             Some(_) => Err(JobRequestError::RoundStep {
                 want: "star",
                 at: machine.step().name(),
@@ -453,13 +451,13 @@ impl JobState {
         }
     }
 
-    /// A receipt was recorded in a ring epoch: a selected member's upload.
+    /// A receipt was recorded in a ring epoch: a selected or audited member's upload.
     pub(super) async fn round_receipt_recorded(&mut self, myself: &ActorRef<JobMsg>, node: NodeId) {
         let wants = self
             .round
             .as_ref()
             .and_then(|r| r.machine.as_ref())
-            .is_some_and(|m| *m.step() == Step::Sketch && m.selected().contains(&node));
+            .is_some_and(|m| m.wants_upload(&node));
         if wants {
             self.round_input(myself, Input::Uploaded { node }).await;
         }
@@ -580,6 +578,10 @@ impl JobState {
                         })
                         .collect()
                 };
+                let uploaded: Vec<(NodeId, [u8; 32])> = input_members
+                    .iter()
+                    .filter_map(|(n, _, _)| Some((*n, self.receipts.get(n)?.delta_hash)))
+                    .collect();
                 let sink = self.deps.sink.clone();
                 let spec = self.job.spec.clone();
                 let base = self.job.base_of(epoch).map(str::to_string);
@@ -594,6 +596,7 @@ impl JobState {
                             base: base.as_deref(),
                             seed: seeds.score,
                             members: &input_members,
+                            uploaded: &uploaded,
                         };
                         sink.ring_score(input).await.map_err(|e| e.to_string())
                     },
@@ -619,7 +622,21 @@ impl JobState {
             }
             Effect::RevealCheck { version, to } => {
                 round.check_sketches.clear();
+                let commits = round
+                    .machine
+                    .as_ref()
+                    .map(|m| m.commits().clone())
+                    .unwrap_or_default();
+                let mut audited = std::collections::BTreeSet::new();
                 for n in &to {
+                    // The post-reduce audit: a member whose delta is not already held.
+                    let chosen = !self.receipts.contains_key(n)
+                        && commits
+                            .get(n)
+                            .is_some_and(|c| self.deps.sink.ring_audited(job, epoch, &c.hash));
+                    if chosen {
+                        audited.insert(*n);
+                    }
                     self.send(
                         n,
                         NodeCommand::SketchRequest {
@@ -627,12 +644,16 @@ impl JobState {
                             epoch,
                             seed: seeds.check,
                             rows: self.deps.cfg.aggregation.sketch_rows,
-                            upload_delta: false,
+                            upload_delta: chosen,
                             check: Some(version),
                         },
                     )
                     .await;
                 }
+                if !audited.is_empty() {
+                    tracing::info!(%job, epoch, version, audited = audited.len(), "post-reduce audit drawn");
+                }
+                return Some(Input::Audited { nodes: audited });
             }
             Effect::RequestMerged { from, version } => {
                 self.send(
@@ -660,6 +681,10 @@ impl JobState {
                     .iter()
                     .filter_map(|(n, _)| Some((*n, self.receipts.get(n)?.delta_hash)))
                     .collect();
+                let scoring: Vec<(NodeId, SketchData)> = members
+                    .iter()
+                    .filter_map(|(n, _)| Some((*n, round.sketches.get(n)?.clone())))
+                    .collect();
                 let sink = self.deps.sink.clone();
                 let spec = self.job.spec.clone();
                 answer_from_task(
@@ -674,6 +699,8 @@ impl JobState {
                             seed: seeds.check,
                             members: &with_sketches,
                             uploaded: &uploaded,
+                            score_seed: seeds.score,
+                            scoring: &scoring,
                         };
                         sink.ring_check(input).await.map_err(|e| e.to_string())
                     },

@@ -197,6 +197,8 @@ async fn ring_check_accepts_the_honest_sum_and_refuses_a_tampered_one() {
         seed: seeds.check,
         members: &members,
         uploaded: &[],
+        score_seed: seeds.score,
+        scoring: &[],
     };
     // Any summation order is within the tolerance.
     let mut honest = reduce(&w, &ds);
@@ -261,6 +263,8 @@ async fn ring_check_accepts_the_honest_sum_and_refuses_a_tampered_one() {
         seed: seeds.check,
         members,
         uploaded: &uploaded,
+        score_seed: seeds.score,
+        scoring: &[],
     };
     let why = f
         .sink
@@ -289,7 +293,68 @@ async fn ring_check_accepts_the_honest_sum_and_refuses_a_tampered_one() {
         ..input(&members)
     };
     assert_eq!(f.sink.ring_check(honest_input).await.expect("ran"), Ok(()));
+    // An audited member's held delta binds its scoring sketch too: one scored on δ + p is
+    // refused even though it reduced and check-sketched δ.
+    let lying_score = [(
+        members[0].0,
+        data_of(&sketch(&seeds.score, DEFAULT_ROWS, &tampered_again(&ds[0])).expect("sketch")),
+    )];
+    let scored_on_a_lie = RingCheckInput {
+        scoring: &lying_score,
+        ..honest_input
+    };
+    let why = f
+        .sink
+        .ring_check(scored_on_a_lie)
+        .await
+        .expect("ran")
+        .expect_err("a scoring sketch that is not the held delta's");
+    assert!(why.contains("scoring sketch"), "{why}");
+    let honest_score = [(
+        members[0].0,
+        data_of(&sketch(&seeds.score, DEFAULT_ROWS, &ds[0]).expect("sketch")),
+    )];
+    let scored_honestly = RingCheckInput {
+        scoring: &honest_score,
+        ..honest_input
+    };
+    assert_eq!(
+        f.sink.ring_check(scored_honestly).await.expect("ran"),
+        Ok(())
+    );
     f.sink.stop();
+}
+
+fn tampered_again(d: &[f32]) -> Vec<f32> {
+    d.iter().map(|x| x - 0.5).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_post_reduce_audit_is_a_sample_of_its_own_at_the_spot_check_rate() {
+    let hashes: Vec<[u8; 32]> = (0..200u8).map(|i| [i; 32]).collect();
+    for (rate, lo, hi) in [(0.0, 0, 0), (1.0, 200, 200), (0.5, 70, 130)] {
+        let f = fixture(rate).await;
+        let audited: Vec<bool> = hashes
+            .iter()
+            .map(|h| f.sink.ring_audited(JobId(1), 2, h))
+            .collect();
+        let n = audited.iter().filter(|a| **a).count();
+        assert!((lo..=hi).contains(&n), "rate {rate}: {n} of 200 audited");
+        // Deterministic for the epoch, and not the spot-check's sample.
+        assert!(hashes
+            .iter()
+            .zip(&audited)
+            .all(|(h, a)| f.sink.ring_audited(JobId(1), 2, h) == *a));
+        if rate == 0.5 {
+            let differ = hashes
+                .iter()
+                .zip(&audited)
+                .filter(|(h, a)| f.sink.ring_selected(JobId(1), 2, h) != **a)
+                .count();
+            assert!(differ > 40, "{differ} of 200 differ from the spot-check");
+        }
+        f.sink.stop();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -321,6 +386,7 @@ async fn ring_score_excludes_a_scaled_copy_in_the_jobs_keeper() {
         base: None,
         seed: seeds.score,
         members: &members,
+        uploaded: &[],
     };
     let scores = f.sink.ring_score(input).await.expect("scored");
     let copy = node(5).node_id();
@@ -342,6 +408,36 @@ async fn ring_score_excludes_a_scaled_copy_in_the_jobs_keeper() {
     };
     let err = f.sink.ring_score(input).await.expect_err("robust needed");
     assert!(err.to_string().contains("robust"), "{err}");
+
+    // A spot-checked member's upload binds its scoring sketch: member 1 uploaded δ₁ but
+    // sketched δ₁ + p (what it would reduce) and is excluded; member 2's matches and keeps
+    // its weight.
+    let layout = layout_of(&f.trainer);
+    let held: Vec<[u8; 32]> = futures_util::future::join_all(
+        ds[..2]
+            .iter()
+            .map(|d| store(&f.blobs, round::result_payload(&layout, 0, d).unwrap())),
+    )
+    .await;
+    let mut lying = members[..4].to_vec();
+    let shifted: Vec<f32> = ds[0].iter().map(|x| x + 0.25).collect();
+    lying[0].2 = data_of(&sketch(&seeds.score, DEFAULT_ROWS, &shifted).expect("sketch"));
+    let uploaded = [(lying[0].0, held[0]), (lying[1].0, held[1])];
+    let input = RingScoreInput {
+        members: &lying,
+        uploaded: &uploaded,
+        ..input
+    };
+    let scores = f.sink.ring_score(input).await.expect("scored");
+    let liar = lying[0].0;
+    assert_eq!(scores.weights[&liar], 0.0);
+    assert!(
+        scores.excluded[&liar].contains("scoring sketch"),
+        "{:?}",
+        scores.excluded
+    );
+    assert!(scores.weights[&lying[1].0] > 0.0);
+    assert_eq!(scores.excluded.len(), 1, "{:?}", scores.excluded);
     f.sink.stop();
 }
 
