@@ -500,6 +500,55 @@ async fn a_tampered_all_reduce_is_caught_attributed_and_slashed_and_the_epoch_fa
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_that_reduces_another_update_than_it_committed_is_caught_by_the_audit() {
+    let mut p = plan("ring-substitute", 4, 6);
+    p.aggregation = hanzod_actors::job::Aggregation::Ring;
+    p.byzantine = 1;
+    p.attack = Attack::Substitute;
+    let s = run(p).await;
+    assert!(s.succeeded(), "{:?}", s.failure);
+    let cheat = s
+        .nodes
+        .iter()
+        .find(|n| {
+            matches!(
+                n.ring_fault,
+                hanzod::agent::trainer::RingFault::Substitute { .. }
+            )
+        })
+        .expect("a substituting member");
+    // Its sketches are consistent with what it reduces, so the check alone passes; an epoch
+    // that drew it for the post-reduce audit (or spot-checked it) sees its sketches are not
+    // its committed delta's. Audited: the round falls back, the signed pieces prove its
+    // first piece is not w·δ of its upload, and it is rejected and slashed.
+    let fell_back: Vec<_> = s.epochs.iter().filter(|e| e.aggregator != "ring").collect();
+    assert!(
+        !fell_back.is_empty(),
+        "seed {}: the cheat was never audited in {} epochs",
+        s.plan.seed,
+        s.epochs.len()
+    );
+    for e in &fell_back {
+        assert_eq!(
+            (e.accepted, e.rejected),
+            (3, 1),
+            "epoch {}: the cheat is rejected",
+            e.epoch
+        );
+    }
+    let slashed = STAKE - wei(&cheat.stake_wei);
+    assert!(slashed > 0, "{cheat:?}");
+    assert_eq!(wei(&cheat.slashed_wei), slashed);
+    for n in s.nodes.iter().filter(|n| n.index != cheat.index) {
+        assert_eq!(wei(&n.slashed_wei), 0, "honest node {} slashed", n.index);
+        assert!(wei(&n.rewards_wei) > 0, "honest node {} unpaid", n.index);
+    }
+    // Training goes on (an epoch of three SGD deltas may lose a little; the run does not).
+    let (first, last) = (&s.epochs[0], s.epochs.last().unwrap());
+    assert!(last.loss_after < first.loss_after, "{first:?} → {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_free_rider_gets_no_weight_and_no_reward_in_ring_aggregation() {
     let mut p = plan("ring-free-ride", 4, 3);
     p.aggregation = hanzod_actors::job::Aggregation::Ring;

@@ -847,10 +847,22 @@ impl<R: RingRpc> RingParticipant<R> {
         })?;
         let rows = req.rows as usize;
         let delta = c.delta.clone();
+        let fault = self.fault;
         let sketch = tokio::task::spawn_blocking(move || {
             let view = DeltaView::parse(&delta).map_err(|e| RingError::Delta(e.to_string()))?;
-            shared::sketch_delta(&view, &seed, rows)
-                .map_err(|e| RingError::field("rows", e.to_string()))
+            let sketch = match fault {
+                // Sketches what it reduces, not what it committed to.
+                RingFault::Substitute { perturbation } => {
+                    let mut values = shared::flat_values(&view);
+                    values.iter_mut().for_each(|x| *x += perturbation);
+                    hanzod_protocol::sketch::Sketcher::new(&seed, rows).map(|mut s| {
+                        s.update(&values);
+                        s.finish()
+                    })
+                }
+                _ => shared::sketch_delta(&view, &seed, rows),
+            };
+            sketch.map_err(|e| RingError::field("rows", e.to_string()))
         })
         .await
         .map_err(|e| RingError::Internal(format!("sketch task: {e}")))??;
@@ -1239,6 +1251,9 @@ impl<R: RingRpc> RingParticipant<R> {
         let (mut data, layout, base_version) = tokio::task::spawn_blocking(move || {
             let view = DeltaView::parse(&delta).map_err(|e| RingError::Delta(e.to_string()))?;
             let mut data = shared::flat_values(&view);
+            if let RingFault::Substitute { perturbation } = fault {
+                data.iter_mut().for_each(|x| *x += perturbation);
+            }
             weight_in_place(&mut data, weight);
             if let RingFault::TamperAllreduce { perturbation } = fault {
                 for x in &mut data {

@@ -110,6 +110,14 @@ pub enum RingFault {
         /// Added to every value (finite, ≠ 0), e.g. 1.0.
         perturbation: f32,
     },
+    /// Commits to its honest delta `δ_i` but reduces `δ_i + perturbation` (every value) and
+    /// sketches that, under both seeds: the round's result check passes, and only a held
+    /// copy of its committed delta (a spot-check before the reduce, the audit after it)
+    /// shows its sketches are not its delta's.
+    Substitute {
+        /// Added to every value of its delta (finite, ≠ 0), e.g. 0.001.
+        perturbation: f32,
+    },
     /// Skips training and commits the previous epoch's global update (this epoch's base
     /// minus the previous epoch's base; a zero delta in epoch 0, for a LoRA job, or when it
     /// did not see the previous epoch's base) as its own delta, with the claimed loss
@@ -130,31 +138,34 @@ pub struct Byzantine {
 impl std::str::FromStr for Byzantine {
     type Err = String;
 
-    /// Every [`Behaviour`] value, `tamper-allreduce[:<perturbation>]` (default 1.0) or
-    /// `free-ride`.
+    /// Every [`Behaviour`] value, `tamper-allreduce[:<perturbation>]` (default 1.0),
+    /// `substitute[:<perturbation>]` (default 0.001) or `free-ride`.
     fn from_str(s: &str) -> Result<Byzantine, String> {
         let (kind, arg) = match s.split_once(':') {
             Some((k, a)) => (k, Some(a)),
             None => (s, None),
         };
+        let perturbation = |default: f32| match arg {
+            None => Ok(default),
+            Some(a) => a
+                .parse::<f32>()
+                .ok()
+                .filter(|v| v.is_finite() && *v != 0.0)
+                .ok_or_else(|| format!("{a:?} is not a finite, non-zero number")),
+        };
         let ring = match kind {
-            "tamper-allreduce" => {
-                let perturbation = match arg {
-                    None => 1.0,
-                    Some(a) => a
-                        .parse::<f32>()
-                        .ok()
-                        .filter(|v| v.is_finite() && *v != 0.0)
-                        .ok_or_else(|| format!("{a:?} is not a finite, non-zero number"))?,
-                };
-                RingFault::TamperAllreduce { perturbation }
-            }
+            "tamper-allreduce" => RingFault::TamperAllreduce {
+                perturbation: perturbation(1.0)?,
+            },
+            "substitute" => RingFault::Substitute {
+                perturbation: perturbation(0.001)?,
+            },
             "free-ride" if arg.is_none() => RingFault::FreeRide,
             _ => {
                 let behaviour = s.parse::<Behaviour>().map_err(|e| {
                     e.replace(
                         "lie-loss[:factor])",
-                        "lie-loss[:factor], tamper-allreduce[:perturbation], free-ride)",
+                        "lie-loss[:factor], tamper-allreduce[:perturbation], substitute[:perturbation], free-ride)",
                     )
                 })?;
                 return Ok(Byzantine {
@@ -827,14 +838,26 @@ mod tests {
             Ok(RingFault::TamperAllreduce { perturbation: -0.5 })
         );
         assert_eq!(b("free-ride").map(|b| b.ring), Ok(RingFault::FreeRide));
+        assert_eq!(
+            b("substitute").map(|b| b.ring),
+            Ok(RingFault::Substitute {
+                perturbation: 0.001
+            })
+        );
+        assert_eq!(
+            b("substitute:0.25").map(|b| b.ring),
+            Ok(RingFault::Substitute { perturbation: 0.25 })
+        );
         for bad in [
             "tamper-allreduce:0",
             "tamper-allreduce:inf",
+            "substitute:nan",
             "free-ride:2",
             "evil",
         ] {
             assert!(b(bad).is_err(), "{bad:?} was accepted");
         }
         assert!(b("evil").unwrap_err().contains("free-ride"));
+        assert!(b("evil").unwrap_err().contains("substitute"));
     }
 }

@@ -56,8 +56,9 @@ pub struct DemoArgs {
     pub byzantine: Option<usize>,
     /// What Byzantine nodes do: `poison` (upload −10 × the honest delta), `lie-loss` (claim
     /// half the measured loss) or `mixed` (alternate); with `--aggregation ring` also
-    /// `tamper-allreduce` (corrupt the all-reduce) or `free-ride` (commit the last global
-    /// update as its own delta) [default: mixed].
+    /// `tamper-allreduce` (corrupt the all-reduce), `substitute` (reduce and sketch another
+    /// update than the committed one) or `free-ride` (commit the last global update as its
+    /// own delta) [default: mixed].
     #[arg(long)]
     pub attack: Option<Attack>,
     /// The model: `wine-mlp` (an MLP on the Wine Quality table, seconds) or `qwen3-tiny`
@@ -144,6 +145,9 @@ pub enum Attack {
     /// Ring aggregation: skip training and commit the previous epoch's global update as its
     /// own delta (the sketch scoring must give it no weight).
     FreeRide,
+    /// Ring aggregation: commit to the honest delta but reduce and sketch it plus 0.001
+    /// (the check passes; the post-reduce audit or a spot-check must catch it).
+    Substitute,
 }
 
 /// A resolved demo run.
@@ -419,11 +423,16 @@ impl DemoPlan {
                 self.kill, self.byzantine, self.nodes
             ));
         }
-        if matches!(self.attack, Attack::TamperAllreduce | Attack::FreeRide)
-            && self.byzantine > 0
+        if matches!(
+            self.attack,
+            Attack::TamperAllreduce | Attack::FreeRide | Attack::Substitute
+        ) && self.byzantine > 0
             && self.aggregation != Aggregation::Ring
         {
-            return bad("--attack tamper-allreduce and free-ride need --aggregation ring".into());
+            return bad(
+                "--attack tamper-allreduce, substitute and free-ride need --aggregation ring"
+                    .into(),
+            );
         }
         if self.lora && self.aggregation == Aggregation::Ring {
             return bad(
@@ -551,6 +560,9 @@ impl DemoPlan {
         let fault = match self.attack {
             Attack::TamperAllreduce => RingFault::TamperAllreduce { perturbation: 1.0 },
             Attack::FreeRide => RingFault::FreeRide,
+            Attack::Substitute => RingFault::Substitute {
+                perturbation: 0.001,
+            },
             _ => RingFault::Honest,
         };
         let mut faults = vec![RingFault::Honest; self.nodes];
@@ -572,7 +584,7 @@ impl DemoPlan {
                 Attack::LieLoss => false,
                 Attack::Mixed => k % 2 == 0,
                 // A ring fault ([`DemoPlan::ring_faults`]) trains honestly.
-                Attack::TamperAllreduce | Attack::FreeRide => continue,
+                Attack::TamperAllreduce | Attack::FreeRide | Attack::Substitute => continue,
             };
             behaviours[i] = if poison {
                 Behaviour::Poison { scale: 10.0 }
@@ -1750,6 +1762,7 @@ fn behaviour_flag(b: &Behaviour, fault: RingFault) -> String {
             return format!("tamper-allreduce:{perturbation}")
         }
         RingFault::FreeRide => return "free-ride".into(),
+        RingFault::Substitute { perturbation } => return format!("substitute:{perturbation}"),
         RingFault::Honest => {}
     }
     match b {
@@ -1806,6 +1819,7 @@ impl View {
                 let role = match (b, faults[i]) {
                     (_, RingFault::TamperAllreduce { .. }) => "TAMPER",
                     (_, RingFault::FreeRide) => "FREERIDE",
+                    (_, RingFault::Substitute { .. }) => "SUBSTITUTE",
                     (b, RingFault::Honest) => match b {
                         Behaviour::Honest => "honest",
                         Behaviour::Poison { .. } => "POISON",
@@ -1943,6 +1957,7 @@ pub fn render(s: &DemoSummary) -> String {
         let role = match (n.ring_fault, n.behaviour) {
             (RingFault::TamperAllreduce { .. }, _) => "tamper",
             (RingFault::FreeRide, _) => "freeride",
+            (RingFault::Substitute { .. }, _) => "substitute",
             (_, b) => match b {
                 Behaviour::Honest if n.killed => "killed",
                 Behaviour::Honest => "honest",

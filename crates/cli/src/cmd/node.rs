@@ -51,8 +51,10 @@ pub(crate) struct NodeArgs {
     /// (0.5). The validator must reject or down-weight it, and a spot-check slash it.
     /// In ring aggregation: `tamper-allreduce[:perturbation]` adds the perturbation (1.0)
     /// to every value of its weighted contribution to the all-reduce (the sketch check
-    /// must catch it); `free-ride` skips training and commits the previous epoch's global
-    /// update as its delta.
+    /// must catch it); `substitute[:perturbation]` commits to its honest delta but
+    /// reduces and sketches it plus the perturbation (0.001; a spot-check or the
+    /// post-reduce audit must catch it); `free-ride` skips training and commits the previous
+    /// epoch's global update as its delta.
     #[arg(long, default_value = "honest", value_name = "BEHAVIOUR")]
     byzantine: hanzod_node::trainer::Byzantine,
     /// Where this node trains: `cpu`, `cuda` (device 0), `cuda:N` or `wgpu`. A GPU needs a
