@@ -18,7 +18,9 @@
 //! all-gather piece of chunk `c` is the complete fold to `x_{c+n−1}`. [`audit`] recomputes
 //! the SHA-256 of each evidence piece's expected payload, chunk by chunk, keeping one
 //! running fold of a chunk's length (`len / n` f32) at a time; a piece whose fold needs an
-//! input that is not held is *unverifiable* and proves nothing.
+//! input that is not held is *unverifiable* and proves nothing, and so is one whose expected
+//! values are not all finite (IEEE 754 leaves a NaN's bits to the hardware, so an honest
+//! member's bytes could differ from the recomputation).
 //!
 //! # Who is to blame
 //!
@@ -42,8 +44,8 @@
 //! nothing.
 //!
 //! Cost: `O(n · len)` f32 additions and SHA-256 over every evidence piece's payload
-//! (`≈ 2(n − 1) · len` elements over all members' evidence); memory: the inputs the caller
-//! holds plus one chunk.
+//! (`≈ 2(n − 1) · len` elements over all members' evidence); memory: the `n` weighted
+//! inputs (`4 · len` bytes each, owned by the audit) plus one chunk.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -176,11 +178,13 @@ pub fn audit(input: AuditInput<'_>) -> Audit {
                 .flatten()
                 .and_then(|g| {
                     let chunk = h.chunk as usize;
+                    if chunk >= n {
+                        return None;
+                    }
                     let range = sched.chunk(chunk);
                     let start = usize::try_from(h.offset).ok()?;
                     let end = start.checked_add(h.len as usize)?;
-                    (chunk < n
-                        && sched.send_chunk(sender, g) == chunk
+                    (sched.send_chunk(sender, g) == chunk
                         && h.len > 0
                         && start >= range.start
                         && end <= range.end)
@@ -236,10 +240,14 @@ pub fn audit(input: AuditInput<'_>) -> Audit {
             let Some(ids) = depths.get(&k) else { continue };
             for &i in ids {
                 let e = &mut entries[i];
-                e.expected = acc.as_ref().map(|a| {
+                e.expected = acc.as_ref().and_then(|a| {
+                    let values = &a[e.start - range.start..e.end - range.start];
+                    if !values.iter().all(|v| v.is_finite()) {
+                        return None;
+                    }
                     bytes.clear();
-                    encode_f32s(&a[e.start - range.start..e.end - range.start], &mut bytes);
-                    sha256(&bytes)
+                    encode_f32s(values, &mut bytes);
+                    Some(sha256(&bytes))
                 });
             }
         }
@@ -579,6 +587,27 @@ mod tests {
         assert!(a.unverifiable > 0);
         // Step-0 pieces of members 0 and 2 are still checked.
         assert!(a.checked > 0);
+    }
+
+    #[test]
+    fn a_fold_that_is_not_finite_is_unverifiable_not_blamed() {
+        let keys = ids(3);
+        let mut d = deltas(3, 9);
+        // ∞ + (−∞) is a NaN whose bits the hardware picks: nothing past it is judged.
+        d[0][0] = f32::INFINITY;
+        d[1][0] = f32::NEG_INFINITY;
+        let w = [0.5f32, 0.25, 0.25];
+        let mut ev = signed_round(&keys, &d, &w, 2, None);
+        // A member that forwarded other NaN bits would look wrong: simulate it by
+        // re-signing member 1's pieces with a different hash where the expected is NaN.
+        for p in ev[2].1.iter_mut().filter(|p| p.header.offset == 0) {
+            let mut h = p.header;
+            h.payload_sha256 = [3; 32];
+            *p = SignedPiece::sign(h, &keys[1]);
+        }
+        let a = run(&keys, &d, &w, &ev, &[true; 3]);
+        assert!(a.guilty.is_empty() && a.undetermined.is_empty(), "{a:?}");
+        assert!(a.unverifiable > 0 && a.checked > 0, "{a:?}");
     }
 
     proptest! {

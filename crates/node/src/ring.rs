@@ -67,8 +67,11 @@ use crate::AgentEvent;
 pub const MAX_MEMBERS: usize = 4096;
 /// Bytes of a member's peer endpoint at most (`NodeInfo.endpoint`).
 pub const MAX_ENDPOINT_BYTES: usize = 255;
-/// Pieces of evidence one `RoundEvidence` carries at most (`node.proto`).
-pub const MAX_EVIDENCE_PIECES: usize = 65_536;
+/// Pieces of evidence one `RoundEvidence` carries at most: 28 672 pieces of 137 bytes
+/// (3.75 MiB) fit the orchestrator's default 4 MiB message limit (`server.max_message_bytes`)
+/// with room for framing (`node.proto` allows 65 536). A longer evidence keeps its first
+/// pieces, the earliest steps, where a wrong piece is proved from the sender's own delta.
+pub const MAX_EVIDENCE_PIECES: usize = 28_672;
 /// The first bytes of a ring link, before the allreduce handshake (module docs).
 pub const LINK_MAGIC: &[u8; 8] = b"HZRLINK1";
 /// Bytes of a link preamble: magic, job (u64 LE), epoch (u32 LE), ring version (u64 LE),
@@ -826,8 +829,8 @@ impl<R: RingRpc> RingParticipant<R> {
 
     /// Steps 2 and 4: checks the revealed seed against the epoch's commitment (refused
     /// otherwise), sketches the committed delta under it (`req.rows` rows), signs and
-    /// submits the sketch; with `upload_delta` (scoring seed only) also uploads the delta
-    /// (kind DELTA).
+    /// submits the sketch; with `upload_delta` (the spot-check under the scoring seed, the
+    /// post-reduce audit under the check seed) also uploads the delta (kind DELTA).
     ///
     /// Errors: [`RingError::NoDelta`], [`RingError::BadReveal`], [`RingError::BadField`]
     /// (`rows`), [`RingError::Rpc`].

@@ -105,12 +105,13 @@ impl RoundAuditReport {
 /// payloads (HZDL bytes; `payloads[i]` is member `audit.members[i]`'s upload, `None` when
 /// it has none). A payload that does not hash to the member's commitment or does not parse
 /// counts as not held. CPU-bound (module docs of `hanzod_allreduce::audit`): run it off the
-/// async runtime.
+/// async runtime. Memory: the members' f32 vectors (4 bytes per parameter each); each
+/// payload is dropped once decoded.
 pub fn attribute(
     job: u64,
     epoch: u32,
     round: &RoundAudit,
-    payloads: &[Option<Arc<[u8]>>],
+    payloads: Vec<Option<Arc<[u8]>>>,
 ) -> RoundAuditReport {
     let commit_of = |n: &NodeId| {
         round
@@ -124,9 +125,9 @@ pub fn attribute(
         .iter()
         .zip(payloads)
         .map(|((n, _), p)| {
-            let p = p.as_ref()?;
-            (Some(hzdl::payload_hash(p)) == commit_of(n)).then_some(())?;
-            DeltaView::parse(p).ok().map(|v| flat_values(&v))
+            let p = p?;
+            (Some(hzdl::payload_hash(&p)) == commit_of(n)).then_some(())?;
+            DeltaView::parse(&p).ok().map(|v| flat_values(&v))
         })
         .collect();
     let mut refused = 0;
@@ -286,7 +287,7 @@ mod tests {
         let (mut audit, payloads) = tampered_round(4, 2).await;
         // A malformed piece handed in is refused, not fatal.
         audit.evidence[0].pieces.push(vec![1, 2, 3]);
-        let found = attribute(JOB, EPOCH, &audit, &held(&payloads));
+        let found = attribute(JOB, EPOCH, &audit, held(&payloads));
         assert_eq!(found.tampered.len(), 1, "{found:?}");
         let t = &found.tampered[0];
         assert_eq!(t.node, hex::encode(audit.members[2].0 .0));
@@ -308,7 +309,7 @@ mod tests {
         // The tamperer's upload differs from what it committed to: its input is not held,
         // so nothing that depends on it is judged and nobody is blamed.
         payloads[1] = payload(9);
-        let found = attribute(JOB, EPOCH, &audit, &held(&payloads));
+        let found = attribute(JOB, EPOCH, &audit, held(&payloads));
         assert!(found.tampered.is_empty(), "{found:?}");
         assert!(found.unverifiable > 0);
     }
@@ -316,7 +317,7 @@ mod tests {
     #[tokio::test]
     async fn an_honest_round_proves_nobody_guilty() {
         let (audit, payloads) = tampered_round(3, usize::MAX).await;
-        let found = attribute(JOB, EPOCH, &audit, &held(&payloads));
+        let found = attribute(JOB, EPOCH, &audit, held(&payloads));
         assert_eq!((found.wrong, found.refused, found.unverifiable), (0, 0, 0));
         assert!(found.checked > 0 && found.tampered.is_empty());
     }

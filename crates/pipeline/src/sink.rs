@@ -1178,7 +1178,6 @@ fn ring_report(
     });
 }
 
-/// Removes the delta blobs of an epoch already published (logged, never fatal).
 /// The deltas tamper evidence is checked against: every member's of a round with a
 /// proved tamperer (none when nobody was).
 fn tamper_inputs(audit: Option<&RoundAuditReport>) -> impl Iterator<Item = [u8; 32]> + '_ {
@@ -1188,6 +1187,8 @@ fn tamper_inputs(audit: Option<&RoundAuditReport>) -> impl Iterator<Item = [u8; 
         .flat_map(|t| &t.delta_hashes)
         .filter_map(|h| <[u8; 32]>::try_from(hex::decode(h).ok()?).ok())
 }
+
+/// Removes the delta blobs of an epoch already published (logged, never fatal).
 
 async fn remove_blobs(blobs: &dyn BlobStore, job: JobId, hashes: Vec<[u8; 32]>) {
     for hash in hashes {
@@ -1732,7 +1733,7 @@ impl JobKeeperState {
         }))
         .await;
         let audit = audit.clone();
-        let found = blocking(move || ring_audit::attribute(job.0, epoch, &audit, &payloads))
+        let found = blocking(move || ring_audit::attribute(job.0, epoch, &audit, payloads))
             .await
             .unwrap_or_else(|e| {
                 tracing::warn!(job = %job, epoch, error = %e, "ring round attribution failed");
