@@ -1189,7 +1189,6 @@ fn tamper_inputs(audit: Option<&RoundAuditReport>) -> impl Iterator<Item = [u8; 
 }
 
 /// Removes the delta blobs of an epoch already published (logged, never fatal).
-
 async fn remove_blobs(blobs: &dyn BlobStore, job: JobId, hashes: Vec<[u8; 32]>) {
     for hash in hashes {
         if let Err(e) = blobs.remove(&hash).await {
