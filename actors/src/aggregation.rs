@@ -106,6 +106,9 @@ pub struct RoundAudit {
     pub commits: Vec<(NodeId, Commit)>,
     /// The evidence handed in, one entry per member that sent it.
     pub evidence: Vec<RoundEvidence>,
+    /// Members whose sketch the check proved not to be their held delta's
+    /// ([`crate::ports::CheckRefusal::unbound`]).
+    pub unbound: Vec<NodeId>,
 }
 
 /// One member's round evidence (`SubmitEvidence`, `node.proto`).

@@ -552,18 +552,44 @@ pub trait CheckpointSink: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// Ring aggregation, step 6: checks the uploaded result (the blob of hash
-    /// `input.result`) against Σ wᵢ·sketchᵢ under the check seed: `Ok(Err(why))` when it
-    /// does not match.
+    /// `input.result`) against Σ wᵢ·sketchᵢ under the check seed: `Ok(Err(refusal))` when
+    /// it does not match, naming the members whose sketches are proved not to be their
+    /// held delta's.
     ///
     /// Errors: [`CheckpointError`] when the check could not run (the blob is missing).
     async fn ring_check(
         &self,
         input: RingCheckInput<'_>,
-    ) -> Result<Result<(), String>, CheckpointError> {
+    ) -> Result<Result<(), CheckRefusal>, CheckpointError> {
         let _ = input;
         Err(CheckpointError::Failed {
             message: "this sink does not aggregate over rings".into(),
         })
+    }
+}
+
+/// Why [`CheckpointSink::ring_check`] refused a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckRefusal {
+    /// Why, for logs and the fallback's reason.
+    pub why: String,
+    /// Members whose delta the orchestrator holds and whose check or scoring sketch is not
+    /// the sketch of its bytes (their delta is rejected in the star fallback).
+    pub unbound: Vec<NodeId>,
+}
+
+impl From<String> for CheckRefusal {
+    fn from(why: String) -> CheckRefusal {
+        CheckRefusal {
+            why,
+            unbound: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Display for CheckRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
     }
 }
 

@@ -471,8 +471,9 @@ pub enum JobMsg {
         epoch: u32,
         /// The round's ring version.
         version: u64,
-        /// `Ok(Ok(()))` accepted, `Ok(Err(why))` refused, `Err(why)` the check could not run.
-        result: Result<Result<(), String>, String>,
+        /// `Ok(Ok(()))` accepted, `Ok(Err(refusal))` refused, `Err(why)` the check could not
+        /// run.
+        result: Result<Result<(), crate::ports::CheckRefusal>, String>,
     },
     /// A ring-aggregation step's deadline may have passed.
     RoundTick {

@@ -92,12 +92,21 @@ pub struct RoundAuditReport {
     pub undetermined: Vec<String>,
     /// One per member proved to have tampered: slashed with it.
     pub tampered: Vec<TamperEvidence>,
+    /// Members whose sketch the check proved not to be their held delta's (hex keys):
+    /// rejected, not slashed (DESIGN §4b).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unbound: Vec<String>,
 }
 
 impl RoundAuditReport {
     /// The members proved to have tampered.
     pub fn guilty(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.tampered.iter().filter_map(|t| t.node.parse().ok())
+    }
+
+    /// The members whose sketch was proved not to be their delta's.
+    pub fn unbound(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.unbound.iter().filter_map(|n| n.parse().ok())
     }
 }
 
@@ -189,6 +198,7 @@ pub fn attribute(
         refused: found.refused + refused,
         undetermined: found.undetermined.iter().map(hex_of).collect(),
         tampered,
+        unbound: round.unbound.iter().map(hex_of).collect(),
     }
 }
 
@@ -271,6 +281,7 @@ mod tests {
                 })
                 .collect(),
             evidence,
+            unbound: Vec::new(),
         };
         (audit, payloads)
     }

@@ -90,9 +90,9 @@ use hanzod_actors::aggregation::{Commit, RoundAudit};
 use hanzod_actors::job::{EpochOutcome, EpochSummary, JobSpec, TrainingSpec};
 use hanzod_actors::ports::memory::MemoryStateStore;
 use hanzod_actors::ports::{
-    ChainError, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput, Ledger,
-    LedgerError, Metrics, PublishedEpoch, RingCheckInput, RingResult, RingScoreInput, RingScores,
-    RingSeeds, SketchData, StateStore, SystemClock,
+    ChainError, CheckRefusal, CheckpointError, CheckpointSink, Clock, DeltaReceipt, EpochInput,
+    Ledger, LedgerError, Metrics, PublishedEpoch, RingCheckInput, RingResult, RingScoreInput,
+    RingScores, RingSeeds, SketchData, StateStore, SystemClock,
 };
 use hanzod_actors::rewards::split_rewards;
 use hanzod_actors::types::{GymWei, JobId, NodeId};
@@ -1519,11 +1519,15 @@ impl JobKeeperState {
             _ => None,
         };
         if let Some(found) = &round_audit {
+            let ring_version = found.ring_version;
+            for node in found.unbound() {
+                for v in judged.iter_mut().filter(|v| v.node == node) {
+                    v.outcome = Err(Rejection::RingSketch { ring_version });
+                }
+            }
             for node in found.guilty() {
                 for v in judged.iter_mut().filter(|v| v.node == node) {
-                    v.outcome = Err(Rejection::RingTamper {
-                        ring_version: found.ring_version,
-                    });
+                    v.outcome = Err(Rejection::RingTamper { ring_version });
                 }
             }
         }
@@ -2695,7 +2699,7 @@ impl CheckpointSink for TrainingSink {
     async fn ring_check(
         &self,
         input: RingCheckInput<'_>,
-    ) -> Result<Result<(), String>, CheckpointError> {
+    ) -> Result<Result<(), CheckRefusal>, CheckpointError> {
         let payload = self.blobs.get(&input.result).await.map_err(|e| {
             failed(format!(
                 "the round's result {}: {e}",
@@ -2703,7 +2707,7 @@ impl CheckpointSink for TrainingSink {
             ))
         })?;
         if input.spec.training.mode == hanzod_actors::job::TrainMode::Lora {
-            return Ok(Err(LORA_RING.into()));
+            return Ok(Err(CheckRefusal::from(LORA_RING.to_string())));
         }
         let model = self
             .catalog
@@ -2720,9 +2724,9 @@ impl CheckpointSink for TrainingSink {
             match self.blobs.get(hash).await {
                 Ok(bytes) => held.push((*node, bytes)),
                 Err(e) => {
-                    return Ok(Err(format!(
+                    return Ok(Err(CheckRefusal::from(format!(
                         "the delta of {node} the orchestrator holds cannot be read: {e}"
-                    )))
+                    ))))
                 }
             }
         }
@@ -2733,39 +2737,31 @@ impl CheckpointSink for TrainingSink {
             .map(|(n, s)| (*n, sketch_of(s)))
             .collect();
         blocking(move || {
-            if let Some(why) = held_sketches_differ(&held, &members, &seed) {
-                return Ok(Err(why));
+            let claimed = members.iter().map(|(n, _, s)| (*n, s.clone()));
+            let mut unbound = sketches_not_of_held(&held, claimed, &seed, "check");
+            unbound.extend(sketches_not_of_held(
+                &held,
+                scoring.into_iter(),
+                &score_seed,
+                "scoring",
+            ));
+            if let Some((_, why)) = unbound.first() {
+                let mut nodes: Vec<NodeId> = unbound.iter().map(|(n, _)| *n).collect();
+                nodes.sort();
+                nodes.dedup();
+                return Ok(Err(CheckRefusal {
+                    why: why.clone(),
+                    unbound: nodes,
+                }));
             }
-            let unbound = sketches_not_of_held(&held, scoring.into_iter(), &score_seed, "scoring");
-            if let Some((_, why)) = unbound.into_iter().next() {
-                return Ok(Err(why));
-            }
-            check_result(&payload, &model, &seed, &members)
+            Ok(check_result(&payload, &model, &seed, &members)?.map_err(CheckRefusal::from))
         })
         .await?
     }
 }
 
-/// The first member whose check sketch is not the sketch, under `seed`, of the delta the
-/// orchestrator holds for it (`held`: node and payload, the spot-checked uploads, whose
-/// hashes are their commitments): a member that reduced something other than its committed
-/// delta and sketched that instead. A sketch is a deterministic function of the bytes (f64
-/// sums in a fixed order), so equality is exact. `None` when every held delta matches.
-fn held_sketches_differ(
-    held: &[(NodeId, Arc<[u8]>)],
-    members: &[(NodeId, f32, Sketch)],
-    seed: &[u8; 32],
-) -> Option<String> {
-    let claimed = members.iter().map(|(n, _, s)| (*n, s.clone()));
-    sketches_not_of_held(held, claimed, seed, "check")
-        .into_iter()
-        .next()
-        .map(|(_, why)| why)
-}
-
 /// The members whose scoring sketch (under `seed`) is not the sketch of the delta the
-/// orchestrator holds for them, with why ([`held_sketches_differ`]'s rule for the scoring
-/// seed).
+/// orchestrator holds for them, with why ([`sketches_not_of_held`] for the scoring seed).
 fn unbound_sketches(
     held: &[(NodeId, Arc<[u8]>)],
     members: &[(NodeId, Commit, SketchData)],
@@ -2775,8 +2771,12 @@ fn unbound_sketches(
     sketches_not_of_held(held, claimed, seed, "scoring")
 }
 
-/// Every member of `claimed` with a held delta whose sketch under `seed` (with the claimed
-/// row count) is not the claimed one, or whose delta cannot be sketched, with why.
+/// Every member of `claimed` with a held delta (`held`: node and payload, the spot-checked
+/// and audited uploads, whose hashes are their commitments) whose sketch under `seed` (with
+/// the claimed row count) is not the claimed one, or whose delta cannot be sketched, with
+/// why: a member that reduced or was scored on something other than its committed delta. A
+/// sketch is a deterministic function of the bytes (f64 sums in a fixed order), so equality
+/// is exact.
 fn sketches_not_of_held(
     held: &[(NodeId, Arc<[u8]>)],
     claimed: impl Iterator<Item = (NodeId, Sketch)>,

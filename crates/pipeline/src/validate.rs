@@ -213,6 +213,14 @@ pub enum Rejection {
         /// The round's ring version.
         ring_version: u64,
     },
+    /// The node's check or scoring sketch in the epoch's ring round was not the sketch of
+    /// its committed delta (held by the orchestrator: spot-checked or audited), which made
+    /// the round fall back: its delta stays out of the merge and the rewards.
+    #[error("its sketch in ring round {ring_version} is not the sketch of its committed delta")]
+    RingSketch {
+        /// The round's ring version.
+        ring_version: u64,
+    },
 }
 
 impl Rejection {
@@ -229,6 +237,7 @@ impl Rejection {
             Rejection::SpotCheckLoss { .. } => "spot_check_loss",
             Rejection::SpotCheckReplay { .. } => "spot_check_replay",
             Rejection::RingTamper { .. } => "ring_tamper",
+            Rejection::RingSketch { .. } => "ring_sketch",
             Rejection::ValidatorCrashed => "validator_crashed",
         }
     }

@@ -19,8 +19,8 @@ use crate::actor::msg::{JobMsg, JobRequestError, RoundMsg};
 use crate::aggregation::{reduce_budget, Commit, Effect, Input, RingRound, RoundTimeouts, Step};
 use crate::job::{Aggregation, JobEvent, JobPhase};
 use crate::ports::{
-    NodeCommand, RingCheckInput, RingResult, RingScoreInput, RingSeeds, RoundAudit, RoundEvidence,
-    RoundUpload, SketchData,
+    CheckRefusal, NodeCommand, RingCheckInput, RingResult, RingScoreInput, RingSeeds, RoundAudit,
+    RoundEvidence, RoundUpload, SketchData,
 };
 use crate::types::{NodeId, Timestamp};
 
@@ -44,6 +44,8 @@ pub(super) struct RoundState {
     pub excluded: BTreeMap<NodeId, String>,
     /// Round evidence received after a fallback: member → (version, sender, pieces).
     pub evidence: BTreeMap<NodeId, (u64, NodeId, Vec<Vec<u8>>)>,
+    /// Members whose sketch a refused check proved not to be their held delta's.
+    pub unbound: std::collections::BTreeSet<NodeId>,
     /// After a fallback from a round that ran: its version and the members asked for their
     /// evidence (those that reported a result); the epoch waits for them as for deltas.
     pub evidence_wanted: Option<(u64, Vec<NodeId>)>,
@@ -77,6 +79,7 @@ impl RoundState {
             excluded: BTreeMap::new(),
             evidence: BTreeMap::new(),
             evidence_wanted: None,
+            unbound: std::collections::BTreeSet::new(),
             result: None,
             recorded: false,
             star_until,
@@ -113,11 +116,12 @@ impl RoundState {
                 pieces: pieces.clone(),
             })
             .collect();
-        (!evidence.is_empty()).then(|| RoundAudit {
+        (!evidence.is_empty() || !self.unbound.is_empty()).then(|| RoundAudit {
             version: *version,
             members: machine.round().to_vec(),
             commits: machine.commits().iter().map(|(n, c)| (*n, *c)).collect(),
             evidence,
+            unbound: self.unbound.iter().copied().collect(),
         })
     }
 
@@ -812,13 +816,17 @@ impl JobState {
         myself: &ActorRef<JobMsg>,
         epoch: u32,
         version: u64,
-        result: Result<Result<(), String>, String>,
+        result: Result<Result<(), CheckRefusal>, String>,
     ) {
-        if self.round.as_ref().is_none_or(|r| r.epoch != epoch) {
+        let Some(round) = self.round.as_mut().filter(|r| r.epoch == epoch) else {
             return;
-        }
+        };
         let outcome = match result {
-            Ok(o) => o,
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(refusal)) => {
+                round.unbound.extend(refusal.unbound);
+                Err(refusal.why)
+            }
             Err(e) => Err(format!("the check could not run: {e}")),
         };
         self.round_input(myself, Input::Checked { version, outcome })

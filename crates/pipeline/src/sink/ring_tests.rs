@@ -231,7 +231,11 @@ async fn ring_check_accepts_the_honest_sum_and_refuses_a_tampered_one() {
         .await
         .expect("ran")
         .expect_err("tampered");
-    assert!(why.contains("not the members' weighted sum"), "{why}");
+    assert!(why.why.contains("not the members' weighted sum"), "{why}");
+    assert!(
+        why.unbound.is_empty(),
+        "nobody's sketch is proved wrong: {why:?}"
+    );
     // A result of another shape is refused; a missing or unparseable one is an error.
     let short = vec![("fc1.weight".to_string(), vec![2, 2])];
     let hash = store(
@@ -273,9 +277,10 @@ async fn ring_check_accepts_the_honest_sum_and_refuses_a_tampered_one() {
         .expect("ran")
         .expect_err("a sketch that is not the held delta's");
     assert!(
-        why.contains("not the sketch of its committed delta"),
+        why.why.contains("not the sketch of its committed delta"),
         "{why}"
     );
+    assert_eq!(why.unbound, vec![members[0].0]);
     // Without the held delta the lie passes: what the audit after the check must close.
     let unaudited = RingCheckInput {
         uploaded: &[],
@@ -309,7 +314,8 @@ async fn ring_check_accepts_the_honest_sum_and_refuses_a_tampered_one() {
         .await
         .expect("ran")
         .expect_err("a scoring sketch that is not the held delta's");
-    assert!(why.contains("scoring sketch"), "{why}");
+    assert!(why.why.contains("scoring sketch"), "{why}");
+    assert_eq!(why.unbound, vec![members[0].0]);
     let honest_score = [(
         members[0].0,
         data_of(&sketch(&seeds.score, DEFAULT_ROWS, &ds[0]).expect("sketch")),
