@@ -109,6 +109,10 @@ pub struct RoundAudit {
     /// Members whose sketch the check proved not to be their held delta's
     /// ([`crate::ports::CheckRefusal::unbound`]).
     pub unbound: Vec<NodeId>,
+    /// Members that withheld what the check needed from them (their check sketch, or their
+    /// delta when audited: [`Fallback::CheckSketchMissing`], [`Fallback::AuditWithheld`]),
+    /// making the round fall back.
+    pub withheld: Vec<NodeId>,
 }
 
 /// One member's round evidence (`SubmitEvidence`, `node.proto`).

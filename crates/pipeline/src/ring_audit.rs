@@ -96,6 +96,10 @@ pub struct RoundAuditReport {
     /// rejected, not slashed (DESIGN §4b).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unbound: Vec<String>,
+    /// Members that withheld their check sketch or audited delta (hex keys): rejected, not
+    /// slashed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub withheld: Vec<String>,
 }
 
 impl RoundAuditReport {
@@ -107,6 +111,11 @@ impl RoundAuditReport {
     /// The members whose sketch was proved not to be their delta's.
     pub fn unbound(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.unbound.iter().filter_map(|n| n.parse().ok())
+    }
+
+    /// The members that withheld their check sketch or audited delta.
+    pub fn withheld(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.withheld.iter().filter_map(|n| n.parse().ok())
     }
 }
 
@@ -199,6 +208,7 @@ pub fn attribute(
         undetermined: found.undetermined.iter().map(hex_of).collect(),
         tampered,
         unbound: round.unbound.iter().map(hex_of).collect(),
+        withheld: round.withheld.iter().map(hex_of).collect(),
     }
 }
 
@@ -282,6 +292,7 @@ mod tests {
                 .collect(),
             evidence,
             unbound: Vec::new(),
+            withheld: Vec::new(),
         };
         (audit, payloads)
     }

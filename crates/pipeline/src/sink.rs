@@ -1520,6 +1520,11 @@ impl JobKeeperState {
         };
         if let Some(found) = &round_audit {
             let ring_version = found.ring_version;
+            for node in found.withheld() {
+                for v in judged.iter_mut().filter(|v| v.node == node) {
+                    v.outcome = Err(Rejection::RingWithheld { ring_version });
+                }
+            }
             for node in found.unbound() {
                 for v in judged.iter_mut().filter(|v| v.node == node) {
                     v.outcome = Err(Rejection::RingSketch { ring_version });

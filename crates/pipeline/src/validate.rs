@@ -221,6 +221,14 @@ pub enum Rejection {
         /// The round's ring version.
         ring_version: u64,
     },
+    /// The node withheld its check sketch, or its delta when audited, in the epoch's ring
+    /// round, which made the round fall back: its delta stays out of the merge and the
+    /// rewards (it is not slashed: a crash looks the same).
+    #[error("withheld its check sketch or audited delta in ring round {ring_version}")]
+    RingWithheld {
+        /// The round's ring version.
+        ring_version: u64,
+    },
 }
 
 impl Rejection {
@@ -238,6 +246,7 @@ impl Rejection {
             Rejection::SpotCheckReplay { .. } => "spot_check_replay",
             Rejection::RingTamper { .. } => "ring_tamper",
             Rejection::RingSketch { .. } => "ring_sketch",
+            Rejection::RingWithheld { .. } => "ring_withheld",
             Rejection::ValidatorCrashed => "validator_crashed",
         }
     }

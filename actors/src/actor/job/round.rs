@@ -16,7 +16,9 @@ use ractor::ActorRef;
 
 use super::JobState;
 use crate::actor::msg::{JobMsg, JobRequestError, RoundMsg};
-use crate::aggregation::{reduce_budget, Commit, Effect, Input, RingRound, RoundTimeouts, Step};
+use crate::aggregation::{
+    reduce_budget, Commit, Effect, Fallback, Input, RingRound, RoundTimeouts, Step,
+};
 use crate::job::{Aggregation, JobEvent, JobPhase};
 use crate::ports::{
     CheckRefusal, NodeCommand, RingCheckInput, RingResult, RingScoreInput, RingSeeds, RoundAudit,
@@ -46,6 +48,8 @@ pub(super) struct RoundState {
     pub evidence: BTreeMap<NodeId, (u64, NodeId, Vec<Vec<u8>>)>,
     /// Members whose sketch a refused check proved not to be their held delta's.
     pub unbound: std::collections::BTreeSet<NodeId>,
+    /// Members that withheld their check sketch or audited delta (the fallback's reason).
+    pub withheld: Vec<NodeId>,
     /// After a fallback from a round that ran: its version and the members asked for their
     /// evidence (those that reported a result); the epoch waits for them as for deltas.
     pub evidence_wanted: Option<(u64, Vec<NodeId>)>,
@@ -80,6 +84,7 @@ impl RoundState {
             evidence: BTreeMap::new(),
             evidence_wanted: None,
             unbound: std::collections::BTreeSet::new(),
+            withheld: Vec::new(),
             result: None,
             recorded: false,
             star_until,
@@ -116,12 +121,14 @@ impl RoundState {
                 pieces: pieces.clone(),
             })
             .collect();
-        (!evidence.is_empty() || !self.unbound.is_empty()).then(|| RoundAudit {
+        let blamed = !self.unbound.is_empty() || !self.withheld.is_empty();
+        (!evidence.is_empty() || blamed).then(|| RoundAudit {
             version: *version,
             members: machine.round().to_vec(),
             commits: machine.commits().iter().map(|(n, c)| (*n, *c)).collect(),
             evidence,
             unbound: self.unbound.iter().copied().collect(),
+            withheld: self.withheld.clone(),
         })
     }
 
@@ -732,6 +739,10 @@ impl JobState {
                 round.star_until =
                     Some(self.deps.now().plus_ms(self.deps.cfg.aggregation.upload_ms));
                 round.star_members = members.clone();
+                if let Fallback::CheckSketchMissing(late) | Fallback::AuditWithheld(late) = &reason
+                {
+                    round.withheld = late.clone();
+                }
                 let reason = reason.to_string();
                 // Evidence from the round members that reported a result (the others hold
                 // none); the epoch waits for it as for the deltas.

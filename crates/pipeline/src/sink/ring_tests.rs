@@ -719,3 +719,78 @@ async fn a_ring_epoch_pays_the_members_by_weight_and_slashes_only_the_failed_spo
     assert_eq!(report.slashed[0].node, node(2).node_id().to_string());
     f.sink.stop();
 }
+
+/// Member `i`'s (0-based) upload of its round delta for `job`'s epoch 0.
+async fn upload_of(f: &Fixture, r: &Round, job: JobId, i: usize) -> DeltaReceipt {
+    let id = node(i as u8 + 1);
+    let payload = round::result_payload(&layout_of(&f.trainer), 0, &r.deltas[i]).unwrap();
+    let hash = store(&f.blobs, payload).await;
+    let statement = Statement {
+        job: job.0,
+        epoch: 0,
+        step: 0,
+        claimed_loss: 1.0,
+    };
+    DeltaReceipt {
+        job,
+        node: id.node_id(),
+        epoch: 0,
+        step: 0,
+        delta_hash: hash,
+        claimed_loss: statement.claimed_loss,
+        signature: sign_statement(&id, &statement, &hash).to_vec(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_rejects_the_members_the_round_named_and_merges_the_others() {
+    let f = fixture(0.0).await;
+    let r = round_of(&f, 6).await;
+    let job = JobId(3);
+    let mut receipts = Vec::new();
+    for i in 0..3 {
+        receipts.push(upload_of(&f, &r, job, i).await);
+    }
+    // The round fell back: member 2 withheld its check sketch, member 3's held delta was
+    // not what it sketched; nobody handed in evidence.
+    let audit = RoundAudit {
+        version: 4,
+        members: r.result.weights.clone(),
+        commits: r.result.commits.clone(),
+        evidence: Vec::new(),
+        unbound: vec![node(3).node_id()],
+        withheld: vec![node(2).node_id()],
+    };
+    let spec = spec();
+    let input = EpochInput {
+        job,
+        epoch: 0,
+        spec: &spec,
+        base: None,
+        deltas: &receipts,
+        ring: None,
+        audit: Some(&audit),
+    };
+    f.sink.publish(input).await.expect("published");
+    let report = f.sink.report(job, 0).await.expect("report");
+    let rejected = |i: u8| {
+        let hex = node(i).node_id().to_string();
+        report
+            .deltas
+            .iter()
+            .find(|d| d.node == hex)
+            .and_then(|d| d.rejected.clone())
+    };
+    assert_eq!(rejected(1), None);
+    assert_eq!(
+        rejected(2),
+        Some(Rejection::RingWithheld { ring_version: 4 })
+    );
+    assert_eq!(rejected(3), Some(Rejection::RingSketch { ring_version: 4 }));
+    // Two of three rejected count as suspect: the merge of the one left is robust.
+    assert_eq!(report.aggregator.as_deref(), Some("median"));
+    let audit = report.round_audit.expect("the audit is reported");
+    assert!(audit.tampered.is_empty() && audit.evidence_from == 0);
+    assert_eq!(audit.withheld, vec![node(2).node_id().to_string()]);
+    f.sink.stop();
+}
