@@ -10,6 +10,13 @@
 //! epoch starts; `--byzantine B` makes B nodes poison their deltas (sign-flipped and
 //! scaled) or lie about their loss.
 //!
+//! With `--testbed <topology.toml>` (root) the same run happens on a WAN test bed
+//! ([`crate::testbed`]): the orchestrator listens on `10.77.0.1` inside the bed's
+//! orchestrator namespace, node `k` runs inside its own namespace on `10.77.0.(k+2)` and
+//! declares its region of the topology, so every byte between them crosses the shaped
+//! links; the summary adds the orchestrator's ingress on the wire. `--kill-at reduce`
+//! kills in the middle of the kill epoch's all-reduce round instead of at its start.
+//!
 //! The run is reproducible: the node keys, the orchestrator key (hence the spot-check
 //! secrets) and the training seed all derive from `--seed`.
 
@@ -34,12 +41,15 @@ use hanzod_node::trainer::{Behaviour, RingFault};
 use hanzod_pipeline::sink::EpochReport;
 use hanzod_protocol::identity::Identity;
 
+use crate::testbed::{Endpoint, Testbed, Topology};
+
 /// The `hanzod demo` flags. Every one may also come from a scenario file (`--scenario`,
 /// TOML with the same names in snake_case); a flag given on the command line wins.
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DemoArgs {
-    /// Node processes to start (1..=64) [default: 8; qwen3-tiny 4].
+    /// Node processes to start (1..=64) [default: 8; qwen3-tiny 4; with --testbed, the
+    /// topology's nodes].
     #[arg(long)]
     pub nodes: Option<usize>,
     /// Epochs to train (1..=1000) [default: 5; qwen3-tiny 8].
@@ -51,6 +61,11 @@ pub struct DemoArgs {
     /// The epoch at whose start --kill nodes die [default: 1, or 0 for a 1-epoch run].
     #[arg(long)]
     pub kill_epoch: Option<u32>,
+    /// When in --kill-epoch the nodes die: `start` (when the epoch starts) or, with
+    /// `--aggregation ring`, `reduce` (mid-round: when the victim reports that it started
+    /// the epoch's all-reduce round) [default: start].
+    #[arg(long)]
+    pub kill_at: Option<KillAt>,
     /// Byzantine nodes [default: 0].
     #[arg(long)]
     pub byzantine: Option<usize>,
@@ -123,6 +138,12 @@ pub struct DemoArgs {
     /// orchestrator) [default: star].
     #[arg(long, value_parser = ["star", "ring"])]
     pub aggregation: Option<String>,
+    /// Run on a WAN test bed of this topology (TOML, see `config/testbed.demo.toml`; needs
+    /// root): the orchestrator listens inside the bed's orchestrator namespace and each
+    /// node runs inside its own namespace, declaring its region of the topology, so every
+    /// byte between them crosses the shaped links. --nodes must equal the topology's nodes.
+    #[arg(long, value_name = "TOPOLOGY.toml")]
+    pub testbed: Option<PathBuf>,
     /// A TOML scenario file with any of the flags above.
     #[arg(long)]
     #[serde(skip)]
@@ -150,6 +171,26 @@ pub enum Attack {
     Substitute,
 }
 
+/// When in the kill epoch the killed nodes die ([`DemoArgs::kill_at`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum KillAt {
+    /// When the epoch starts (before the nodes train).
+    #[default]
+    Start,
+    /// Ring aggregation: mid-round, when the victim reports that it started the epoch's
+    /// all-reduce round (its `round_started` event); when the epoch ends without one, at
+    /// the start of the next epoch.
+    Reduce,
+}
+
+/// Whether `r` is a region label a node accepts (`hanzod node --region`).
+fn valid_region(r: &str) -> bool {
+    (1..=64).contains(&r.len())
+        && r.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
 /// A resolved demo run.
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoPlan {
@@ -159,8 +200,10 @@ pub struct DemoPlan {
     pub epochs: u32,
     /// Nodes killed.
     pub kill: usize,
-    /// The epoch at whose start they die.
+    /// The epoch in which they die.
     pub kill_epoch: u32,
+    /// When in that epoch.
+    pub kill_at: KillAt,
     /// Byzantine nodes.
     pub byzantine: usize,
     /// Their attack.
@@ -202,6 +245,10 @@ pub struct DemoPlan {
     /// serialised; for embedders and tests).
     #[serde(skip)]
     pub chain: Option<DemoChain>,
+    /// Run on a WAN test bed of this topology ([`DemoArgs::testbed`]; node `k` of the run
+    /// is node `k` of the topology).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub testbed: Option<Topology>,
 }
 
 /// A checkpoint a demo starts from ([`DemoArgs::base`]): its weights, read when the plan
@@ -313,6 +360,11 @@ pub enum DemoError {
     /// Setting up failed (output folder, daemon, node processes).
     #[error("{0}")]
     Setup(String),
+    /// The WAN test bed could not be brought up ([`DemoArgs::testbed`]);
+    /// [`TestbedError::is_unsupported`](crate::testbed::TestbedError::is_unsupported) tells
+    /// a machine that cannot host one (not root, no `ip`, namespaces refused).
+    #[error("bringing the test bed up: {0}")]
+    Testbed(crate::testbed::TestbedError),
 }
 
 impl DemoArgs {
@@ -353,14 +405,29 @@ impl DemoArgs {
             .epochs
             .or(file.epochs)
             .unwrap_or(if lm { 8 } else { 5 });
+        let testbed = match self.testbed.clone().or(file.testbed) {
+            None => None,
+            Some(path) => {
+                let usage = |e: &dyn std::fmt::Display| {
+                    DemoError::Usage(format!("--testbed {}: {e}", path.display()))
+                };
+                let text = std::fs::read_to_string(&path).map_err(|e| usage(&e))?;
+                Some(Topology::from_toml_str(&text).map_err(|e| usage(&e))?)
+            }
+        };
         let plan = DemoPlan {
-            nodes: self.nodes.or(file.nodes).unwrap_or(if lm { 4 } else { 8 }),
+            nodes: self
+                .nodes
+                .or(file.nodes)
+                .or(testbed.as_ref().map(Topology::node_count))
+                .unwrap_or(if lm { 4 } else { 8 }),
             epochs,
             kill: self.kill.or(file.kill).unwrap_or(0),
             kill_epoch: self
                 .kill_epoch
                 .or(file.kill_epoch)
                 .unwrap_or(if epochs > 1 { 1 } else { 0 }),
+            kill_at: self.kill_at.or(file.kill_at).unwrap_or_default(),
             byzantine: self.byzantine.or(file.byzantine).unwrap_or(0),
             attack: self.attack.or(file.attack).unwrap_or(Attack::Mixed),
             model: model.clone(),
@@ -399,6 +466,7 @@ impl DemoArgs {
                 .or(file.chain_outage_epoch)
                 .map(|e| (e, self.chain_outage_s.or(file.chain_outage_s).unwrap_or(5))),
             chain: None,
+            testbed,
         };
         plan.validate()?;
         Ok(plan)
@@ -444,6 +512,27 @@ impl DemoPlan {
                 "--kill-epoch {} must be below --epochs {}",
                 self.kill_epoch, self.epochs
             ));
+        }
+        if self.kill_at == KillAt::Reduce && self.aggregation != Aggregation::Ring {
+            return bad("--kill-at reduce needs --aggregation ring (a star has no round)".into());
+        }
+        if let Some(t) = &self.testbed {
+            t.validate()
+                .map_err(|e| DemoError::Usage(format!("--testbed: {e}")))?;
+            if t.node_count() != self.nodes {
+                return bad(format!(
+                    "--testbed has {} nodes but --nodes is {}: give --nodes {}",
+                    t.node_count(),
+                    self.nodes,
+                    t.node_count()
+                ));
+            }
+            if let Some(r) = t.regions.iter().find(|r| !valid_region(&r.name)) {
+                return bad(format!(
+                    "--testbed region {:?}: a node's region must be 1..=64 characters of [a-z0-9-]",
+                    r.name
+                ));
+            }
         }
         if !(0.0..=1.0).contains(&self.spot_check_rate) {
             return bad(format!(
@@ -630,6 +719,11 @@ pub struct EpochLine {
     pub published: Option<String>,
     /// Wall time from the epoch's start to its checkpoint, ms.
     pub ms: u64,
+    /// On a test bed: the bytes the orchestrator's interface received from the epoch's
+    /// start to the next one's (or to Published), on the wire (frames: every upload,
+    /// sketch, heartbeat and request, with their TCP/IP headers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orchestrator_rx_bytes: Option<u64>,
 }
 
 /// One node in the summary.
@@ -686,6 +780,12 @@ pub struct DemoSummary {
     pub ring_version: u64,
     /// Ms from each kill to the ring without the killed nodes.
     pub ring_repair_ms: Vec<u64>,
+    /// On a test bed: the bytes the orchestrator's interface received from the job's
+    /// submission to Published, on the wire (the per-epoch figures,
+    /// [`EpochLine::orchestrator_rx_bytes`], split it at the epoch notices, which can
+    /// lag epochs of a few ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orchestrator_rx_bytes: Option<u64>,
     /// Mean validation time per delta over the run, ms (aggregation time / deltas).
     pub aggregation_ms_per_delta: Option<f64>,
     /// Where the run's files are.
@@ -1057,11 +1157,40 @@ pub async fn run_in(plan: DemoPlan, _lock: OutLock) -> Result<DemoSummary, DemoE
         cfg.chain.tx_timeout_ms = 10_000;
         cfg.check().map_err(DemoError::Setup)?;
     }
-    let daemon = Daemon::start(&cfg)
-        .await
-        .map_err(|e| setup("starting the orchestrator", &e))?;
+    // The WAN test bed: up for the whole run (dropping it, also on an early return,
+    // removes it and kills whatever runs inside), and the orchestrator listening in it.
+    let bed = match &plan.testbed {
+        None => None,
+        Some(t) => {
+            let t = t.clone();
+            let bed = tokio::task::spawn_blocking(move || Testbed::up(&t))
+                .await
+                .map_err(|e| setup("bringing the test bed up", &e))?
+                .map_err(DemoError::Testbed)?;
+            Some(bed)
+        }
+    };
+    let (daemon, endpoint) = match &bed {
+        None => {
+            let d = Daemon::start(&cfg)
+                .await
+                .map_err(|e| setup("starting the orchestrator", &e))?;
+            let endpoint = format!("http://{}", d.grpc_addr);
+            (d, endpoint)
+        }
+        Some(bed) => start_in_bed(&cfg, bed).await?,
+    };
     let outage = proxy.clone().zip(plan.chain_outage);
-    let mut result = drive(&plan, &daemon, &keys, &logs, outage).await;
+    let mut result = drive(
+        &plan,
+        &daemon,
+        &endpoint,
+        bed.as_ref(),
+        &keys,
+        &logs,
+        outage,
+    )
+    .await;
     if let (Ok(summary), Some(_)) = (&mut result, &chain) {
         let refused = proxy.as_ref().map_or(0, |p| p.refused());
         summary.chain = Some(chain_summary(&cfg, &daemon, summary, refused).await);
@@ -1071,8 +1200,51 @@ pub async fn run_in(plan: DemoPlan, _lock: OutLock) -> Result<DemoSummary, DemoE
     // published models after the demo.
     let exported = export_publications(&*daemon.ledger(), &plan.out.join(PUBLICATIONS_FILE)).await;
     daemon.stop().await;
+    drop(bed);
     exported?;
     result
+}
+
+/// Starts the orchestrator serving gRPC on the test bed's orchestrator address (a
+/// listener opened inside its namespace; the daemon's own outgoing connections, to a
+/// chain say, stay in this process's namespace). Returns it and the endpoint the nodes
+/// dial.
+async fn start_in_bed(cfg: &Config, bed: &Testbed) -> Result<(Daemon, String), DemoError> {
+    let listen = |e: &dyn std::fmt::Display| {
+        DemoError::Setup(format!(
+            "listening in the test bed's orchestrator namespace: {e}"
+        ))
+    };
+    let netns = bed.netns(Endpoint::Orchestrator).to_string();
+    let ip = bed.addr(Endpoint::Orchestrator);
+    let listener = tokio::task::spawn_blocking(move || {
+        crate::testbed::in_namespace(&netns, || std::net::TcpListener::bind((ip, 0)))
+    })
+    .await
+    .map_err(|e| listen(&e))?
+    .map_err(|e| listen(&e))?
+    .map_err(|e| listen(&e))?;
+    listener.set_nonblocking(true).map_err(|e| listen(&e))?;
+    let addr = listener.local_addr().map_err(|e| listen(&e))?;
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| listen(&e))?;
+    // As the daemon's own TCP listener does: small messages must not wait for Nagle.
+    let incoming = futures_util::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |r| {
+            r.map(|s| {
+                let _ = s.set_nodelay(true);
+                Box::new(s) as Box<dyn hanzod_protocol::client::Io>
+            })
+        },
+    );
+    let daemon = Daemon::start_with_incoming(
+        cfg,
+        incoming,
+        std::sync::Arc::new(hanzod_actors::ports::SystemClock),
+    )
+    .await
+    .map_err(|e| setup("starting the orchestrator".into(), &e))?;
+    Ok((daemon, format!("http://{addr}")))
 }
 
 /// The endpoint to take down and when: (the proxy in front of the chain, (epoch, s)).
@@ -1090,14 +1262,19 @@ const REGIONS: [&str; 3] = ["eu-west", "us-east", "ap-south"];
 /// and events in `logs`; their JSON events arrive on `tx`.
 fn spawn_nodes(
     plan: &DemoPlan,
-    d: &Daemon,
+    endpoint: &str,
+    bed: Option<&Testbed>,
     keys: &Path,
     logs: &Path,
     behaviours: &[Behaviour],
     tx: &mpsc::Sender<NodeEvent>,
 ) -> Result<Vec<NodeProc>, DemoError> {
     let faults = plan.ring_faults();
-    let endpoint = format!("http://{}", d.grpc_addr);
+    let bed_regions = plan
+        .testbed
+        .as_ref()
+        .map(Topology::node_regions)
+        .unwrap_or_default();
     let mut nodes: Vec<NodeProc> = Vec::new();
     for (i, behaviour) in behaviours.iter().enumerate() {
         let identity = node_identity(plan.seed, i);
@@ -1107,15 +1284,32 @@ fn spawn_nodes(
             .map_err(|e| setup(key.display().to_string(), &e))?;
         let log = std::fs::File::create(logs.join(format!("node-{i}.log")))
             .map_err(|e| setup(format!("node {i} log"), &e))?;
-        let mut cmd = tokio::process::Command::new(&plan.exe);
+        // On a test bed the node runs inside its namespace (`ip netns exec` execs it:
+        // the child is the node process itself), listens on its address there and
+        // declares its region and uplink of the topology.
+        let (mut cmd, listen, region, mbps) = match (bed, &plan.testbed) {
+            (Some(bed), Some(t)) => (
+                bed.command_at(Endpoint::Node(i), &plan.exe, std::iter::empty::<&str>()),
+                format!("{}:0", bed.addr(Endpoint::Node(i))),
+                bed_regions[i].clone(),
+                t.uplink(i).to_string(),
+            ),
+            _ => (
+                tokio::process::Command::new(&plan.exe),
+                "127.0.0.1:0".to_string(),
+                REGIONS[i % REGIONS.len()].to_string(),
+                "1000".to_string(),
+            ),
+        };
         cmd.arg("node")
             .arg("--key")
             .arg(&key)
-            .args(["--listen", "127.0.0.1:0", "--json"])
-            .args(["--region", REGIONS[i % REGIONS.len()]])
+            .args(["--listen", &listen, "--json"])
+            .args(["--region", &region])
+            .args(["--up-mbps", &mbps, "--down-mbps", &mbps])
             // What the demo job asks of each node (min_vram_bytes, 8 GiB).
             .args(["--vram-gib", "8"])
-            .args(["--endpoint", &endpoint])
+            .args(["--endpoint", endpoint])
             .args(["--backoff-min-ms", "100", "--backoff-max-ms", "2000"])
             .arg("--byzantine")
             .arg(behaviour_flag(behaviour, faults[i]))
@@ -1231,6 +1425,8 @@ fn demo_spec(plan: &DemoPlan) -> JobSpec {
 struct Run<'a> {
     plan: &'a DemoPlan,
     d: &'a Daemon,
+    /// The test bed the run is on, if any.
+    bed: Option<&'a Testbed>,
     view: &'a View,
     job: JobId,
     nodes: Vec<NodeProc>,
@@ -1300,6 +1496,9 @@ impl Run<'_> {
     /// The last epoch's report, then `Published`.
     async fn published(&mut self) -> Ending {
         let last = self.plan.epochs - 1;
+        if let Some(rx) = orchestrator_rx_bytes(self.bed).await {
+            self.epochs.rx_bytes.insert(self.plan.epochs, rx);
+        }
         self.epochs
             .finish(
                 self.d,
@@ -1372,6 +1571,9 @@ impl Run<'_> {
     /// at this epoch (the chain's endpoint down, nodes killed).
     async fn on_epoch_start(&mut self, epoch: u32, now: Instant) {
         self.epochs.started.insert(epoch, now);
+        if let Some(rx) = orchestrator_rx_bytes(self.bed).await {
+            self.epochs.rx_bytes.insert(epoch, rx);
+        }
         if epoch > 0 {
             self.epochs
                 .finish(
@@ -1399,22 +1601,50 @@ impl Run<'_> {
                 });
             }
         }
-        if self.plan.kill > 0 && epoch == self.plan.kill_epoch && self.killed_at.is_none() {
-            for &i in &self.to_kill {
-                if let Some(c) = self.nodes[i].child.as_mut() {
-                    let _ = c.start_kill();
-                }
-                self.nodes[i].killed = true;
-                self.nodes[i].status = format!("killed (SIGKILL) at the start of epoch {epoch}");
-            }
-            self.killed_at = Some(now);
-            self.view
-                .log(&format!("epoch {epoch}: killed node(s) {:?}", self.to_kill));
+        // Mid-round kills that found no round in their epoch happen now.
+        let due = match self.plan.kill_at {
+            KillAt::Start => epoch == self.plan.kill_epoch,
+            KillAt::Reduce => epoch > self.plan.kill_epoch,
+        };
+        if due {
+            self.kill(epoch, "at the start of", now);
         }
+    }
+
+    /// SIGKILLs the plan's victims (once per run) in `epoch`, `when` saying when.
+    fn kill(&mut self, epoch: u32, when: &str, now: Instant) {
+        if self.plan.kill == 0 || self.killed_at.is_some() {
+            return;
+        }
+        for &i in &self.to_kill {
+            if let Some(c) = self.nodes[i].child.as_mut() {
+                let _ = c.start_kill();
+            }
+            self.nodes[i].killed = true;
+            self.nodes[i].status = format!("killed (SIGKILL) {when} epoch {epoch}");
+        }
+        self.killed_at = Some(now);
+        self.view.log(&format!(
+            "epoch {epoch}: killed node(s) {:?} {when} the epoch",
+            self.to_kill
+        ));
     }
 
     /// What a node process reported (a failed epoch, its status).
     fn on_node_event(&mut self, e: NodeEvent) {
+        // `--kill-at reduce`: a victim started the kill epoch's all-reduce round.
+        if self.plan.kill_at == KillAt::Reduce
+            && e.event["event"] == "round_started"
+            && e.event["epoch"] == self.plan.kill_epoch
+            && self.to_kill.contains(&e.index)
+        {
+            let version = e.event["ring_version"].as_u64().unwrap_or(0);
+            self.kill(
+                self.plan.kill_epoch,
+                &format!("mid-round (its all-reduce round on ring v{version} had started) in"),
+                Instant::now(),
+            );
+        }
         if e.event["event"] == "epoch_failed" && !self.nodes[e.index].killed {
             let why = format!(
                 "node {}: epoch {} failed: {}",
@@ -1439,6 +1669,8 @@ impl Run<'_> {
 async fn drive(
     plan: &DemoPlan,
     d: &Daemon,
+    endpoint: &str,
+    bed: Option<&Testbed>,
     keys: &Path,
     logs: &Path,
     outage: Outage,
@@ -1446,14 +1678,19 @@ async fn drive(
     let view = View::new(plan);
     let (behaviours, to_kill) = plan.roles();
     let (tx, mut events) = mpsc::channel::<NodeEvent>(1024);
-    let mut nodes = spawn_nodes(plan, d, keys, logs, &behaviours, &tx)?;
+    let mut nodes = spawn_nodes(plan, endpoint, bed, keys, logs, &behaviours, &tx)?;
     let index_of: HashMap<NodeId, usize> =
         nodes.iter().enumerate().map(|(i, n)| (n.id, i)).collect();
     let mut notices = d.core.subscribe();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(plan.timeout_s);
     view.log(&format!(
-        "orchestrator on {}; {} nodes starting (logs and node events in {})",
-        d.grpc_addr,
+        "orchestrator on {}{}; {} nodes starting (logs and node events in {})",
+        endpoint.trim_start_matches("http://"),
+        bed.map_or(String::new(), |b| format!(
+            " in test bed {} ({} regions)",
+            b.plan().prefix,
+            plan.testbed.as_ref().map_or(0, |t| t.regions.len())
+        )),
         plan.nodes,
         logs.display()
     ));
@@ -1472,6 +1709,7 @@ async fn drive(
     view.nodes(&nodes);
 
     let spec = demo_spec(plan);
+    let rx_submitted = orchestrator_rx_bytes(bed).await;
     let started = Instant::now();
     let job = d
         .core
@@ -1490,6 +1728,7 @@ async fn drive(
     let mut run = Run {
         plan,
         d,
+        bed,
         view: &view,
         job,
         nodes,
@@ -1545,6 +1784,9 @@ async fn drive(
         nodes: lines,
         ring_version: run.ring_version,
         ring_repair_ms: run.ring_repair_ms,
+        orchestrator_rx_bytes: rx_submitted
+            .zip(run.epochs.rx_bytes.get(&plan.epochs))
+            .map(|(start, end)| end.saturating_sub(start)),
         aggregation_ms_per_delta: (agg_deltas > 0).then(|| agg_ms as f64 / agg_deltas as f64),
         out: plan.out.clone(),
         orchestrator: Identity::from_hex(&orchestrator_key(plan.seed), "the demo key")
@@ -1643,6 +1885,11 @@ fn epoch_lines(epochs: &EpochLog) -> Vec<EpochLine> {
             checkpoint: r.checkpoint.clone(),
             published: r.location.clone(),
             ms: epochs.ms.get(&r.epoch).copied().unwrap_or(0),
+            orchestrator_rx_bytes: epochs
+                .rx_bytes
+                .get(&(r.epoch + 1))
+                .zip(epochs.rx_bytes.get(&r.epoch))
+                .map(|(end, start)| end.saturating_sub(*start)),
         })
         .collect()
 }
@@ -1660,6 +1907,27 @@ struct EpochLog {
     aggregation: (u64, usize),
     /// The epochs' reports.
     reports: BTreeMap<u32, EpochReport>,
+    /// On a test bed: the orchestrator interface's received bytes when each epoch started
+    /// (and, under the epoch count, when the job was published).
+    rx_bytes: BTreeMap<u32, u64>,
+}
+
+/// The bytes the test bed's orchestrator interface has received so far (`None` off a bed,
+/// or when they cannot be read).
+async fn orchestrator_rx_bytes(bed: Option<&Testbed>) -> Option<u64> {
+    let bed = bed?;
+    let dev = &bed.plan().endpoint(Endpoint::Orchestrator)?.dev;
+    // `ip netns exec` mounts the namespace's own /sys.
+    let out = bed
+        .command_at(
+            Endpoint::Orchestrator,
+            "cat",
+            [format!("/sys/class/net/{dev}/statistics/rx_bytes")],
+        )
+        .output()
+        .await
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
 impl EpochLog {
@@ -1987,6 +2255,25 @@ pub fn render(s: &DemoSummary) -> String {
             "\nring repaired in {} after the kill (ring version {})",
             hanzod_protocol::human::durations(&s.ring_repair_ms),
             s.ring_version
+        );
+    }
+    if s.epochs.iter().any(|e| e.orchestrator_rx_bytes.is_some()) {
+        let per: Vec<String> = s
+            .epochs
+            .iter()
+            .map(|e| {
+                e.orchestrator_rx_bytes
+                    .map_or("?".into(), |b| format!("{:.1} kB", b as f64 / 1e3))
+            })
+            .collect();
+        let _ = writeln!(
+            o,
+            "orchestrator ingress (test bed, on the wire): {} per epoch{}",
+            per.join(", "),
+            s.orchestrator_rx_bytes.map_or(String::new(), |b| format!(
+                ", {:.1} kB from submission to Published",
+                b as f64 / 1e3
+            ))
         );
     }
     if let Some(ms) = s.aggregation_ms_per_delta {
