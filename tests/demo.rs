@@ -221,6 +221,12 @@ fn wei(s: &str) -> u128 {
 }
 
 const STAKE: u128 = 10_000 * GymWei::PER_GYM;
+
+/// A node's stake after `n` slashes of 10 % each (the demo's `slash_pct`), compounding and
+/// rounded down as the ledger does.
+fn stake_after_slashes(n: usize) -> u128 {
+    (0..n).fold(STAKE, |stake, _| stake - stake / 10)
+}
 const POOL: u128 = 100 * GymWei::PER_GYM;
 
 /// The validation loss of one process training on the same data with the same compute:
@@ -560,10 +566,7 @@ async fn a_member_that_reduces_another_update_than_it_committed_is_caught_by_the
     }
     eprintln!("substitute (seed {}): {}", s.plan.seed, outcomes.join("; "));
     // Slashed 10 % per audited epoch, compounding; paid nothing in those.
-    let mut stake = STAKE;
-    for _ in 0..audited {
-        stake -= stake / 10;
-    }
+    let stake = stake_after_slashes(audited as usize);
     assert_eq!(wei(&cheat.stake_wei), stake, "{cheat:?}");
     assert_eq!(wei(&cheat.slashed_wei), STAKE - stake);
     // Sampled at least once in 8 epochs (each misses both samples with probability 1/4
@@ -596,10 +599,7 @@ async fn a_free_rider_gets_no_weight_and_no_reward_in_ring_aggregation() {
         .expect("a free-rider");
     assert_eq!(wei(&rider.rewards_wei), 0, "{rider:?}");
     // A spot-checked free-rider's re-run is not its delta: slashed 10 % per failed check.
-    let mut stake = STAKE;
-    for _ in 0..rider.spot_checks_failed {
-        stake -= stake / 10;
-    }
+    let stake = stake_after_slashes(rider.spot_checks_failed);
     assert_eq!(wei(&rider.stake_wei), stake, "{rider:?}");
     for n in s.nodes.iter().filter(|n| n.index != rider.index) {
         assert!(wei(&n.rewards_wei) > 0, "honest node {} unpaid", n.index);

@@ -586,25 +586,9 @@ async fn a_ring_epoch_applies_the_rounds_merge_and_lists_every_member() {
 /// Member 2's upload of its round delta, signed for `job`'s epoch 0 with a claimed loss it
 /// did not have (a failed spot-check).
 async fn cheaters_upload(f: &Fixture, r: &Round, job: JobId) -> DeltaReceipt {
-    let id = node(2);
-    let payload = round::result_payload(&layout_of(&f.trainer), 0, &r.deltas[1]).unwrap();
-    let hash = store(&f.blobs, payload).await;
-    assert_eq!(hash, r.result.commits[1].1.hash);
-    let statement = Statement {
-        job: job.0,
-        epoch: 0,
-        step: 0,
-        claimed_loss: 1e6,
-    };
-    DeltaReceipt {
-        job,
-        node: id.node_id(),
-        epoch: 0,
-        step: 0,
-        delta_hash: hash,
-        claimed_loss: statement.claimed_loss,
-        signature: sign_statement(&id, &statement, &hash).to_vec(),
-    }
+    let receipt = upload_claiming(f, r, job, 1, 1e6).await;
+    assert_eq!(receipt.delta_hash, r.result.commits[1].1.hash);
+    receipt
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -720,8 +704,20 @@ async fn a_ring_epoch_pays_the_members_by_weight_and_slashes_only_the_failed_spo
     f.sink.stop();
 }
 
-/// Member `i`'s (0-based) upload of its round delta for `job`'s epoch 0.
+/// Member `i`'s (0-based) upload of its round delta for `job`'s epoch 0, claiming loss 1.
 async fn upload_of(f: &Fixture, r: &Round, job: JobId, i: usize) -> DeltaReceipt {
+    upload_claiming(f, r, job, i, 1.0).await
+}
+
+/// Member `i`'s (0-based) upload of its round delta, signed for `job`'s epoch 0 with
+/// `claimed_loss`.
+async fn upload_claiming(
+    f: &Fixture,
+    r: &Round,
+    job: JobId,
+    i: usize,
+    claimed_loss: f64,
+) -> DeltaReceipt {
     let id = node(i as u8 + 1);
     let payload = round::result_payload(&layout_of(&f.trainer), 0, &r.deltas[i]).unwrap();
     let hash = store(&f.blobs, payload).await;
@@ -729,7 +725,7 @@ async fn upload_of(f: &Fixture, r: &Round, job: JobId, i: usize) -> DeltaReceipt
         job: job.0,
         epoch: 0,
         step: 0,
-        claimed_loss: 1.0,
+        claimed_loss,
     };
     DeltaReceipt {
         job,
@@ -737,7 +733,7 @@ async fn upload_of(f: &Fixture, r: &Round, job: JobId, i: usize) -> DeltaReceipt
         epoch: 0,
         step: 0,
         delta_hash: hash,
-        claimed_loss: statement.claimed_loss,
+        claimed_loss,
         signature: sign_statement(&id, &statement, &hash).to_vec(),
     }
 }
