@@ -765,6 +765,14 @@ async fn header_refusals_come_before_any_data_is_sent() {
         Code::InvalidArgument,
         "claimed_loss",
     );
+    let mut h = header(&a, job, 0, 100);
+    h.claimed_loss = -0.25;
+    assert_refused(
+        "a negative claimed loss (cross-entropy and MSE are >= 0)",
+        a.send_and_hold(vec![header_chunk(h)]).await,
+        Code::InvalidArgument,
+        "header.claimed_loss: -0.25",
+    );
     assert_refused(
         "data before the header",
         a.send_and_hold(vec![data_chunk(b"HZDL")]).await,
@@ -818,7 +826,7 @@ async fn header_refusals_come_before_any_data_is_sent() {
 
     for (outcome, n) in [
         ("too_large", 2.0),
-        ("invalid", 2.0),
+        ("invalid", 3.0),
         ("no_header", 1.0),
         ("unknown_session", 1.0),
         ("unknown_job", 1.0),

@@ -834,6 +834,39 @@ async fn rate_limits_reject_then_close_and_cap_registrations() {
     .await;
     expect_counter(&d, &rejected("rate_limited"), 1.0).await;
     d.stop().await;
+
+    // Register calls per client address, charged before the request is decoded: with a
+    // limit of 3, three undecodable requests are refused as invalid, the fourth as rate
+    // limited (so a flood costs neither a decode nor a signature check nor a log line
+    // each).
+    let mut cfg = config();
+    cfg.server.limits.registrations_per_ip_per_min = 3;
+    let d = start(&cfg).await;
+    let mut c = node_client(&d).await;
+    let junk = || pb::RegisterRequest {
+        info: vec![0xff; 64],
+        nonce: vec![0; 32],
+        signature: vec![0; 64],
+    };
+    for _ in 0..3 {
+        refused(
+            "an undecodable Register",
+            c.register(junk()),
+            Code::InvalidArgument,
+            "not a NodeInfo",
+        )
+        .await;
+    }
+    refused(
+        "a fourth Register from one address",
+        c.register(junk()),
+        Code::ResourceExhausted,
+        "registrations per minute from 127.0.0.1",
+    )
+    .await;
+    expect_counter(&d, &rejected("rate_limited"), 1.0).await;
+    expect_counter(&d, &rejected("invalid"), 3.0).await;
+    d.stop().await;
 }
 
 // ---------------------------------------------------------------------------------------

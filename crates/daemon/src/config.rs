@@ -121,6 +121,10 @@ pub struct LimitsConfig {
     /// Challenge calls per client IP address per minute (and burst): bounds what one host
     /// can make the daemon hold, whatever keys it invents.
     pub challenges_per_ip_per_min: u32,
+    /// Register calls per client IP address per minute (and burst), charged before the
+    /// request is decoded or its signature verified: bounds the Ed25519 verifications and
+    /// refusal logs one host can cost, whatever keys it invents.
+    pub registrations_per_ip_per_min: u32,
     /// Registration nonces outstanding at once.
     pub max_pending_challenges: usize,
     /// A nonce expires after this many ms.
@@ -596,6 +600,10 @@ impl Config {
             (
                 "server.limits.registrations_per_min",
                 s.limits.registrations_per_min as u64,
+            ),
+            (
+                "server.limits.registrations_per_ip_per_min",
+                s.limits.registrations_per_ip_per_min as u64,
             ),
             (
                 "server.limits.max_pending_challenges",

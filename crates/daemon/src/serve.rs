@@ -312,6 +312,7 @@ pub fn server_settings(
             max_pending_challenges: s.limits.max_pending_challenges,
             registrations_per_min: s.limits.registrations_per_min,
             challenges_per_ip_per_min: s.limits.challenges_per_ip_per_min,
+            registrations_per_ip_per_min: s.limits.registrations_per_ip_per_min,
             messages_per_s: s.limits.messages_per_s,
             burst: s.limits.burst,
             max_violations: s.limits.max_violations,

@@ -37,6 +37,40 @@ fn bad(field: &'static str, reason: impl Into<String>) -> FieldError {
     }
 }
 
+/// Most bytes of an untrusted value that an error or a log line quotes ([`excerpt`]).
+pub const EXCERPT_BYTES: usize = 32;
+
+/// A bounded, escaped quote of an untrusted value for errors and logs (issue 19 item 7):
+/// its first [`EXCERPT_BYTES`] bytes with every non-printable or non-ASCII byte escaped
+/// (`\xNN`, `\n`, …) in double quotes, followed by `… (N bytes)` when it was cut. At most
+/// `4 × EXCERPT_BYTES + 32` characters whatever the input, so a 4 MB field costs a log
+/// line of about 160 bytes, and no control character reaches a terminal or a log parser.
+pub fn excerpt(value: &[u8]) -> String {
+    let head = &value[..value.len().min(EXCERPT_BYTES)];
+    let quoted = format!("\"{}\"", head.escape_ascii());
+    if head.len() < value.len() {
+        format!("{quoted}… ({} bytes)", value.len())
+    } else {
+        quoted
+    }
+}
+
+/// A claimed training loss from the wire (an upload header's or a ring commitment's
+/// `claimed_loss`, nats/token for a language model, mean squared error for the MLP): both
+/// losses hanzod trains are non-negative, so it must be finite and `>= 0`.
+///
+/// Errors: [`FieldError`] naming `field` for NaN, ±∞ and negative values.
+pub fn claimed_loss(field: &'static str, v: f64) -> Result<f64, FieldError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(bad(
+            field,
+            format!("{v} is not a finite, non-negative loss (cross-entropy and MSE are >= 0)"),
+        ))
+    }
+}
+
 /// A 32-byte node id from the wire.
 pub fn node_id(field: &'static str, bytes: &[u8]) -> Result<NodeId, FieldError> {
     let arr: [u8; 32] = bytes
@@ -53,7 +87,10 @@ pub fn gym_wei(field: &'static str, s: &str) -> Result<GymWei, FieldError> {
     s.parse::<u128>().map(GymWei).map_err(|e| {
         bad(
             field,
-            format!("{s:?} is not a decimal amount of GYM wei: {e}"),
+            format!(
+                "{} is not a decimal amount of GYM wei: {e}",
+                excerpt(s.as_bytes())
+            ),
         )
     })
 }
@@ -65,14 +102,20 @@ pub fn endpoint(field: &'static str, s: &str) -> Result<String, FieldError> {
     }
     let (host, port) = s
         .rsplit_once(':')
-        .ok_or_else(|| bad(field, format!("{s:?} is not host:port")))?;
+        .ok_or_else(|| bad(field, format!("{} is not host:port", excerpt(s.as_bytes()))))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(bad(field, format!("{s:?} has no valid host")));
+        return Err(bad(
+            field,
+            format!("{} has no valid host", excerpt(s.as_bytes())),
+        ));
     }
     match port.parse::<u16>() {
         Ok(p) if p > 0 => Ok(s.to_string()),
-        _ => Err(bad(field, format!("{s:?} has no valid port"))),
+        _ => Err(bad(
+            field,
+            format!("{} has no valid port", excerpt(s.as_bytes())),
+        )),
     }
 }
 
@@ -124,7 +167,10 @@ pub fn node_info(info: &pb::NodeInfo) -> Result<(NodeInfo, String), FieldError> 
     {
         return Err(bad(
             "info.region",
-            format!("{region:?} must be 1..=64 bytes of [a-z0-9-]"),
+            format!(
+                "{} must be 1..=64 bytes of [a-z0-9-]",
+                excerpt(region.as_bytes())
+            ),
         ));
     }
     let endpoint = endpoint("info.endpoint", &info.endpoint)?;
@@ -248,7 +294,7 @@ fn training_spec(t: Option<&pb::TrainingSpec>) -> Result<TrainingSpec, FieldErro
         Some(other) => {
             return Err(bad(
                 "spec.training.aggregation",
-                format!("{other:?} is not \"star\" or \"ring\""),
+                format!("{} is not \"star\" or \"ring\"", excerpt(other.as_bytes())),
             ))
         }
     };
@@ -259,7 +305,7 @@ fn training_spec(t: Option<&pb::TrainingSpec>) -> Result<TrainingSpec, FieldErro
         Some(other) => {
             return Err(bad(
                 "spec.training.mode",
-                format!("{other:?} is not \"full\" or \"lora\""),
+                format!("{} is not \"full\" or \"lora\"", excerpt(other.as_bytes())),
             ))
         }
     };
@@ -808,7 +854,59 @@ mod tests {
         assert_eq!(job_spec(None).unwrap_err().field, "spec");
     }
 
+    #[test]
+    fn claimed_losses_are_finite_and_non_negative() {
+        assert_eq!(claimed_loss("claimed_loss", 0.0), Ok(0.0));
+        assert_eq!(claimed_loss("claimed_loss", 2.5), Ok(2.5));
+        for v in [-1e-9, -3.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let e = claimed_loss("header.claimed_loss", v).unwrap_err();
+            assert_eq!(e.field, "header.claimed_loss");
+        }
+    }
+
+    #[test]
+    fn an_oversized_region_is_refused_with_a_bounded_quote() {
+        let mut info = pb::NodeInfo {
+            node_id: vec![1; 32],
+            gpu: Some(pb::GpuInfo {
+                model: "H100".into(),
+                vram_bytes: 80 << 30,
+                ..Default::default()
+            }),
+            bandwidth: Some(pb::BandwidthProbe {
+                up_mbps: 1.0,
+                down_mbps: 1.0,
+            }),
+            region: "\u{1b}[2J".repeat(1 << 20),
+            endpoint: "10.0.0.1:7000".into(),
+        };
+        let e = node_info(&info).unwrap_err();
+        assert_eq!(e.field, "info.region");
+        assert!(e.to_string().len() < 300, "{}", e.to_string().len());
+        assert!(!e.to_string().contains('\u{1b}'));
+        assert!(e.to_string().contains(&format!("({} bytes)", 4 << 20)));
+        info.region = "eu-west".into();
+        info.endpoint = "x".repeat(200);
+        let e = node_info(&info).unwrap_err();
+        assert_eq!(e.field, "info.endpoint");
+        assert!(e.to_string().len() < 300);
+    }
+
     proptest! {
+        /// Whatever the bytes, the quote is bounded, printable ASCII, and exact when short.
+        #[test]
+        fn excerpts_are_bounded_printable_and_exact_when_short(
+            value in proptest::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let q = excerpt(&value);
+            prop_assert!(q.chars().count() <= 4 * EXCERPT_BYTES + 32, "{}", q);
+            prop_assert!(q.chars().all(|c| !c.is_control()));
+            prop_assert_eq!(q.contains('…'), value.len() > EXCERPT_BYTES);
+            if value.len() <= EXCERPT_BYTES {
+                prop_assert_eq!(q, format!("\"{}\"", value.escape_ascii()));
+            }
+        }
+
         #[test]
         fn ring_round_trips(job in 0u64..1000, version in 1u64..100, n in 0usize..20, b in 0f32..1e4) {
             let view = RingView {

@@ -45,6 +45,9 @@ pub struct NodeServiceSettings {
     pub registrations_per_min: u32,
     /// Challenge calls per client IP address per minute (also the burst).
     pub challenges_per_ip_per_min: u32,
+    /// Register calls per client IP address per minute (also the burst), charged before
+    /// the request is decoded.
+    pub registrations_per_ip_per_min: u32,
     /// Session messages per node per second (sustained).
     pub messages_per_s: u32,
     /// Session messages a node may send in a burst.
@@ -113,6 +116,7 @@ pub struct NodeServiceImpl {
     challenges: Challenges,
     per_key: DefaultKeyedRateLimiter<NodeId>,
     per_ip: DefaultKeyedRateLimiter<std::net::IpAddr>,
+    register_per_ip: DefaultKeyedRateLimiter<std::net::IpAddr>,
     /// Calls since the keyed limiters were last pruned.
     limiter_calls: std::sync::atomic::AtomicU64,
     settings: NodeServiceSettings,
@@ -144,8 +148,13 @@ impl NodeServiceImpl {
             Quota::per_minute(nz(settings.challenges_per_ip_per_min))
                 .allow_burst(nz(settings.challenges_per_ip_per_min)),
         );
+        let register_per_ip = RateLimiter::keyed(
+            Quota::per_minute(nz(settings.registrations_per_ip_per_min))
+                .allow_burst(nz(settings.registrations_per_ip_per_min)),
+        );
         NodeServiceImpl {
             per_ip,
+            register_per_ip,
             limiter_calls: Default::default(),
             metrics: core.metrics(),
             clock: core.clock(),
@@ -184,6 +193,7 @@ impl NodeServiceImpl {
         if n % 4096 == 4095 {
             self.per_key.retain_recent();
             self.per_ip.retain_recent();
+            self.register_per_ip.retain_recent();
         }
     }
 
@@ -201,15 +211,22 @@ impl NodeServiceImpl {
         Ok(())
     }
 
-    fn limit_ip(&self, ip: Option<std::net::IpAddr>) -> Result<(), Status> {
+    /// Charges one call of `what` (`"registration challenges"` or `"registrations"`) to
+    /// `ip` on `limiter`, which allows `per_min` per minute.
+    fn limit_ip(
+        &self,
+        limiter: &DefaultKeyedRateLimiter<std::net::IpAddr>,
+        per_min: u32,
+        what: &str,
+        ip: Option<std::net::IpAddr>,
+    ) -> Result<(), Status> {
         self.prune_limiters();
         if let Some(ip) = ip {
-            if self.per_ip.check_key(&ip).is_err() {
+            if limiter.check_key(&ip).is_err() {
                 return Err(self.reject(
                     "rate_limited",
                     Status::resource_exhausted(format!(
-                        "more than {} registration challenges per minute from {ip}",
-                        self.settings.challenges_per_ip_per_min
+                        "more than {per_min} {what} per minute from {ip}"
                     )),
                 ));
             }
@@ -257,7 +274,12 @@ impl NodeService for NodeServiceImpl {
         &self,
         request: Request<pb::ChallengeRequest>,
     ) -> Result<Response<pb::ChallengeResponse>, Status> {
-        self.limit_ip(request.remote_addr().map(|a| a.ip()))?;
+        self.limit_ip(
+            &self.per_ip,
+            self.settings.challenges_per_ip_per_min,
+            "registration challenges",
+            request.remote_addr().map(|a| a.ip()),
+        )?;
         let node = convert::node_id("node_id", &request.get_ref().node_id)
             .map_err(|e| self.reject("invalid", e.into()))?;
         identity::verifying_key(&node).map_err(|_| {
@@ -281,6 +303,12 @@ impl NodeService for NodeServiceImpl {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
+        self.limit_ip(
+            &self.register_per_ip,
+            self.settings.registrations_per_ip_per_min,
+            "registrations",
+            request.remote_addr().map(|a| a.ip()),
+        )?;
         let req = request.into_inner();
         let wire = pb::NodeInfo::decode(req.info.as_slice()).map_err(|e| {
             self.reject(

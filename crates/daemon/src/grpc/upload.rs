@@ -7,7 +7,7 @@
 //! | step | refusal | code | outcome label |
 //! |---|---|---|---|
 //! | first chunk | not a header | `INVALID_ARGUMENT` | `no_header` |
-//! | header | `total_bytes` < 24 (an HZDL header alone is 24), `claimed_loss` not finite | `INVALID_ARGUMENT` | `invalid` |
+//! | header | `total_bytes` < 24 (an HZDL header alone is 24), `claimed_loss` not finite or negative | `INVALID_ARGUMENT` | `invalid` |
 //! | session | token not a live session | `UNAUTHENTICATED` | `unknown_session` |
 //! | job | unknown job | `NOT_FOUND` | `unknown_job` |
 //! | job | not Running, or Running another epoch | `FAILED_PRECONDITION` | `not_running`, `wrong_epoch` |
@@ -399,15 +399,8 @@ impl DeltaUploads {
                 )),
             ));
         }
-        if !header.claimed_loss.is_finite() {
-            return Err(refusal(
-                "invalid",
-                Status::invalid_argument(format!(
-                    "invalid header.claimed_loss: {} is not finite",
-                    header.claimed_loss
-                )),
-            ));
-        }
+        hanzod_protocol::convert::claimed_loss("header.claimed_loss", header.claimed_loss)
+            .map_err(|e| refusal("invalid", e.into()))?;
         let (node, key) = self.sessions.lookup_bytes(&header.session).ok_or_else(|| {
             refusal(
                 "unknown_session",

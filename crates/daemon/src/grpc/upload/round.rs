@@ -78,7 +78,7 @@ impl DeltaUploads {
     /// `CommitDelta` (see `node.proto`).
     ///
     /// Errors, in order: UNAUTHENTICATED (session), NOT_FOUND (job), FAILED_PRECONDITION (star
-    /// job), INVALID_ARGUMENT (sha256 not 32 bytes, claimed_loss not finite, step not
+    /// job), INVALID_ARGUMENT (sha256 not 32 bytes, claimed_loss not finite or negative, step not
     /// epoch × local_steps, total_bytes below the HZDL header or above the model's largest
     /// f32 delta, unknown model), UNAUTHENTICATED (the statement signature), then the
     /// core's: FAILED_PRECONDITION (not running in `epoch`, not at the commit step),
@@ -87,12 +87,7 @@ impl DeltaUploads {
         let res = async {
             let (node, key, view) = self.round_caller(&r.session, r.job_id).await?;
             let hash = hash32("sha256", &r.sha256)?;
-            if !r.claimed_loss.is_finite() {
-                return Err(Status::invalid_argument(format!(
-                    "invalid claimed_loss: {} is not finite",
-                    r.claimed_loss
-                )));
-            }
+            hanzod_protocol::convert::claimed_loss("claimed_loss", r.claimed_loss)?;
             let step = u64::from(r.epoch) * u64::from(view.spec.training.local_steps);
             if r.step != step {
                 return Err(Status::invalid_argument(format!(
