@@ -1486,3 +1486,74 @@ async fn job_watch_fails_when_the_job_fails_and_names_the_reason() {
     assert!(e.to_string().contains("deadline"), "{e}");
     d.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------
+// 12. A flood of oversized, malformed registrations
+// ---------------------------------------------------------------------------------------
+
+/// Registrations signed correctly over oversized or malformed fields (a 1 MiB region of
+/// escape sequences, a 200 KiB endpoint, a region of control characters) are refused
+/// `INVALID_ARGUMENT` with a message that quotes at most a short escaped excerpt and the
+/// length, and none of them changes the live node set. Seeded: the seed is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_oversized_registrations_is_refused_briefly_and_admits_nobody() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = rand::random();
+    println!("flood seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let d = start(&config()).await;
+    let ch = channel(&d).await;
+    let mut c = NodeServiceClient::new(ch.clone());
+    let mut admin = AdminServiceClient::new(ch);
+    let live = |nodes: Vec<pb::Node>| {
+        let mut ids: Vec<Vec<u8>> = nodes.into_iter().map(|n| n.node_id).collect();
+        ids.sort();
+        ids
+    };
+    register(&mut c, &Identity::from_seed([120; 32])).await;
+    let before = live(
+        within("ListNodes", admin.list_nodes(pb::ListNodesRequest {}))
+            .await
+            .expect("ListNodes")
+            .into_inner()
+            .nodes,
+    );
+    for i in 0..24u8 {
+        let id = Identity::from_seed([121u8.wrapping_add(i); 32]);
+        let mut info = node_info(&id);
+        let len = rng.gen_range(65..(1usize << 20));
+        match rng.gen_range(0..3) {
+            0 => info.region = "\u{1b}[2J".repeat(len / 4 + 1),
+            1 => info.endpoint = "h".repeat(len) + ":1",
+            _ => {
+                info.region = (0..len.min(4096))
+                    .map(|k| char::from(k as u8 % 32))
+                    .collect()
+            }
+        }
+        let nonce = challenge(&mut c, &id).await;
+        let status = refused(
+            "an oversized registration",
+            c.register(register_request(&id, &nonce, &info)),
+            Code::InvalidArgument,
+            "info.",
+        )
+        .await;
+        assert!(
+            status.message().len() <= 256,
+            "a {len}-byte field echoed in {} bytes: {:.300}",
+            status.message().len(),
+            status.message()
+        );
+        assert!(!status.message().chars().any(char::is_control));
+    }
+    let after = live(
+        within("ListNodes", admin.list_nodes(pb::ListNodesRequest {}))
+            .await
+            .expect("ListNodes")
+            .into_inner()
+            .nodes,
+    );
+    assert_eq!(before, after);
+    d.stop().await;
+}

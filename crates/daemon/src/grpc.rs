@@ -9,12 +9,15 @@
 //! * [`convert`]: every wire ↔ domain conversion.
 //!
 //! Every refusal is a precise status (see [`status_of`]) and is counted in the metric
-//! `rejected_messages{reason}` (delta uploads: in `deltas{outcome}`, see [`upload`]).
+//! `rejected_messages{reason}` (delta uploads: in `deltas{outcome}`, see [`upload`]); it is
+//! logged at most once per reason per interval, with the count of those not logged
+//! ([`refusal_log`]).
 
 pub use hanzod_protocol::convert;
 pub mod admission;
 pub mod jobs;
 pub mod node;
+pub mod refusal_log;
 pub mod server;
 pub mod sessions;
 pub mod upload;

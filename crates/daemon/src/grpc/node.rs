@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::refusal_log::RefusalLog;
 use super::sessions::{AttachError, Attached, Outbound, Sessions, Token};
 use super::status_of;
 use super::upload::DeltaUploads;
@@ -117,6 +118,7 @@ pub struct NodeServiceImpl {
     per_key: DefaultKeyedRateLimiter<NodeId>,
     per_ip: DefaultKeyedRateLimiter<std::net::IpAddr>,
     register_per_ip: DefaultKeyedRateLimiter<std::net::IpAddr>,
+    refusals: RefusalLog,
     /// Calls since the keyed limiters were last pruned.
     limiter_calls: std::sync::atomic::AtomicU64,
     settings: NodeServiceSettings,
@@ -155,6 +157,7 @@ impl NodeServiceImpl {
         NodeServiceImpl {
             per_ip,
             register_per_ip,
+            refusals: RefusalLog::default(),
             limiter_calls: Default::default(),
             metrics: core.metrics(),
             clock: core.clock(),
@@ -171,9 +174,12 @@ impl NodeServiceImpl {
         }
     }
 
+    /// Counts a refusal and logs it if [`RefusalLog`] lets it through.
     fn reject(&self, reason: &'static str, status: Status) -> Status {
         self.metrics.incr(Counter::RejectedMessages, reason, 1);
-        tracing::info!(reason, code = ?status.code(), "refused: {}", status.message());
+        if let Some(unlogged) = self.refusals.admit(reason, self.clock.now().as_millis()) {
+            tracing::info!(reason, code = ?status.code(), unlogged, "refused: {}", status.message());
+        }
         status
     }
 

@@ -211,6 +211,8 @@ pub struct DeltaUploads {
     in_flight: Mutex<HashSet<NodeId>>,
     storing: Arc<HashLocks>,
     metrics: Arc<dyn Metrics>,
+    /// Which refusals are logged (of uploads and of the ring calls).
+    refusals: super::refusal_log::RefusalLog,
 }
 
 impl std::fmt::Debug for DeltaUploads {
@@ -309,6 +311,7 @@ impl DeltaUploads {
             settings,
             in_flight: Mutex::new(HashSet::new()),
             storing: Arc::default(),
+            refusals: Default::default(),
         }
     }
 
@@ -353,8 +356,11 @@ impl DeltaUploads {
                     tonic::Code::Unavailable | tonic::Code::Internal
                 ) {
                     tracing::warn!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), "delta not accepted: {}", status.message());
-                } else {
-                    tracing::info!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), "delta refused: {}", status.message());
+                } else if let Some(unlogged) = self
+                    .refusals
+                    .admit(reason, self.core.clock().now().as_millis())
+                {
+                    tracing::info!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), unlogged, "delta refused: {}", status.message());
                 }
                 Err(status)
             }

@@ -60,7 +60,12 @@ impl DeltaUploads {
 
     fn refused(&self, what: &'static str, status: Status) -> Status {
         self.metrics.incr(Counter::RejectedMessages, what, 1);
-        tracing::info!(call = what, code = ?status.code(), "ring call refused: {}", status.message());
+        if let Some(unlogged) = self
+            .refusals
+            .admit(what, self.core.clock().now().as_millis())
+        {
+            tracing::info!(call = what, code = ?status.code(), unlogged, "ring call refused: {}", status.message());
+        }
         status
     }
 
