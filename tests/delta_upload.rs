@@ -771,7 +771,7 @@ async fn header_refusals_come_before_any_data_is_sent() {
         "a negative claimed loss (cross-entropy and MSE are >= 0)",
         a.send_and_hold(vec![header_chunk(h)]).await,
         Code::InvalidArgument,
-        "header.claimed_loss: -0.25",
+        "header.claimed_loss: -2.5e-1",
     );
     assert_refused(
         "data before the header",

@@ -121,9 +121,9 @@ pub struct LimitsConfig {
     /// Challenge calls per client IP address per minute (and burst): bounds what one host
     /// can make the daemon hold, whatever keys it invents.
     pub challenges_per_ip_per_min: u32,
-    /// Register calls per client IP address per minute (and burst), charged before the
-    /// request is decoded or its signature verified: bounds the Ed25519 verifications and
-    /// refusal logs one host can cost, whatever keys it invents.
+    /// Register calls per client IP address (IPv6: per /64) per minute (and burst), charged
+    /// before its `NodeInfo` is decoded or its signature verified: bounds the Ed25519
+    /// verifications one host can cost, whatever keys it invents.
     pub registrations_per_ip_per_min: u32,
     /// Registration nonces outstanding at once.
     pub max_pending_challenges: usize,

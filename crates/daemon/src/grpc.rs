@@ -9,9 +9,10 @@
 //! * [`convert`]: every wire ↔ domain conversion.
 //!
 //! Every refusal is a precise status (see [`status_of`]) and is counted in the metric
-//! `rejected_messages{reason}` (delta uploads: in `deltas{outcome}`, see [`upload`]); it is
-//! logged at most once per reason per interval, with the count of those not logged
-//! ([`refusal_log`]).
+//! `rejected_messages{reason}` (delta uploads: in `deltas{outcome}`, see [`upload`]). The
+//! refusals of registration, uploads and ring calls are logged at most once per reason per
+//! interval, with the count of those not logged ([`refusal_log`]); session refusals are
+//! logged at debug level.
 
 pub use hanzod_protocol::convert;
 pub mod admission;

@@ -46,8 +46,8 @@ pub struct NodeServiceSettings {
     pub registrations_per_min: u32,
     /// Challenge calls per client IP address per minute (also the burst).
     pub challenges_per_ip_per_min: u32,
-    /// Register calls per client IP address per minute (also the burst), charged before
-    /// the request is decoded.
+    /// Register calls per client IP address (IPv6: per /64) per minute (also the burst),
+    /// charged before its `NodeInfo` is decoded or its signature verified.
     pub registrations_per_ip_per_min: u32,
     /// Session messages per node per second (sustained).
     pub messages_per_s: u32,
@@ -177,7 +177,13 @@ impl NodeServiceImpl {
     /// Counts a refusal and logs it if [`RefusalLog`] lets it through.
     fn reject(&self, reason: &'static str, status: Status) -> Status {
         self.metrics.incr(Counter::RejectedMessages, reason, 1);
-        if let Some(unlogged) = self.refusals.admit(reason, self.clock.now().as_millis()) {
+        if matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::Internal
+        ) {
+            // The daemon's own failures are never throttled behind a flood of bad input.
+            tracing::warn!(reason, code = ?status.code(), "refused: {}", status.message());
+        } else if let Some(unlogged) = self.refusals.admit(reason, self.clock.now().as_millis()) {
             tracing::info!(reason, code = ?status.code(), unlogged, "refused: {}", status.message());
         }
         status
@@ -228,7 +234,7 @@ impl NodeServiceImpl {
     ) -> Result<(), Status> {
         self.prune_limiters();
         if let Some(ip) = ip {
-            if limiter.check_key(&ip).is_err() {
+            if limiter.check_key(&rate_key(ip)).is_err() {
                 return Err(self.reject(
                     "rate_limited",
                     Status::resource_exhausted(format!(
@@ -266,6 +272,19 @@ impl NodeServiceImpl {
                 "bad_attestation",
                 Status::permission_denied("GPU attestation is not signed by a trusted attester"),
             ))
+        }
+    }
+}
+
+/// The key a client address is rate limited under: an IPv4 address itself, an IPv6 address
+/// by its /64 prefix (one host commonly holds a whole /64, so a key per address would give
+/// it 2^64 budgets).
+fn rate_key(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V4(_) => ip,
+        std::net::IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+            std::net::IpAddr::V6(std::net::Ipv6Addr::from(prefix))
         }
     }
 }
@@ -878,7 +897,7 @@ impl SessionTask {
                 self.metrics
                     .incr(Counter::SessionMessages, "probe_result", 1);
                 if !p.error.is_empty() {
-                    tracing::info!(node = %self.node.short(), peer = %peer.short(), "probe failed: {}", p.error);
+                    tracing::info!(node = %self.node.short(), peer = %peer.short(), "probe failed: {}", convert::excerpt(p.error.as_bytes()));
                     return Verdict::Continue;
                 }
                 if !(p.mbps.is_finite() && p.mbps >= 0.0) {
@@ -903,5 +922,24 @@ impl SessionTask {
                 Verdict::Continue
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rate_key;
+    use std::net::IpAddr;
+
+    #[test]
+    fn ipv6_addresses_share_their_slash_64_budget_and_ipv4_keep_their_own() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff:1:2:3".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(rate_key(a), rate_key(b));
+        assert_ne!(rate_key(a), rate_key(c));
+        assert_eq!(rate_key(a), "2001:db8:1:2::".parse::<IpAddr>().unwrap());
+        let v4: IpAddr = "10.0.0.7".parse().unwrap();
+        assert_eq!(rate_key(v4), v4);
+        assert_ne!(rate_key(v4), rate_key("10.0.0.8".parse().unwrap()));
     }
 }

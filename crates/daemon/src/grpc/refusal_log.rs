@@ -6,7 +6,7 @@
 //! Keyed by reason, not by peer address: a key per address would let a caller with many
 //! addresses (a /64 of IPv6) buy a log line per address; per reason, the log volume is
 //! bounded by the number of reasons (a few dozen `&'static str`s) whatever the callers do.
-//! The peer's address, where known, is in the line that is logged.
+//! Refusals for the daemon's own failures (`UNAVAILABLE`, `INTERNAL`) are not throttled.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

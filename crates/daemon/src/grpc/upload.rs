@@ -254,7 +254,9 @@ impl DeltaUploads {
             Ok(b) => b,
             Err(ObjectError::BadCid { reason: why }) => {
                 return Err(Status::invalid_argument(format!(
-                    "invalid checkpoint: {why}"
+                    "invalid checkpoint {}: {}",
+                    hanzod_protocol::convert::excerpt(request.checkpoint.as_bytes()),
+                    hanzod_protocol::convert::excerpt(why.as_bytes())
                 )))
             }
             Err(ObjectError::NotFound { cid: _ }) => {

@@ -60,7 +60,13 @@ impl DeltaUploads {
 
     fn refused(&self, what: &'static str, status: Status) -> Status {
         self.metrics.incr(Counter::RejectedMessages, what, 1);
-        if let Some(unlogged) = self
+        if matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::Internal
+        ) {
+            // The daemon's own failures are never throttled behind a flood of bad input.
+            tracing::warn!(call = what, code = ?status.code(), "ring call failed: {}", status.message());
+        } else if let Some(unlogged) = self
             .refusals
             .admit(what, self.core.clock().now().as_millis())
         {
