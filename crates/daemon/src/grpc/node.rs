@@ -278,14 +278,17 @@ impl NodeServiceImpl {
 
 /// The key a client address is rate limited under: an IPv4 address itself, an IPv6 address
 /// by its /64 prefix (one host commonly holds a whole /64, so a key per address would give
-/// it 2^64 budgets).
+/// it 2^64 budgets). An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, how a dual-stack
+/// listener sees IPv4 clients) is keyed as its IPv4 address, not as the /64 every IPv4
+/// client shares.
 fn rate_key(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv6Addr};
     match ip {
-        std::net::IpAddr::V4(_) => ip,
-        std::net::IpAddr::V6(v6) => {
-            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
-            std::net::IpAddr::V6(std::net::Ipv6Addr::from(prefix))
-        }
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
     }
 }
 
@@ -941,5 +944,12 @@ mod tests {
         let v4: IpAddr = "10.0.0.7".parse().unwrap();
         assert_eq!(rate_key(v4), v4);
         assert_ne!(rate_key(v4), rate_key("10.0.0.8".parse().unwrap()));
+        // IPv4 clients seen by a dual-stack listener keep their own budgets.
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        assert_eq!(rate_key(mapped), v4);
+        assert_ne!(
+            rate_key(mapped),
+            rate_key("::ffff:10.0.0.8".parse().unwrap())
+        );
     }
 }
