@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::refusal_log::RefusalLog;
+use super::refusal_log::{Logged, RefusalLog};
 use super::sessions::{AttachError, Attached, Outbound, Sessions, Token};
 use super::status_of;
 use super::upload::DeltaUploads;
@@ -177,14 +177,17 @@ impl NodeServiceImpl {
     /// Counts a refusal and logs it if [`RefusalLog`] lets it through.
     fn reject(&self, reason: &'static str, status: Status) -> Status {
         self.metrics.incr(Counter::RejectedMessages, reason, 1);
-        if matches!(
-            status.code(),
-            tonic::Code::Unavailable | tonic::Code::Internal
-        ) {
-            // The daemon's own failures are never throttled behind a flood of bad input.
-            tracing::warn!(reason, code = ?status.code(), "refused: {}", status.message());
-        } else if let Some(unlogged) = self.refusals.admit(reason, self.clock.now().as_millis()) {
-            tracing::info!(reason, code = ?status.code(), unlogged, "refused: {}", status.message());
+        match self
+            .refusals
+            .judge(reason, status.code(), self.clock.now().as_millis())
+        {
+            Logged::Failure => {
+                tracing::warn!(reason, code = ?status.code(), "refused: {}", status.message())
+            }
+            Logged::Refusal { unlogged } => {
+                tracing::info!(reason, code = ?status.code(), unlogged, "refused: {}", status.message())
+            }
+            Logged::Suppressed => {}
         }
         status
     }

@@ -14,6 +14,21 @@ use std::sync::Mutex;
 /// The default interval between two log lines of one refusal reason: 10 s, in ms.
 pub const DEFAULT_INTERVAL_MS: u64 = 10_000;
 
+/// How one refusal is to be logged ([`RefusalLog::judge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logged {
+    /// The daemon's own failure (`UNAVAILABLE`, `INTERNAL`): always logged, as a warning,
+    /// never throttled behind a flood of bad input.
+    Failure,
+    /// Logged; `unlogged` refusals of the same reason were suppressed since the last line.
+    Refusal {
+        /// Refusals of this reason counted but not logged since the last logged one.
+        unlogged: u64,
+    },
+    /// Counted only.
+    Suppressed,
+}
+
 /// The throttle's state for one reason: when its current interval began (ms) and how many
 /// refusals were suppressed in it.
 #[derive(Debug, Clone, Copy)]
@@ -77,6 +92,18 @@ impl RefusalLog {
         }
     }
 
+    /// How a refusal of `reason` with status `code` at `now_ms` is logged: a daemon failure
+    /// always ([`Logged::Failure`]), a refusal as [`RefusalLog::admit`] decides.
+    pub fn judge(&self, reason: &'static str, code: tonic::Code, now_ms: u64) -> Logged {
+        if matches!(code, tonic::Code::Unavailable | tonic::Code::Internal) {
+            return Logged::Failure;
+        }
+        match self.admit(reason, now_ms) {
+            Some(unlogged) => Logged::Refusal { unlogged },
+            None => Logged::Suppressed,
+        }
+    }
+
     /// Refusals of `reason` suppressed in its current interval (not yet in a logged line).
     pub fn suppressed(&self, reason: &str) -> u64 {
         let windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
@@ -103,6 +130,24 @@ mod tests {
         // A clock that steps back starts over rather than suppressing for ever.
         assert_eq!(log.admit("invalid", 10), Some(1));
         assert_eq!(RefusalLog::new(0).admit("x", 0), Some(0));
+    }
+
+    #[test]
+    fn daemon_failures_are_never_suppressed() {
+        let log = RefusalLog::new(1_000);
+        assert_eq!(
+            log.judge("invalid", tonic::Code::InvalidArgument, 0),
+            Logged::Refusal { unlogged: 0 }
+        );
+        assert_eq!(
+            log.judge("invalid", tonic::Code::InvalidArgument, 1),
+            Logged::Suppressed
+        );
+        for code in [tonic::Code::Unavailable, tonic::Code::Internal] {
+            assert_eq!(log.judge("invalid", code, 2), Logged::Failure);
+        }
+        // Failures do not use up the reason's line.
+        assert_eq!(log.suppressed("invalid"), 1);
     }
 
     proptest! {

@@ -353,16 +353,19 @@ impl DeltaUploads {
             }
             Err(Refusal { reason, status }) => {
                 let node = cx.node.map(|n| n.short()).unwrap_or_default();
-                if matches!(
+                use super::refusal_log::Logged;
+                match self.refusals.judge(
+                    reason,
                     status.code(),
-                    tonic::Code::Unavailable | tonic::Code::Internal
+                    self.core.clock().now().as_millis(),
                 ) {
-                    tracing::warn!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), "delta not accepted: {}", status.message());
-                } else if let Some(unlogged) = self
-                    .refusals
-                    .admit(reason, self.core.clock().now().as_millis())
-                {
-                    tracing::info!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), unlogged, "delta refused: {}", status.message());
+                    Logged::Failure => {
+                        tracing::warn!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), "delta not accepted: {}", status.message())
+                    }
+                    Logged::Refusal { unlogged } => {
+                        tracing::info!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), unlogged, "delta refused: {}", status.message())
+                    }
+                    Logged::Suppressed => {}
                 }
                 Err(status)
             }

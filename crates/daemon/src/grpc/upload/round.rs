@@ -60,17 +60,18 @@ impl DeltaUploads {
 
     fn refused(&self, what: &'static str, status: Status) -> Status {
         self.metrics.incr(Counter::RejectedMessages, what, 1);
-        if matches!(
-            status.code(),
-            tonic::Code::Unavailable | tonic::Code::Internal
-        ) {
-            // The daemon's own failures are never throttled behind a flood of bad input.
-            tracing::warn!(call = what, code = ?status.code(), "ring call failed: {}", status.message());
-        } else if let Some(unlogged) = self
+        use super::super::refusal_log::Logged;
+        match self
             .refusals
-            .admit(what, self.core.clock().now().as_millis())
+            .judge(what, status.code(), self.core.clock().now().as_millis())
         {
-            tracing::info!(call = what, code = ?status.code(), unlogged, "ring call refused: {}", status.message());
+            Logged::Failure => {
+                tracing::warn!(call = what, code = ?status.code(), "ring call failed: {}", status.message())
+            }
+            Logged::Refusal { unlogged } => {
+                tracing::info!(call = what, code = ?status.code(), unlogged, "ring call refused: {}", status.message())
+            }
+            Logged::Suppressed => {}
         }
         status
     }
