@@ -44,6 +44,7 @@ fn nodes(rng: &mut ChaCha8Rng, n: usize) -> Vec<NodeView> {
                 assigned: rng
                     .gen_bool(0.10)
                     .then(|| JobId(rng.gen_range(1_000..2_000))),
+                standing_read_at: NOW,
             }
         })
         .collect()

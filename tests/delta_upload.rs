@@ -1364,7 +1364,20 @@ async fn trained_deltas_are_validated_merged_and_the_next_epoch_trains_from_the_
     for seed in 31..=33 {
         nodes.push(Node::join(&d, seed).await);
     }
-    let job = running_job(&d, 3, 2, None).await;
+    // The liar is slashed in epoch 0 and leaves the ring at its end: two nodes go on.
+    let job = submit(
+        &d,
+        pb::JobSpec {
+            min_nodes: 2,
+            ..job_spec("deltas", 3, 2, None)
+        },
+    )
+    .await
+    .expect("job accepted");
+    await_phase(&d, job, "Running(0)", |p| {
+        matches!(p, JobPhase::Running { epoch: 0, .. })
+    })
+    .await;
     // The spot-check commitment is public while the epoch runs.
     let mut jobs = JobServiceClient::new(channel(&d).await);
     let wire = within("GetJob", jobs.get_job(pb::GetJobRequest { job_id: job }))
@@ -1389,6 +1402,7 @@ async fn trained_deltas_are_validated_merged_and_the_next_epoch_trains_from_the_
     })
     .await;
     let cp0 = view.checkpoints[0].clone();
+    let liar_id = nodes[2].id.node_id();
     let w0 = checkpoint(&d, &cp0).await;
     let loss0 = train::validation_loss(&w0, &data).unwrap();
     assert!(loss0 < loss_init, "{loss_init} → {loss0}");
@@ -1423,8 +1437,16 @@ async fn trained_deltas_are_validated_merged_and_the_next_epoch_trains_from_the_
         Some(&2.0)
     );
 
+    // Slashed and under its penalty, the liar left the ring at the epoch boundary.
+    let ring = d.core.ring(JobId(job)).await.unwrap().expect("ring");
+    assert!(!ring.members.contains(&liar_id), "{ring:?}");
+    assert_eq!(ring.members.len(), 2);
+    let views = d.core.nodes().await.unwrap();
+    let liar_view = views.iter().find(|v| v.id == liar_id).unwrap();
+    assert!(liar_view.penalty_until.is_some(), "{liar_view:?}");
+
     // Epoch 1 trains from the published checkpoint (base version 1, steps 20..40).
-    for n in nodes.iter_mut() {
+    for n in nodes.iter_mut().take(2) {
         let ack = train_and_upload(n, job, 1, &w0, 1.0).await;
         assert!(ack.accepted, "{ack:?}");
     }

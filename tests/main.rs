@@ -28,6 +28,7 @@ mod processes;
 mod publish;
 mod publish_resume;
 mod readme_harness;
+mod standing;
 mod supervision;
 mod train;
 mod turmoil_sims;

@@ -54,6 +54,16 @@ pub enum Event {
         #[serde(default)]
         penalty_until: Option<Timestamp>,
     },
+    /// A node's standing changed on chain, as read at an epoch boundary (DESIGN §3,
+    /// "Standing"): its stake and penalty from now on.
+    NodeStanding {
+        /// The node.
+        node: NodeId,
+        /// Its operator's stake, in GYM wei.
+        stake: GymWei,
+        /// The end of its latest slashing penalty, if any (ms since the Unix epoch).
+        penalty_until: Option<Timestamp>,
+    },
     /// A node was declared failed.
     NodeFailed {
         /// The node.
@@ -109,7 +119,7 @@ pub enum Event {
     RingChanged {
         /// The new ring.
         ring: RingView,
-        /// Members removed as failed in this change.
+        /// Members removed in this change: failed, or out of standing (DESIGN §3).
         removed: Vec<NodeId>,
         /// Standbys inserted in this change.
         added: Vec<NodeId>,

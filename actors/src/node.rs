@@ -5,8 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::HeartbeatConfig;
-use crate::sched::NodeView;
-use crate::types::{GymWei, JobId, NodeId, NodeInfo, Timestamp};
+use crate::types::{NodeId, NodeInfo, Timestamp};
 use crate::uptime::UptimeTracker;
 
 /// A heartbeat as the core sees it (paper §4.4). The transport has already checked the
@@ -90,8 +89,6 @@ pub enum Liveness {
 #[derive(Debug, Clone)]
 pub struct NodeCore {
     info: NodeInfo,
-    stake: GymWei,
-    penalty_until: Option<Timestamp>,
     liveness: Liveness,
     last_seq: Option<u64>,
     last_heard: Timestamp,
@@ -105,7 +102,6 @@ impl NodeCore {
     /// A node admitted at `now`; it is alive and must heartbeat within the timeout.
     pub fn new(
         info: NodeInfo,
-        stake: GymWei,
         cfg: HeartbeatConfig,
         uptime_window_ms: u64,
         now: Timestamp,
@@ -114,8 +110,6 @@ impl NodeCore {
         uptime.record_heartbeat(now, cfg.timeout_ms);
         NodeCore {
             info,
-            stake,
-            penalty_until: None,
             liveness: Liveness::Alive,
             last_seq: None,
             last_heard: now,
@@ -156,22 +150,15 @@ impl NodeCore {
         self.last_heard.plus_ms(self.cfg.timeout_ms)
     }
 
-    /// A new registration of the same key: new info and stake, a new heartbeat session
-    /// (sequence numbers restart), alive again. Uptime history is kept.
-    pub fn reregister(&mut self, info: NodeInfo, stake: GymWei, now: Timestamp) {
+    /// A new registration of the same key: new info, a new heartbeat session (sequence
+    /// numbers restart), alive again. Uptime history is kept.
+    pub fn reregister(&mut self, info: NodeInfo, now: Timestamp) {
         self.info = info;
-        self.stake = stake;
         self.last_seq = None;
         self.last_heard = now;
         self.liveness = Liveness::Alive;
         self.sessions += 1;
         self.uptime.record_heartbeat(now, self.cfg.timeout_ms);
-    }
-
-    /// Updates the chain-derived facts.
-    pub fn set_chain_facts(&mut self, stake: GymWei, penalty_until: Option<Timestamp>) {
-        self.stake = stake;
-        self.penalty_until = penalty_until;
     }
 
     /// Accepts or refuses a heartbeat received at `now`. A refused heartbeat changes nothing.
@@ -223,18 +210,9 @@ impl NodeCore {
         true
     }
 
-    /// The scheduler's view of the node at `now`.
-    pub fn view(&self, now: Timestamp, assigned: Option<JobId>) -> NodeView {
-        NodeView {
-            id: self.info.id,
-            stake: self.stake,
-            vram_bytes: self.info.gpu.vram_bytes,
-            uptime: self.uptime.uptime(now),
-            penalty_until: self.penalty_until,
-            region: self.info.region.clone(),
-            alive: self.liveness == Liveness::Alive,
-            assigned,
-        }
+    /// Uptime over the window at `now`, a fraction in [0, 1] ([`UptimeTracker::uptime`]).
+    pub fn uptime(&self, now: Timestamp) -> f64 {
+        self.uptime.uptime(now)
     }
 }
 
@@ -248,13 +226,7 @@ mod tests {
             id: NodeId([7; 32]),
             ..Default::default()
         };
-        NodeCore::new(
-            info,
-            GymWei::gym(10_000),
-            HeartbeatConfig::default(),
-            86_400_000,
-            Timestamp(now),
-        )
+        NodeCore::new(info, HeartbeatConfig::default(), 86_400_000, Timestamp(now))
     }
 
     fn hb(seq: u64, ts: u64) -> Heartbeat {
@@ -306,7 +278,7 @@ mod tests {
             n.on_heartbeat(&hb(1, 31_000), Timestamp(31_000)),
             Err(HeartbeatError::Failed)
         );
-        n.reregister(n.info().clone(), GymWei::gym(1), Timestamp(32_000));
+        n.reregister(n.info().clone(), Timestamp(32_000));
         n.on_heartbeat(&hb(1, 32_000), Timestamp(32_000)).unwrap();
         assert_eq!(n.sessions(), 2);
     }

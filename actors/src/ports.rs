@@ -205,10 +205,39 @@ pub trait ChainReader: Send + Sync + std::fmt::Debug + 'static {
     /// with now; on chain, `GYMToken.penaltyUntil(key)` in unix seconds, here in ms).
     async fn penalty_until(&self, node: &NodeId) -> Result<Option<Timestamp>, ChainError>;
 
+    /// Both facts the orchestrator judges a node's standing by ([`Standing`]): its stake
+    /// and its penalty, read together. Read at admission and, for every ring member, at
+    /// each epoch boundary (DESIGN §3, "Standing"). The default reads
+    /// [`ChainReader::stake_of`] then [`ChainReader::penalty_until`]; a chain that can
+    /// answer both in one call overrides it (on the EVM chain, `GYMToken.nodeStake(key)`
+    /// returns the operator, the stake and the penalty).
+    ///
+    /// # Errors
+    /// [`ChainError::Unbound`] when the key has no operator; [`ChainError::Unavailable`]
+    /// when the chain does not answer.
+    async fn standing(&self, node: &NodeId) -> Result<Standing, ChainError> {
+        let stake = self.stake_of(node).await?;
+        let penalty_until = self.penalty_until(node).await?;
+        Ok(Standing {
+            stake,
+            penalty_until,
+        })
+    }
+
     /// The stake of the account this ledger writes with: the orchestrator's own, in GYM
     /// wei (on chain, `GYMToken.stakes(account)`). An orchestrator must hold at least
     /// 50,000 GYM to lead, pay rewards and slash (paper §1.1).
     async fn orchestrator_stake(&self) -> Result<GymWei, ChainError>;
+}
+
+/// A node's standing on chain, as one read of [`ChainReader::standing`] gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Standing {
+    /// Its operator's stake, in GYM wei.
+    pub stake: GymWei,
+    /// The end of its latest slashing penalty (ms since the Unix epoch), if it was ever
+    /// slashed; the penalty is active while `now < penalty_until`.
+    pub penalty_until: Option<Timestamp>,
 }
 
 /// Errors of a [`Ledger`]: the chain's own errors, plus requests the ledger refuses.

@@ -49,10 +49,14 @@ pub struct JobFold {
 pub struct NodeFold {
     /// Its latest declared info.
     pub info: NodeInfo,
-    /// Its stake at its latest admission.
+    /// Its stake at its latest admission or standing change, in GYM wei.
     pub stake: GymWei,
-    /// Its active slashing penalty at its latest admission.
+    /// Its slashing penalty at its latest admission or standing change.
     pub penalty_until: Option<Timestamp>,
+    /// When its stake and penalty were read: its latest admission or standing change
+    /// (the record's time, ms since the Unix epoch).
+    #[serde(default)]
+    pub standing_read_at: Timestamp,
     /// Whether its latest event is a failure.
     pub failed: bool,
 }
@@ -150,9 +154,21 @@ impl LogFold {
                         info: info.clone(),
                         stake: *stake,
                         penalty_until: *penalty_until,
+                        standing_read_at: r.at,
                         failed: false,
                     },
                 );
+            }
+            Event::NodeStanding {
+                node,
+                stake,
+                penalty_until,
+            } => {
+                if let Some(n) = self.nodes.get_mut(node) {
+                    n.stake = *stake;
+                    n.penalty_until = *penalty_until;
+                    n.standing_read_at = r.at;
+                }
             }
             Event::NodeFailed { node, .. } => {
                 if let Some(n) = self.nodes.get_mut(node) {
@@ -564,6 +580,13 @@ mod tests {
                 node,
                 kind: crate::events::FailureKind::SessionClosed,
             }),
+            (node.clone(), 0u64..3, proptest::option::of(1u64..4)).prop_map(
+                |(node, gym, penalty)| Event::NodeStanding {
+                    node,
+                    stake: GymWei::gym(gym),
+                    penalty_until: penalty.map(Timestamp),
+                }
+            ),
             (node.clone(), node.clone(), 1u8..100).prop_map(|(from, to, m)| {
                 Event::LinkMeasured {
                     from,

@@ -37,6 +37,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use crate::job::{Job, JobPhase, NodeShortage};
+use crate::ports::{ChainError, Standing};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
 /// Thresholds of paper §3.3 that do not depend on the job (VRAM does, and comes with it).
@@ -78,6 +79,12 @@ pub struct NodeView {
     pub alive: bool,
     /// The job the node is working for, if any.
     pub assigned: Option<JobId>,
+    /// When `stake` and `penalty_until` were last read from the chain (ms since the Unix
+    /// epoch): at admission, then at each epoch boundary of the job the node works for
+    /// (DESIGN §3, "Standing"). 0 where unknown (a view rebuilt from a log written before
+    /// re-reads were recorded).
+    #[serde(default)]
+    pub standing_read_at: Timestamp,
 }
 
 /// Why a node is not eligible (paper §3.3), checked in the order of the variants.
@@ -111,14 +118,68 @@ pub enum Ineligible {
         /// The job's minimum, in bytes.
         need: u64,
     },
-    /// Uptime over the last 24 h below the minimum, or not a number (paper §3.3 rule 3).
-    #[error("uptime {have} below the minimum {need}")]
+    /// Uptime over the last 24 h below the minimum, or not a number (paper §3.3 rule 3; the
+    /// downtime budget of [`crate::uptime`]: 72 min per 24 h at 95 %).
+    #[error("uptime {:.2} % below the minimum {:.2} % (too much downtime in the window)", have * 100.0, need * 100.0)]
     Uptime {
         /// The node's uptime fraction.
         have: f64,
         /// The minimum fraction.
         need: f64,
     },
+}
+
+/// Whether a node with `stake` (GYM wei) and `penalty_until` is in good standing at `now`
+/// (paper §3.3 rules 4 and 1): no active slashing penalty (`now < penalty_until` is
+/// active), then stake ≥ `rules.min_stake`. The first failing check is returned, in that
+/// order. A ring member that fails it at an epoch boundary leaves its ring (DESIGN §3,
+/// "Standing").
+pub fn check_standing(
+    rules: &EligibilityRules,
+    stake: GymWei,
+    penalty_until: Option<Timestamp>,
+    now: Timestamp,
+) -> Result<(), Ineligible> {
+    if let Some(until) = penalty_until {
+        if now < until {
+            return Err(Ineligible::Slashed { until });
+        }
+    }
+    if stake < rules.min_stake {
+        return Err(Ineligible::Stake {
+            have: stake,
+            need: rules.min_stake,
+        });
+    }
+    Ok(())
+}
+
+/// The members that leave their ring at an epoch boundary (DESIGN §3, "Standing"): each
+/// node of `reads` (a member with what [`crate::ports::ChainReader::standing`] answered)
+/// that fails [`check_standing`] at `now`, with why, in the order of `reads`. A key no
+/// longer bound to an operator ([`ChainError::Unbound`]) has no stake: it leaves as
+/// [`Ineligible::Stake`] with 0. A member whose read failed otherwise
+/// ([`ChainError::Unavailable`]) stays: an unreachable chain is not evidence against it,
+/// and the next boundary reads it again.
+pub fn standing_leavers(
+    rules: &EligibilityRules,
+    reads: &[(NodeId, Result<Standing, ChainError>)],
+    now: Timestamp,
+) -> Vec<(NodeId, Ineligible)> {
+    reads
+        .iter()
+        .filter_map(|(node, read)| {
+            let why = match read {
+                Ok(s) => check_standing(rules, s.stake, s.penalty_until, now).err()?,
+                Err(ChainError::Unbound(_)) => Ineligible::Stake {
+                    have: GymWei(0),
+                    need: rules.min_stake,
+                },
+                Err(ChainError::Unavailable(_)) => return None,
+            };
+            Some((*node, why))
+        })
+        .collect()
 }
 
 /// The checks every node must pass whoever it would work for (paper §3.3 rules 1, 2, 3, 4).
@@ -128,17 +189,7 @@ fn check_common(
     min_vram_bytes: u64,
     now: Timestamp,
 ) -> Result<(), Ineligible> {
-    if let Some(until) = node.penalty_until {
-        if now < until {
-            return Err(Ineligible::Slashed { until });
-        }
-    }
-    if node.stake < rules.min_stake {
-        return Err(Ineligible::Stake {
-            have: node.stake,
-            need: rules.min_stake,
-        });
-    }
+    check_standing(rules, node.stake, node.penalty_until, now)?;
     if node.vram_bytes < min_vram_bytes {
         return Err(Ineligible::Vram {
             have: node.vram_bytes,
@@ -172,6 +223,21 @@ pub fn check_eligibility(
         return Err(Ineligible::Assigned(job));
     }
     check_common(rules, node, min_vram_bytes, now)
+}
+
+/// Why `node` could not be placed in a new job at `now` whatever the job needs, if it
+/// could not: the rules of [`check_eligibility`] that do not depend on the job (alive,
+/// penalty, stake, uptime), in that order; its current assignment and the job's VRAM
+/// minimum are not judged. What `hanzod nodes` and `GetNode` show.
+pub fn placement_blocker(
+    rules: &EligibilityRules,
+    node: &NodeView,
+    now: Timestamp,
+) -> Option<Ineligible> {
+    if !node.alive {
+        return Some(Ineligible::NotAlive);
+    }
+    check_common(rules, node, 0, now).err()
 }
 
 /// Whether `node` may serve as a standby (or stay a member) of `job`'s ring (paper §4.3):
@@ -519,6 +585,7 @@ mod tests {
             region: "eu-west".into(),
             alive: true,
             assigned: None,
+            standing_read_at: NOW,
         }
     }
 
@@ -583,6 +650,34 @@ mod tests {
     }
 
     proptest! {
+        /// A member leaves at the boundary exactly when, given the same standing, it could
+        /// not be placed for a reason of standing (the stake and penalty rules of
+        /// [`check_eligibility`]); a failed read never makes it leave.
+        #[test]
+        fn a_member_leaves_iff_its_standing_would_keep_it_from_placement(
+            gym in 0u64..30_000,
+            penalty in proptest::option::of(0u64..2_000),
+            unread in any::<bool>(),
+        ) {
+            let standing = Standing {
+                stake: GymWei::gym(gym),
+                penalty_until: penalty.map(|d| Timestamp(NOW.0 - 1_000 + d)),
+            };
+            let read = if unread {
+                Err(ChainError::Unavailable("no answer".into()))
+            } else {
+                Ok(standing)
+            };
+            let leaves = !standing_leavers(&rules(), &[(nid(1), read)], NOW).is_empty();
+            let view = NodeView {
+                stake: standing.stake,
+                penalty_until: standing.penalty_until,
+                ..node(1)
+            };
+            let placeable = check_eligibility(&rules(), &view, 0, NOW).is_ok();
+            prop_assert_eq!(leaves, !unread && !placeable);
+        }
+
         /// Every alive node is counted once, as eligible or under one reason.
         #[test]
         fn shortage_counts_every_alive_node_once(
@@ -612,6 +707,63 @@ mod tests {
         assert_eq!(r.min_uptime, 0.95);
         let parsed: EligibilityRules = serde_json::from_str("{}").expect("defaults");
         assert_eq!(parsed, r);
+    }
+
+    #[test]
+    fn standing_leavers_name_the_slashed_the_poor_and_the_unbound_but_not_the_unread() {
+        let r = rules();
+        let ok = |gym| {
+            Ok(Standing {
+                stake: GymWei::gym(gym),
+                penalty_until: None,
+            })
+        };
+        let reads = vec![
+            (nid(1), ok(20_000)),
+            (
+                nid(2),
+                Ok(Standing {
+                    stake: GymWei::gym(20_000),
+                    penalty_until: Some(NOW.plus_ms(1)),
+                }),
+            ),
+            (nid(3), ok(9_999)),
+            (nid(4), Err(ChainError::Unbound(nid(4)))),
+            (nid(5), Err(ChainError::Unavailable("down".into()))),
+            // A penalty that ended exactly now is over.
+            (
+                nid(6),
+                Ok(Standing {
+                    stake: GymWei::gym(10_000),
+                    penalty_until: Some(NOW),
+                }),
+            ),
+        ];
+        assert_eq!(
+            standing_leavers(&r, &reads, NOW),
+            vec![
+                (
+                    nid(2),
+                    Ineligible::Slashed {
+                        until: NOW.plus_ms(1)
+                    }
+                ),
+                (
+                    nid(3),
+                    Ineligible::Stake {
+                        have: GymWei::gym(9_999),
+                        need: r.min_stake
+                    }
+                ),
+                (
+                    nid(4),
+                    Ineligible::Stake {
+                        have: GymWei(0),
+                        need: r.min_stake
+                    }
+                ),
+            ]
+        );
     }
 
     #[test]
@@ -929,6 +1081,7 @@ mod tests {
                     region: "r".into(),
                     alive,
                     assigned: assigned.map(JobId),
+                    standing_read_at: NOW,
                 },
             )
     }

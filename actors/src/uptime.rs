@@ -17,13 +17,19 @@
 //! - A heartbeat or failure dated before the latest event recorded is out of order and
 //!   ignored; so is a second `record_down` without a heartbeat in between.
 //!
-//! # The ratio
+//! # The ratio: a downtime budget
 //!
-//! `uptime(now) = up time / observed time` over `[max(first_seen, now − window), now)`, where
-//! observed time is `min(window, now − first_seen)`. A node that joined an hour ago and has
-//! not missed a heartbeat has 100 %: a new node is not penalised for the time before it
-//! joined. (Stricter policies, e.g. a minimum age, belong in the eligibility rules.) With
-//! nothing observed yet (`now ≤ first_seen`) the uptime is 1.0.
+//! `uptime(now) = 1 − down time / window`, where down time is the observed time of
+//! `[max(first_seen, now − window), now)` that is not up. Paper §3.3's rule "uptime in the
+//! last 24 h ≥ 95 %" so reads as a budget of 72 min of downtime per 24 h; time before the
+//! node joined is neither up nor down. An outage costs its length, whenever it happened:
+//! a node back from a 15-s outage loses 15 s of its budget (0.02 %), not a share of the
+//! few minutes it has been known, and the outage stops counting once it slides out of the
+//! window. (The ratio over observed time alone, `up / observed`, which this replaced, made a
+//! node seen 5 min ago with a 15-s outage 95 % up and one seen 1 min ago 75 %, excluded
+//! until it had been up 20 times as long as it was down.) A node that is new and down
+//! often is caught by the failure detector, which removes it from its ring at each outage.
+//! With nothing observed yet (`now ≤ first_seen`) the uptime is 1.0.
 //!
 //! # Memory
 //!
@@ -138,13 +144,24 @@ impl UptimeTracker {
         !self.open
     }
 
-    /// Uptime at `now`: up time / observed time over `[max(first_seen, now − window), now)`,
-    /// a fraction in [0, 1]; 1.0 when nothing has been observed (module docs, "The ratio").
+    /// Uptime at `now`: `1 − down / window`, the down time being the part of
+    /// `[max(first_seen, now − window), now)` that is not up; a fraction in [0, 1], 1.0 when
+    /// nothing has been observed (module docs, "The ratio: a downtime budget").
     pub fn uptime(&self, now: Timestamp) -> f64 {
+        let down = self.downtime_ms(now);
+        if self.window_ms == 0 {
+            return if down == 0 { 1.0 } else { 0.0 };
+        }
+        (1.0 - down as f64 / self.window_ms as f64).clamp(0.0, 1.0)
+    }
+
+    /// Down time within the window at `now`, in ms: the part of
+    /// `[max(first_seen, now − window), now)` that is not up (module docs).
+    pub fn downtime_ms(&self, now: Timestamp) -> u64 {
         let start = self.first_seen.0.max(now.0.saturating_sub(self.window_ms));
         let observed = now.0.saturating_sub(start);
         if observed == 0 {
-            return 1.0;
+            return 0;
         }
         let overlap = |s: u64, e: u64| e.min(now.0).saturating_sub(s.max(start));
         let mut up: u64 = self.intervals.iter().map(|&(s, e)| overlap(s, e)).sum();
@@ -152,7 +169,7 @@ impl UptimeTracker {
             let s = self.last_heartbeat.0;
             up = up.saturating_add(overlap(s, s.saturating_add(self.timeout_ms)));
         }
-        (up as f64 / observed as f64).clamp(0.0, 1.0)
+        observed.saturating_sub(up)
     }
 
     /// Appends the up-interval `[start, end)`, merging it with the last one when they touch.
@@ -227,35 +244,70 @@ mod tests {
         assert_eq!(t.interval_count(), 1);
     }
 
+    /// A 200-s window keeps the fractions readable.
+    const W: u64 = 200_000;
+
     #[test]
     fn silence_counts_up_only_until_timeout() {
-        let t = UptimeTracker::new(DEFAULT_WINDOW_MS, T0);
-        // No heartbeat for 60 s: up 30 s (default timeout), down 30 s.
-        assert_eq!(t.uptime(at(60_000)), 0.5);
+        let t = UptimeTracker::new(W, T0);
+        // No heartbeat for 60 s: up 30 s (default timeout), down 30 s of a 200-s window.
+        assert_eq!(t.downtime_ms(at(60_000)), 30_000);
+        assert_eq!(t.uptime(at(60_000)), 1.0 - 30.0 / 200.0);
         assert_eq!(t.uptime(at(20_000)), 1.0);
     }
 
     #[test]
     fn long_gap_counts_only_first_timeout() {
-        let mut t = UptimeTracker::new(DEFAULT_WINDOW_MS, T0);
+        let mut t = UptimeTracker::new(W, T0);
         t.record_heartbeat(at(100_000), TO); // gap 100 s: 30 s up, 70 s down
-        assert_eq!(t.uptime(at(100_000)), 0.3);
+        assert_eq!(t.uptime(at(100_000)), 1.0 - 70.0 / 200.0);
         // A later heartbeat within timeout restores continuous uptime from 100 s.
         t.record_heartbeat(at(200_000), 100_000);
-        assert_eq!(t.uptime(at(200_000)), 130.0 / 200.0);
+        assert_eq!(t.uptime(at(200_000)), 1.0 - 70.0 / 200.0);
     }
 
     #[test]
     fn record_down_then_back() {
-        let mut t = UptimeTracker::new(DEFAULT_WINDOW_MS, T0);
+        let mut t = UptimeTracker::new(W, T0);
         t.record_heartbeat(at(10_000), TO);
         t.record_down(at(15_000)); // stream closed: down from 15 s
         assert!(t.is_down());
-        assert_eq!(t.uptime(at(20_000)), 15.0 / 20.0);
+        assert_eq!(t.downtime_ms(at(20_000)), 5_000);
         t.record_down(at(18_000)); // already down: ignored
         t.record_heartbeat(at(25_000), TO); // back at 25 s
         assert!(!t.is_down());
-        assert_eq!(t.uptime(at(35_000)), 25.0 / 35.0);
+        assert_eq!(t.downtime_ms(at(35_000)), 10_000);
+        assert_eq!(t.uptime(at(35_000)), 1.0 - 10.0 / 200.0);
+    }
+
+    #[test]
+    fn a_short_outage_costs_its_length_and_a_long_one_is_forgiven_once_it_slides_out() {
+        let rule = 0.95;
+        // Known for one minute, then a 15-s outage (its stream closed): still eligible.
+        let mut young = UptimeTracker::new(DEFAULT_WINDOW_MS, T0);
+        for s in (10..=60).step_by(10) {
+            young.record_heartbeat(at(s * 1_000), TO);
+        }
+        young.record_down(at(60_000));
+        young.record_heartbeat(at(75_000), TO);
+        assert_eq!(young.downtime_ms(at(80_000)), 15_000);
+        assert!(young.uptime(at(80_000)) >= rule);
+        // A node down for 2 h of the last 24 is over the 72-min budget...
+        let mut old = UptimeTracker::new(DEFAULT_WINDOW_MS, T0);
+        let mut now = 0;
+        while now < 30 * HOUR {
+            now += 10_000;
+            if !(10 * HOUR..12 * HOUR).contains(&now) {
+                old.record_heartbeat(at(now), TO);
+            }
+        }
+        assert!(old.uptime(at(now)) < rule, "{}", old.uptime(at(now)));
+        // ...until the outage is more than a window ago.
+        while now < 37 * HOUR {
+            now += 10_000;
+            old.record_heartbeat(at(now), TO);
+        }
+        assert_eq!(old.uptime(at(now)), 1.0);
     }
 
     #[test]
@@ -273,7 +325,7 @@ mod tests {
         let window = 10 * 60_000;
         let mut t = UptimeTracker::new(window, T0);
         t.record_heartbeat(at(120_000), TO); // 90 s down
-        assert_eq!(t.uptime(at(120_000)), 30.0 / 120.0);
+        assert_eq!(t.uptime(at(120_000)), 1.0 - 90.0 / 600.0);
         let mut now = 120_000;
         while now < 20 * 60_000 {
             now += 10_000;
@@ -389,8 +441,9 @@ mod tests {
                 now += period;
                 t.record_heartbeat(at(now), timeout);
             }
-            let observed = now.min(DEFAULT_WINDOW_MS) as f64;
-            let expected = 1.0 - (gap - timeout) as f64 / observed;
+            // The whole history fits in the window: the gap's excess is its down time.
+            prop_assert!(now < DEFAULT_WINDOW_MS);
+            let expected = 1.0 - (gap - timeout) as f64 / DEFAULT_WINDOW_MS as f64;
             let got = t.uptime(at(now));
             prop_assert!((got - expected).abs() < 1e-9, "got {} expected {}", got, expected);
         }

@@ -6,7 +6,7 @@
 //! log ([`crate::replay`]) and resumes in the same phase with the same receipts.
 
 use crate::ports::Counter;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
@@ -16,17 +16,19 @@ mod round;
 use super::children::{schedule_respawn, Children};
 use super::msg::JobSupervisorMsg;
 use super::msg::OrchestratorMsg;
+use super::msg::RegistryMsg;
 use super::msg::RingMsg;
 use super::msg::RoundMsg;
 use super::msg::SchedulerMsg;
 use super::ring::{RingActor, RingActorArgs};
-use super::{answer, Deps, Notice};
+use super::{answer, ask, Deps, Notice};
 use crate::events::Event;
 use crate::job::{EpochAssignment, FailReason, Job, JobEvent, JobPhase};
-use crate::ports::{DeltaReceipt, EpochInput, NodeCommand, PublishedEpoch, RingView};
+use crate::ports::{ChainError, DeltaReceipt, EpochInput, NodeCommand, PublishedEpoch, RingView};
+use crate::sched::standing_leavers;
 use crate::types::{JobId, NodeId, Timestamp};
 
-pub use super::msg::{JobMsg, JobRequestError, JobView, PublishFailure};
+pub use super::msg::{JobMsg, JobRequestError, JobView, PublishFailure, StandingReads};
 
 /// Spawn arguments of a [`JobActor`].
 pub struct JobActorArgs {
@@ -58,6 +60,9 @@ pub struct JobState {
     held: Option<JobEvent>,
     /// The running epoch's ring aggregation (ring jobs only; [`round`]).
     round: Option<round::RoundState>,
+    /// Members found out of standing at the last epoch boundary whose removal the ring
+    /// actor has not recorded yet: given no work, their deltas refused.
+    leaving: BTreeSet<NodeId>,
     root: ActorRef<OrchestratorMsg>,
     supervisor: ActorRef<JobSupervisorMsg>,
     deps: Deps,
@@ -152,11 +157,11 @@ impl JobState {
             deadline: self.phase_since.plus_ms(spec.epoch_deadline_ms),
             seed_commitments: self.seed_commitments(),
         };
-        for m in ring
-            .members
-            .iter()
-            .filter(|m| !self.receipts.contains_key(*m) && only.is_none_or(|o| o == **m))
-        {
+        for m in ring.members.iter().filter(|m| {
+            !self.receipts.contains_key(*m)
+                && !self.leaving.contains(*m)
+                && only.is_none_or(|o| o == **m)
+        }) {
             let command = NodeCommand::EpochStart(Box::new(assignment.clone()));
             if let Err(e) = self.deps.link.send(m, command).await {
                 tracing::debug!(job = %self.job.id, epoch, node = %m, error = %e, "assignment not delivered; will resend");
@@ -360,6 +365,8 @@ impl JobState {
         let job = self.job.id;
         let deadline = Duration::from_millis(self.deps.cfg.publish_deadline_ms);
         let me = myself.clone();
+        let members = self.ring.as_ref().map_or(vec![], |r| r.members.clone());
+        let deps = self.deps.clone();
         tokio::spawn(async move {
             // The sink runs as a task of its own, so a sink that panics fails the
             // publication instead of leaving the job in Aggregating.
@@ -389,9 +396,18 @@ impl JobState {
                     })
                 }
             };
+            // Read after the sink: the epoch's own slashes are on chain by now.
+            let standing = match &result {
+                Ok(_) => read_standing(&deps, &members).await,
+                Err(_) => StandingReads::default(),
+            };
             // The actor may have stopped meanwhile (cancelled, or rebuilt: the rebuilt
             // one publishes again, idempotently).
-            let _ = me.cast(JobMsg::Published { epoch, result });
+            let _ = me.cast(JobMsg::Published {
+                epoch,
+                result,
+                standing,
+            });
         });
     }
 
@@ -401,12 +417,17 @@ impl JobState {
         myself: &ActorRef<JobMsg>,
         epoch: u32,
         result: Result<PublishedEpoch, PublishFailure>,
+        standing: StandingReads,
     ) {
         if self.publishing == Some(epoch) {
             self.publishing = None;
         }
         if !matches!(self.job.phase, JobPhase::Aggregating { epoch: e, .. } if e == epoch) {
             return;
+        }
+        if result.is_ok() {
+            // Before the next epoch starts, so that its work goes to the members in standing.
+            self.apply_standing(standing).await;
         }
         let event = match result {
             Ok(PublishedEpoch {
@@ -430,6 +451,48 @@ impl JobState {
                 if let Err(e) = self.transition(myself, held).await {
                     tracing::warn!(job = %self.job.id, error = %e, "could not apply a held event");
                 }
+            }
+        }
+    }
+
+    /// Acts on the ring members' standing read at this epoch boundary (DESIGN §3,
+    /// "Standing"): the registry records it (and waits for nothing slow: it only updates
+    /// its views and the log) before the ring is asked to reconfigure, so the standbys it
+    /// is given are judged on the new standing; every member [`standing_leavers`] names
+    /// leaves the ring (a reconfiguration like a failure's, standbys inserted) and gets no
+    /// work meanwhile.
+    async fn apply_standing(&mut self, standing: StandingReads) {
+        if standing.reads.is_empty() {
+            return;
+        }
+        let StandingReads { read_at, reads } = standing;
+        for (node, read) in &reads {
+            if let Err(e) = read {
+                tracing::warn!(job = %self.job.id, node = %node.short(), error = %e, "member standing not read; kept until the next epoch boundary");
+            }
+        }
+        let rules = self.deps.cfg.eligibility.rules();
+        let leavers = standing_leavers(&rules, &reads, read_at);
+        let known: Vec<_> = reads
+            .into_iter()
+            .filter_map(|(n, r)| r.ok().map(|s| (n, s)))
+            .collect();
+        if let Err(e) = ask(&self.root, &self.deps, |reply| {
+            OrchestratorMsg::Registry(RegistryMsg::StandingRead {
+                reads: known,
+                read_at,
+                reply,
+            })
+        })
+        .await
+        {
+            tracing::warn!(job = %self.job.id, error = %e, "registry did not take the members' standing");
+        }
+        for (node, why) in leavers {
+            tracing::info!(job = %self.job.id, node = %node.short(), reason = %why, "member out of standing leaves the ring");
+            self.leaving.insert(node);
+            if let Some(r) = &self.ring_actor {
+                let _ = r.cast(RingMsg::Leave { node });
             }
         }
     }
@@ -462,6 +525,7 @@ impl JobState {
             return;
         }
         // (The ring actor released the removed members when it recorded the ring.)
+        self.leaving.retain(|n| ring.members.contains(n));
         let version = ring.version;
         let size = ring.members.len() as u32;
         self.ring = Some(ring);
@@ -550,6 +614,7 @@ impl Actor for JobActor {
             children: Children::new(args.deps.cfg.supervision.clone()),
             publishing: None,
             held: None,
+            leaving: BTreeSet::new(),
             root: args.root,
             supervisor: args.supervisor,
             deps: args.deps,
@@ -628,9 +693,13 @@ impl Actor for JobActor {
             }
             JobMsg::Delta { receipt, reply } => {
                 let node = receipt.node;
-                let result = match state.check_round_receipt(&node, &receipt.delta_hash) {
-                    Ok(()) => accept_delta(state, receipt).await,
-                    Err(e) => Err(e),
+                let result = if state.leaving.contains(&node) {
+                    Err(JobRequestError::NotMember(node))
+                } else {
+                    match state.check_round_receipt(&node, &receipt.delta_hash) {
+                        Ok(()) => accept_delta(state, receipt).await,
+                        Err(e) => Err(e),
+                    }
                 };
                 let accepted = result.is_ok();
                 answer(reply, result);
@@ -689,7 +758,11 @@ impl Actor for JobActor {
                 }
             }
             JobMsg::Reconcile => state.reconcile(&myself).await,
-            JobMsg::Published { epoch, result } => state.on_published(&myself, epoch, result).await,
+            JobMsg::Published {
+                epoch,
+                result,
+                standing,
+            } => state.on_published(&myself, epoch, result, standing).await,
             JobMsg::Reassign => state.assign().await,
             #[cfg(feature = "fault-injection")]
             JobMsg::InjectPanic => panic!("injected fault: job actor panic"),
@@ -734,6 +807,35 @@ enum ReceiptCheck {
     New,
     /// Exactly this receipt is recorded already (a retried upload): acknowledge it again.
     AlreadyRecorded,
+}
+
+/// Reads the standing of each of `members` from the chain, concurrently, each read
+/// bounded by the call deadline (a read past it counts as [`ChainError::Unavailable`]).
+pub(super) async fn read_standing(deps: &Deps, members: &[NodeId]) -> StandingReads {
+    let read_at = deps.now();
+    let limit = deps.call_timeout();
+    let mut reads = tokio::task::JoinSet::new();
+    for (i, node) in members.iter().copied().enumerate() {
+        let chain = deps.chain.clone();
+        reads.spawn(async move {
+            let read = match tokio::time::timeout(limit, chain.standing(&node)).await {
+                Ok(r) => r,
+                Err(_) => Err(ChainError::Unavailable("standing read timed out".into())),
+            };
+            (i, node, read)
+        });
+    }
+    let mut out = Vec::with_capacity(members.len());
+    while let Some(done) = reads.join_next().await {
+        if let Ok(r) = done {
+            out.push(r);
+        }
+    }
+    out.sort_by_key(|(i, _, _)| *i);
+    StandingReads {
+        read_at,
+        reads: out.into_iter().map(|(_, n, r)| (n, r)).collect(),
+    }
 }
 
 /// The checks of a receipt against the job's `phase`, `ring` and the current epoch's

@@ -102,10 +102,27 @@ pub enum RegistryMsg {
         /// Accepted or why not.
         reply: RpcReplyPort<Result<(), RegisterError>>,
     },
-    /// A node actor's latest status.
+    /// The standing of some nodes, read from the chain at `read_at` (a job's epoch
+    /// boundary, DESIGN §3 "Standing"): the registry updates their views and records
+    /// changes. Answered once applied, so that a ring reconfiguration asked for after it
+    /// sees the new standing.
+    StandingRead {
+        /// Each node with what the chain said.
+        reads: Vec<(NodeId, crate::ports::Standing)>,
+        /// When it was read (ms since the Unix epoch).
+        read_at: Timestamp,
+        /// Acknowledged once applied.
+        reply: RpcReplyPort<()>,
+    },
+    /// A node actor's latest liveness (the registry owns the rest of the node's view:
+    /// its standing, region and VRAM).
     Status {
-        /// The status.
-        view: NodeView,
+        /// The node.
+        node: NodeId,
+        /// Its uptime over the window, a fraction in [0, 1].
+        uptime: f64,
+        /// False once declared failed.
+        alive: bool,
         /// The reporting actor: reports of a replaced (crashed) actor are ignored.
         from: ActorId,
     },
@@ -227,6 +244,20 @@ pub struct LinkSnapshot {
     pub measured: Vec<(usize, usize, f32)>,
 }
 
+/// The standing of a job's ring members read at an epoch boundary (DESIGN §3,
+/// "Standing"), one [`crate::ports::ChainReader::standing`] call per member, each bounded
+/// by the call deadline.
+#[derive(Debug, Clone, Default)]
+pub struct StandingReads {
+    /// When the reads were made (ms since the Unix epoch).
+    pub read_at: Timestamp,
+    /// Each member with what the chain answered.
+    pub reads: Vec<(
+        NodeId,
+        Result<crate::ports::Standing, crate::ports::ChainError>,
+    )>,
+}
+
 // ---- A node actor (`actor::node`) ----
 
 /// Messages of a [`NodeActor`](super::node::NodeActor).
@@ -242,8 +273,6 @@ pub enum NodeMsg {
     Reregister {
         /// New info.
         info: NodeInfo,
-        /// Stake read at this registration.
-        stake: GymWei,
         /// Acknowledged once applied.
         reply: RpcReplyPort<()>,
     },
@@ -251,6 +280,12 @@ pub enum NodeMsg {
     SessionClosed,
     /// The watchdog timer fired (there is at most one outstanding at a time).
     Watchdog,
+    /// Report the uptime of the node, failed since its `failure`-th failure, and re-arm
+    /// (every [`FAILED_REPORT_MS`](super::node::FAILED_REPORT_MS) while it stays failed).
+    ReportFailed {
+        /// Which failure armed it.
+        failure: u64,
+    },
     #[cfg(feature = "fault-injection")]
     /// Fault injection: panic inside the handler (tests supervision).
     InjectPanic,
@@ -516,6 +551,9 @@ pub enum JobMsg {
         epoch: u32,
         /// The checkpoint reference with the epoch's summary, or the failure.
         result: Result<PublishedEpoch, PublishFailure>,
+        /// The ring members' standing, read from the chain once the epoch's slashes were
+        /// made (empty when the publication failed): who leaves the ring at this boundary.
+        standing: StandingReads,
     },
     /// Resend the running epoch's assignment to the ring members that have not delivered
     /// (every `ring.resync_ms`: a node that reconnected, or missed the first one, learns
@@ -758,6 +796,13 @@ impl JobView {
 pub enum RingMsg {
     /// A member failed.
     NodeFailed {
+        /// The node.
+        node: NodeId,
+    },
+    /// A member leaves the ring though it is alive: it is out of standing (slashed, or
+    /// its stake fell below the minimum) at an epoch boundary (DESIGN §3, "Standing").
+    /// Applied like a failure: coalesced, then one reconfiguration with standbys.
+    Leave {
         /// The node.
         node: NodeId,
     },

@@ -11,7 +11,7 @@ use super::msg::RegistryMsg;
 use super::{answer, Deps};
 use crate::events::FailureKind;
 use crate::node::{Liveness, NodeCore};
-use crate::types::{GymWei, NodeInfo, Timestamp};
+use crate::types::{NodeInfo, Timestamp};
 
 pub use super::msg::NodeMsg;
 
@@ -19,8 +19,6 @@ pub use super::msg::NodeMsg;
 pub struct NodeActorArgs {
     /// The node's info.
     pub info: NodeInfo,
-    /// Its stake at admission.
-    pub stake: GymWei,
     /// Start as failed (a rebuilt actor after a crash: the node must register again).
     pub start_failed: bool,
     /// The registry to report to.
@@ -33,12 +31,20 @@ pub struct NodeActorArgs {
 pub struct NodeState {
     core: NodeCore,
     watchdog_armed: bool,
+    /// Failures so far: a [`NodeMsg::ReportFailed`] of an earlier one is stale (the node
+    /// came back and failed again meanwhile).
+    failures: u64,
     registry: ActorRef<RegistryMsg>,
     deps: Deps,
 }
 
 /// The per-node actor.
 pub struct NodeActor;
+
+/// How often a failed node's uptime is reported while it stays failed, ms: its downtime
+/// grows, and views (`hanzod nodes`, the scheduler's) follow it rather than freeze at the
+/// failure. A minute moves the 24-h uptime by at most 0.07 %.
+pub const FAILED_REPORT_MS: u64 = 60_000;
 
 impl NodeState {
     /// Makes sure one timer is due at (or before) the failure deadline. One timer per
@@ -54,9 +60,10 @@ impl NodeState {
     }
 
     fn report(&self, myself: &ActorRef<NodeMsg>) {
-        let view = self.core.view(self.deps.now(), None);
         let _ = self.registry.cast(RegistryMsg::Status {
-            view,
+            node: self.core.id(),
+            uptime: self.core.uptime(self.deps.now()),
+            alive: self.core.liveness() == Liveness::Alive,
             from: myself.get_id(),
         });
     }
@@ -68,6 +75,12 @@ impl NodeState {
                 node: self.core.id(),
                 kind,
                 from: myself.get_id(),
+            });
+            self.report(myself);
+            self.failures += 1;
+            let failure = self.failures;
+            myself.send_after(Duration::from_millis(FAILED_REPORT_MS), move || {
+                NodeMsg::ReportFailed { failure }
             });
         }
     }
@@ -87,7 +100,6 @@ impl Actor for NodeActor {
         let cfg = &args.deps.cfg;
         let mut core = NodeCore::new(
             args.info,
-            args.stake,
             cfg.heartbeat.clone(),
             cfg.eligibility.uptime_window_ms,
             now,
@@ -98,6 +110,7 @@ impl Actor for NodeActor {
         let mut state = NodeState {
             core,
             watchdog_armed: false,
+            failures: 0,
             registry: args.registry,
             deps: args.deps,
         };
@@ -128,13 +141,21 @@ impl Actor for NodeActor {
                 state.deps.metrics.incr(Counter::Heartbeats, label, 1);
                 answer(reply, result.map(|()| state.deps.cfg.heartbeat.interval_ms));
             }
-            NodeMsg::Reregister { info, stake, reply } => {
-                state.core.reregister(info, stake, now);
+            NodeMsg::Reregister { info, reply } => {
+                state.core.reregister(info, now);
                 state.arm_watchdog(&myself);
                 state.report(&myself);
                 answer(reply, ());
             }
             NodeMsg::SessionClosed => state.fail(&myself, FailureKind::SessionClosed, now),
+            NodeMsg::ReportFailed { failure } => {
+                if failure == state.failures && state.core.liveness() == Liveness::Failed {
+                    state.report(&myself);
+                    myself.send_after(Duration::from_millis(FAILED_REPORT_MS), move || {
+                        NodeMsg::ReportFailed { failure }
+                    });
+                }
+            }
             NodeMsg::Watchdog => {
                 state.watchdog_armed = false;
                 if state.core.is_overdue(now) {

@@ -23,9 +23,9 @@ use super::node::{NodeActor, NodeActorArgs};
 use super::{answer, Deps, Notice};
 use crate::events::{Event, FailureKind};
 use crate::node::HeartbeatError;
-use crate::ports::{ChainError, LinkError, NodeCommand};
+use crate::ports::{ChainError, LinkError, NodeCommand, Standing};
 use crate::ring::{plan_probes, ProbePair};
-use crate::sched::NodeView;
+use crate::sched::{check_standing, NodeView};
 use crate::types::{GymWei, NodeId, NodeInfo, Timestamp};
 
 pub use super::msg::{LinkSnapshot, RegisterError, Registration, RegistryMsg};
@@ -47,7 +47,8 @@ pub struct RegistryArgs {
 struct Entry {
     actor: Option<ActorRef<NodeMsg>>,
     info: NodeInfo,
-    stake: GymWei,
+    /// What the scheduler sees. The registry owns it: the node's actor reports liveness
+    /// and uptime ([`RegistryMsg::Status`]); standing comes from the chain.
     view: NodeView,
     /// Registrations of this key (the first is 1).
     sessions: u32,
@@ -87,14 +88,15 @@ fn validate(info: &NodeInfo) -> Result<(), RegisterError> {
     Ok(())
 }
 
-/// Reads the node's stake and penalty from the chain, off the registry's handler (a slow
-/// RPC endpoint must not stall heartbeats), and checks the minimum stake (paper §3.3).
-async fn chain_facts(
-    deps: &Deps,
-    node: NodeId,
-) -> Result<(GymWei, Option<Timestamp>), RegisterError> {
+/// Reads the node's standing (stake and penalty, one [`ChainReader::standing`] call) from
+/// the chain, off the registry's handler (a slow RPC endpoint must not stall heartbeats),
+/// and checks the minimum stake (paper §3.3). A node under an active penalty is admitted
+/// (it heartbeats and shows in views) but not placed until the penalty ends.
+///
+/// [`ChainReader::standing`]: crate::ports::ChainReader::standing
+async fn chain_facts(deps: &Deps, node: NodeId) -> Result<Standing, RegisterError> {
     let limit = deps.call_timeout();
-    let stake = match tokio::time::timeout(limit, deps.chain.stake_of(&node)).await {
+    let standing = match tokio::time::timeout(limit, deps.chain.standing(&node)).await {
         Err(_) => {
             return Err(RegisterError::ChainUnavailable(
                 "stake read timed out".into(),
@@ -105,18 +107,13 @@ async fn chain_facts(
         Ok(Err(ChainError::Unavailable(e))) => return Err(RegisterError::ChainUnavailable(e)),
     };
     let need = deps.cfg.eligibility.rules().min_stake;
-    if stake < need {
-        return Err(RegisterError::InsufficientStake { have: stake, need });
+    if standing.stake < need {
+        return Err(RegisterError::InsufficientStake {
+            have: standing.stake,
+            need,
+        });
     }
-    let penalty = match tokio::time::timeout(limit, deps.chain.penalty_until(&node)).await {
-        Err(_) => {
-            return Err(RegisterError::ChainUnavailable(
-                "penalty read timed out".into(),
-            ))
-        }
-        Ok(r) => r.map_err(|e| RegisterError::ChainUnavailable(e.to_string()))?,
-    };
-    Ok((stake, penalty))
+    Ok(standing)
 }
 
 /// Queues one [`NodeCommand::ProbeRequest`] per planned pair on the node link (each send
@@ -177,7 +174,6 @@ impl RegistryState {
         &mut self,
         myself: &ActorRef<RegistryMsg>,
         info: NodeInfo,
-        stake: GymWei,
         start_failed: bool,
     ) -> Result<ActorRef<NodeMsg>, ActorProcessingErr> {
         let id = info.id;
@@ -186,7 +182,6 @@ impl RegistryState {
             NodeActor,
             NodeActorArgs {
                 info,
-                stake,
                 start_failed,
                 registry: myself.clone(),
                 deps: self.deps.clone(),
@@ -220,7 +215,6 @@ impl RegistryState {
                 super::ask_with(&actor, self.deps.cfg.call_timeout_ms, |reply| {
                     NodeMsg::Reregister {
                         info: info.clone(),
-                        stake,
                         reply,
                     }
                 })
@@ -229,7 +223,6 @@ impl RegistryState {
                 match self.nodes.get_mut(&id) {
                     Some(e) => {
                         e.info = info.clone();
-                        e.stake = stake;
                         e.sessions += 1;
                         e.sessions
                     }
@@ -238,7 +231,7 @@ impl RegistryState {
             }
             None => {
                 let actor = self
-                    .spawn_node(myself, info.clone(), stake, false)
+                    .spawn_node(myself, info.clone(), false)
                     .await
                     .map_err(|e| RegisterError::Store(format!("spawn node actor: {e}")))?;
                 // A node whose actor crashed keeps its restart budget (in `children`) and
@@ -254,13 +247,13 @@ impl RegistryState {
                     region: info.region.clone(),
                     alive: true,
                     assigned: None,
+                    standing_read_at: now,
                 };
                 self.nodes.insert(
                     id,
                     Entry {
                         actor: Some(actor),
                         info: info.clone(),
-                        stake,
                         view,
                         sessions,
                     },
@@ -272,6 +265,7 @@ impl RegistryState {
             e.view.alive = true;
             e.view.stake = stake;
             e.view.penalty_until = penalty;
+            e.view.standing_read_at = now;
             e.view.vram_bytes = info.gpu.vram_bytes;
             e.view.region = info.region.clone();
         }
@@ -335,6 +329,43 @@ impl RegistryState {
         tokio::spawn(send_probes(self.deps.clone(), plan));
     }
 
+    /// Records the standing read from the chain at `read_at` for each node in `reads` (an
+    /// epoch boundary's re-read of a job's ring members, DESIGN §3 "Standing"): every view
+    /// gets the read time; a changed stake or penalty is recorded
+    /// ([`Event::NodeStanding`]) so a rebuilt registry starts from it, and the scheduler is
+    /// told (a node out of standing is no longer placed nor given as a standby).
+    async fn standing_read(&mut self, reads: Vec<(NodeId, Standing)>, read_at: Timestamp) {
+        let mut changed = false;
+        for (node, standing) in reads {
+            let Some(e) = self.nodes.get_mut(&node) else {
+                continue;
+            };
+            e.view.standing_read_at = read_at;
+            if e.view.stake == standing.stake && e.view.penalty_until == standing.penalty_until {
+                continue;
+            }
+            tracing::info!(node = %node.short(), stake = %standing.stake,
+                penalty_until = standing.penalty_until.map(|t| t.0), "node standing changed on chain");
+            e.view.stake = standing.stake;
+            e.view.penalty_until = standing.penalty_until;
+            changed = true;
+            let event = Event::NodeStanding {
+                node,
+                stake: standing.stake,
+                penalty_until: standing.penalty_until,
+            };
+            if let Err(e) = self.deps.persist(event).await {
+                // Acted on all the same; the next epoch boundary reads it again.
+                tracing::warn!(node = %node.short(), error = %e, "could not record node standing");
+            }
+        }
+        if changed {
+            let _ = self
+                .root
+                .cast(OrchestratorMsg::Scheduler(SchedulerMsg::NodesChanged));
+        }
+    }
+
     async fn node_down(&mut self, node: NodeId, kind: FailureKind) {
         let Some(entry) = self.nodes.get_mut(&node) else {
             return;
@@ -390,9 +421,7 @@ impl Actor for NodeRegistry {
         let fold = crate::replay::load(&*state.deps.store).await?;
         state.links = fold.links;
         for (id, n) in fold.nodes {
-            let actor = state
-                .spawn_node(&myself, n.info.clone(), n.stake, n.failed)
-                .await?;
+            let actor = state.spawn_node(&myself, n.info.clone(), n.failed).await?;
             let view = NodeView {
                 id,
                 stake: n.stake,
@@ -402,13 +431,13 @@ impl Actor for NodeRegistry {
                 region: n.info.region.clone(),
                 alive: !n.failed,
                 assigned: None,
+                standing_read_at: n.standing_read_at,
             };
             state.nodes.insert(
                 id,
                 Entry {
                     actor: Some(actor),
                     info: n.info,
-                    stake: n.stake,
                     view,
                     sessions: 1,
                 },
@@ -434,11 +463,11 @@ impl Actor for NodeRegistry {
                 let registry = myself.clone();
                 tokio::spawn(async move {
                     match chain_facts(&deps, info.id).await {
-                        Ok((stake, penalty)) => {
+                        Ok(standing) => {
                             let _ = registry.cast(RegistryMsg::Admit {
                                 info,
-                                stake,
-                                penalty,
+                                stake: standing.stake,
+                                penalty: standing.penalty_until,
                                 reply,
                             });
                         }
@@ -518,14 +547,26 @@ impl Actor for NodeRegistry {
                 };
                 answer(reply, result);
             }
-            RegistryMsg::Status { view, from } => {
-                if let Some(e) = state.nodes.get_mut(&view.id) {
+            RegistryMsg::Status {
+                node,
+                uptime,
+                alive,
+                from,
+            } => {
+                if let Some(e) = state.nodes.get_mut(&node) {
                     if e.actor.as_ref().map(|a| a.get_id()) == Some(from) {
-                        let penalty = e.view.penalty_until;
-                        e.view = view;
-                        e.view.penalty_until = penalty;
+                        e.view.uptime = uptime;
+                        e.view.alive = alive;
                     }
                 }
+            }
+            RegistryMsg::StandingRead {
+                reads,
+                read_at,
+                reply,
+            } => {
+                state.standing_read(reads, read_at).await;
+                answer(reply, ());
             }
             RegistryMsg::NodeDown { node, kind, from } => {
                 let current = state.nodes.get(&node).and_then(|e| e.actor.as_ref());
@@ -540,6 +581,12 @@ impl Actor for NodeRegistry {
                 );
             }
             RegistryMsg::Links { nodes, reply } => {
+                // A member out of standing counts as gone: any reconfiguration (including a
+                // rebuilt ring actor's) removes it, like a dead one (DESIGN §3, "Standing").
+                let (rules, now) = (state.deps.cfg.eligibility.rules(), state.deps.now());
+                let in_standing = |e: &Entry| {
+                    check_standing(&rules, e.view.stake, e.view.penalty_until, now).is_ok()
+                };
                 let index: HashMap<NodeId, usize> =
                     nodes.iter().enumerate().map(|(i, n)| (*n, i)).collect();
                 let mut snap = LinkSnapshot::default();
@@ -549,7 +596,8 @@ impl Actor for NodeRegistry {
                         .push(e.map(|e| e.info.link.clone()).unwrap_or_default());
                     snap.regions
                         .push(e.map(|e| e.info.region.clone()).unwrap_or_default());
-                    snap.alive.push(e.is_some_and(|e| e.view.alive));
+                    snap.alive
+                        .push(e.is_some_and(|e| e.view.alive && in_standing(e)));
                 }
                 for ((from, to), mbps) in &state.links {
                     if let (Some(&i), Some(&j)) = (index.get(from), index.get(to)) {
@@ -562,15 +610,15 @@ impl Actor for NodeRegistry {
             RegistryMsg::Respawn { node } => {
                 // Skipped when the node registered again during the backoff (it has an
                 // actor already) or was removed.
-                let Some((info, stake)) = state
+                let Some(info) = state
                     .nodes
                     .get(&node)
                     .filter(|e| e.actor.is_none())
-                    .map(|e| (e.info.clone(), e.stake))
+                    .map(|e| e.info.clone())
                 else {
                     return Ok(());
                 };
-                let actor = match state.spawn_node(&myself, info, stake, true).await {
+                let actor = match state.spawn_node(&myself, info, true).await {
                     Ok(a) => a,
                     Err(e) => {
                         // Not the node's fault: try again later, without spending its budget.

@@ -176,6 +176,26 @@ impl RingState {
 
     async fn form(&mut self) -> Result<(), ActorProcessingErr> {
         let started = Instant::now();
+        // The placed nodes' standing as the chain has it now (an idle node's was read at
+        // its admission): the registry takes it before the links are asked for, so a node
+        // slashed meanwhile is left out like a dead one (DESIGN §3, "Standing").
+        let standing = super::job::read_standing(&self.deps, &self.placed).await;
+        let reads: Vec<_> = standing
+            .reads
+            .into_iter()
+            .filter_map(|(n, r)| r.ok().map(|s| (n, s)))
+            .collect();
+        if let Err(e) = ask(&self.root, &self.deps, |reply| {
+            OrchestratorMsg::Registry(RegistryMsg::StandingRead {
+                reads,
+                read_at: standing.read_at,
+                reply,
+            })
+        })
+        .await
+        {
+            tracing::warn!(job = %self.job, error = %e, "registry did not take the placed nodes' standing");
+        }
         // Nodes that failed between placement and formation are left out from the start.
         let (mut bw, mut regions, alive) = self.links(&self.placed).await;
         let (mut nodes, mut dead) = (vec![], vec![]);
@@ -428,7 +448,11 @@ impl Actor for RingActor {
         state: &mut RingState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            RingMsg::NodeFailed { node } => state.on_failure(&myself, node).await,
+            // Leaving for standing is repaired like a failure; the registry's link snapshot
+            // also reports the member as gone, so a rebuilt ring actor removes it too.
+            RingMsg::NodeFailed { node } | RingMsg::Leave { node } => {
+                state.on_failure(&myself, node).await
+            }
             RingMsg::WindowClosed => state.on_window_closed(&myself).await,
             RingMsg::Reconfigure => {
                 state.retry_scheduled = false;

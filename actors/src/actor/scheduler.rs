@@ -13,7 +13,7 @@ use super::msg::RegistryMsg;
 use super::{answer, ask, Deps};
 use crate::events::Event;
 use crate::sched::{check_eligibility, shortage, NodeView, PendingJob};
-use crate::types::{JobId, NodeId};
+use crate::types::{JobId, NodeId, Timestamp};
 
 pub use super::msg::SchedulerMsg;
 use crate::sched::pending_of;
@@ -35,10 +35,16 @@ pub struct SchedulerState {
     /// A match is queued (coalesces bursts of NodesChanged).
     match_queued: bool,
     placements: u64,
+    /// The last shortage logged for each job still pending: logged again only when the
+    /// reasons change, so a job waiting for hours is one line per change, not per tick.
+    explained: HashMap<JobId, String>,
 }
 
 /// The scheduler actor.
 pub struct Scheduler;
+
+/// Most pending jobs whose shortage one match logs (`explain_waiting`).
+const EXPLAINED_PER_MATCH: usize = 32;
 
 impl SchedulerState {
     async fn nodes(&self) -> Vec<NodeView> {
@@ -93,6 +99,7 @@ impl SchedulerState {
                 self.assigned.insert(*n, p.job);
             }
             self.placements += 1;
+            self.explained.remove(&p.job);
             tracing::info!(job = %p.job, nodes = p.nodes.len(), "job placed");
             let _ = self
                 .root
@@ -100,6 +107,24 @@ impl SchedulerState {
                     job: p.job,
                     nodes: p.nodes,
                 }));
+        }
+        self.explain_waiting(&nodes, now);
+    }
+
+    /// Says, for each job still pending after a match, which rules left the nodes out
+    /// ([`shortage`]: the nodes counted by the first rule each fails: penalty, stake, VRAM,
+    /// uptime, …), once per change of the reasons.
+    fn explain_waiting(&mut self, nodes: &[NodeView], now: Timestamp) {
+        let rules = self.deps.cfg.eligibility.rules();
+        self.explained
+            .retain(|job, _| self.pending.contains_key(job));
+        // The oldest ids first, a bounded number per match: each costs a pass over the nodes.
+        for (id, job) in self.pending.iter().take(EXPLAINED_PER_MATCH) {
+            let why = shortage(&rules, job, nodes, now).to_string();
+            if self.explained.get(id) != Some(&why) {
+                tracing::info!(job = %id, shortage = %why, "job waits for nodes");
+                self.explained.insert(*id, why);
+            }
         }
     }
 
@@ -156,6 +181,7 @@ impl Actor for Scheduler {
             deps: args.deps,
             match_queued: false,
             placements: 0,
+            explained: HashMap::new(),
         })
     }
 

@@ -7,7 +7,7 @@
 //! each with [`STAKE`], every other node (such as [`unbound`]) is unbound, and nothing has
 //! been paid, slashed or recorded.
 
-use crate::ports::{ChainError, Ledger, LedgerError};
+use crate::ports::{ChainError, Ledger, LedgerError, Standing};
 use crate::publication::{PublicationRecord, SignedPublication};
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
@@ -123,6 +123,21 @@ pub async fn slash_reduces_stake_and_sets_penalty<L: Ledger>(
     // Other nodes are untouched.
     assert_eq!(l.stake_of(&staked(2)).await, Ok(before));
     assert_eq!(l.penalty_until(&staked(2)).await, Ok(None));
+    // One standing read gives both facts (on the EVM chain, one `nodeStake` call).
+    assert_eq!(
+        l.standing(&a).await,
+        Ok(Standing {
+            stake: r2.stake_after,
+            penalty_until: Some(r2.penalty_until),
+        })
+    );
+    assert_eq!(
+        l.standing(&staked(2)).await,
+        Ok(Standing {
+            stake: before,
+            penalty_until: None,
+        })
+    );
 }
 
 /// Slashed amounts are rounded down.
@@ -189,10 +204,14 @@ pub async fn empty_evidence_is_refused<L: Ledger>(l: &L) {
     assert_eq!(l.slashes().await, Ok(vec![]));
 }
 
-/// An unbound node cannot be slashed, and has no balance.
+/// An unbound node cannot be slashed, and has no balance nor standing.
 pub async fn unbound_slash_is_refused<L: Ledger>(l: &L) {
     let e = l.slash(&unbound(), 10, b"who?").await;
     assert_eq!(e, Err(LedgerError::Chain(ChainError::Unbound(unbound()))));
+    assert_eq!(
+        l.standing(&unbound()).await,
+        Err(ChainError::Unbound(unbound()))
+    );
     assert_eq!(
         l.balance_of(&unbound()).await,
         Err(LedgerError::Chain(ChainError::Unbound(unbound())))

@@ -289,8 +289,13 @@ pub struct NodeOut {
     pub region: String,
     /// VRAM, bytes.
     pub vram_bytes: u64,
-    /// Stake, GYM wei (decimal).
+    /// Stake, GYM wei (decimal), as last read from the chain.
     pub stake_gym_wei: String,
+    /// End of its latest slashing penalty (ms since the Unix epoch), if it was slashed.
+    pub penalty_until_ms: Option<u64>,
+    /// When stake and penalty were last read from the chain (ms since the Unix epoch; 0
+    /// when unknown).
+    pub standing_read_at_ms: u64,
     /// Uptime fraction over 24 h.
     pub uptime: f64,
     /// Not declared failed.
@@ -299,6 +304,8 @@ pub struct NodeOut {
     pub job: Option<u64>,
     /// Endpoint, when connected.
     pub endpoint: String,
+    /// Why it cannot be placed in a new job now (paper §3.3), if it cannot.
+    pub ineligible: Option<String>,
 }
 
 fn phase_name(k: i32) -> &'static str {
@@ -362,11 +369,31 @@ pub fn node_out(n: &pb::Node) -> NodeOut {
         region: n.region.clone(),
         vram_bytes: n.vram_bytes,
         stake_gym_wei: n.stake_gym_wei.clone(),
+        penalty_until_ms: (n.penalty_until_ms != 0).then_some(n.penalty_until_ms),
+        standing_read_at_ms: n.standing_read_at_ms,
         uptime: n.uptime,
         alive: n.alive,
         job: (n.assigned_job != 0).then_some(n.assigned_job),
         endpoint: n.endpoint.clone(),
+        ineligible: (!n.ineligible.is_empty()).then(|| n.ineligible.clone()),
     }
+}
+
+/// The `PENALTY LEFT` and `STAKE READ` columns of `hanzod nodes` at local time `now` (ms
+/// since the Unix epoch): the time left of an active penalty (`-` for none or ended), and
+/// how long ago the stake was read (`-` when unknown). A daemon clock ahead of this one
+/// reads as `0 ms ago`.
+pub fn standing_columns(n: &NodeOut, now: u64) -> (String, String) {
+    use hanzod_protocol::human::duration;
+    let penalty = match n.penalty_until_ms {
+        Some(until) if until > now => duration(until - now),
+        _ => "-".into(),
+    };
+    let read = match n.standing_read_at_ms {
+        0 => "-".into(),
+        at => format!("{} ago", duration(now.saturating_sub(at))),
+    };
+    (penalty, read)
 }
 
 /// Where the job is in its epochs ([`crate::epochs::progress`]).
@@ -599,21 +626,41 @@ impl Clients {
             return Ok(());
         }
         println!(
-            "{:<9} {:<12} {:>9} {:>11} {:>7} {:<6} {:>5}  ENDPOINT",
-            "NODE", "REGION", "VRAM GiB", "STAKE GYM", "UPTIME", "STATE", "JOB"
+            "{:<9} {:<12} {:>9} {:>11} {:<16} {:<16} {:>8} {:<6} {:>5}  ENDPOINT  (WHY NOT PLACEABLE)",
+            "NODE",
+            "REGION",
+            "VRAM GiB",
+            "STAKE GYM",
+            "PENALTY LEFT",
+            "STAKE READ",
+            "UPTIME",
+            "STATE",
+            "JOB"
         );
+        let now = {
+            use hanzod_actors::ports::Clock;
+            hanzod_actors::ports::SystemClock.now().as_millis()
+        };
         for n in &nodes {
+            let (penalty, read) = standing_columns(n, now);
             let stake = n
                 .stake_gym_wei
                 .parse::<u128>()
                 .map(|w| (w / hanzod_actors::types::GymWei::PER_GYM).to_string())
                 .unwrap_or_else(|_| n.stake_gym_wei.clone());
+            let why = n
+                .ineligible
+                .as_deref()
+                .map(|w| format!("  ({w})"))
+                .unwrap_or_default();
             println!(
-                "{:<9} {:<12} {:>9.1} {:>11} {:>6.1}% {:<6} {:>5}  {}",
+                "{:<9} {:<12} {:>9.1} {:>11} {:<16} {:<16} {:>7.2}% {:<6} {:>5}  {}{why}",
                 short(&n.node),
                 n.region,
                 n.vram_bytes as f64 / (1u64 << 30) as f64,
                 stake,
+                penalty,
+                read,
                 n.uptime * 100.0,
                 if n.alive { "alive" } else { "failed" },
                 n.job.map(|j| j.to_string()).unwrap_or_else(|| "-".into()),
@@ -778,6 +825,37 @@ pub fn status(s: tonic::Status) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nodes_show_the_penalty_left_and_how_old_the_stake_read_is() {
+        let wire = pb::Node {
+            node_id: vec![7; 32],
+            stake_gym_wei: "5000000000000000000000".into(),
+            penalty_until_ms: 1_000_000 + 3_600_000,
+            standing_read_at_ms: 1_000_000 - 12_000,
+            ..Default::default()
+        };
+        let n = node_out(&wire);
+        assert_eq!(n.penalty_until_ms, Some(4_600_000));
+        assert_eq!(
+            standing_columns(&n, 1_000_000),
+            ("1 h 0 min".to_string(), "12.0 s ago".to_string())
+        );
+        // An ended penalty and an unknown read time read as "-".
+        assert_eq!(
+            standing_columns(&n, 5_000_000).0,
+            "-",
+            "the penalty has ended"
+        );
+        let unknown = node_out(&pb::Node::default());
+        assert_eq!(unknown.penalty_until_ms, None);
+        assert_eq!(
+            standing_columns(&unknown, 1),
+            ("-".to_string(), "-".to_string())
+        );
+        let json = serde_json::to_value(&n).unwrap();
+        assert_eq!(json["standing_read_at_ms"], 988_000, "{json}");
+    }
 
     #[test]
     fn a_publication_record_shows_whether_its_signature_holds_and_who_signed_it() {

@@ -168,7 +168,10 @@ pub fn ring_change_line(c: &pb::RingChange) -> String {
         let dead = if c.removed.is_empty() {
             String::new()
         } else {
-            format!(" (left out, failed before it formed: {})", ids(&c.removed))
+            format!(
+                " (left out, failed or out of standing: {})",
+                ids(&c.removed)
+            )
         };
         return format!("ring v{version} formed: {members} members{dead}");
     }

@@ -55,6 +55,38 @@ pub fn excerpt(value: &[u8]) -> String {
     }
 }
 
+/// Longest message, in bytes, that [`bounded_message`] passes on whole.
+pub const MESSAGE_BYTES: usize = 512;
+
+/// A refusal's message made safe to send to a caller and to log: control characters
+/// escaped (`\n`, `\u{1b}`, …) and, past [`MESSAGE_BYTES`] bytes, cut at a character
+/// boundary and followed by `… (N bytes)`, N being the escaped message's length. For
+/// messages that may quote caller input at second hand (a JSON parser's error naming the
+/// string it refused, an architecture up to 64 KiB): at most `MESSAGE_BYTES + 32` bytes.
+pub fn bounded_message(msg: &str) -> String {
+    let escaped: String = if msg.chars().any(char::is_control) {
+        msg.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect()
+    } else {
+        msg.to_string()
+    };
+    if escaped.len() <= MESSAGE_BYTES {
+        return escaped;
+    }
+    let mut cut = MESSAGE_BYTES;
+    while !escaped.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes)", &escaped[..cut], escaped.len())
+}
+
 /// A claimed training loss from the wire (an upload header's or a ring commitment's
 /// `claimed_loss`, nats/token for a language model, mean squared error for the MLP): both
 /// losses hanzod trains are non-negative, so it must be finite and `>= 0`.
@@ -635,8 +667,9 @@ pub fn ring_change(
     }
 }
 
-/// A node on the wire.
-pub fn node(v: &NodeView, endpoint: String) -> pb::Node {
+/// A node on the wire, with why it cannot be placed now (`ineligible`, the
+/// [`hanzod_actors::sched::placement_blocker`] in words; None when it can).
+pub fn node(v: &NodeView, endpoint: String, ineligible: Option<String>) -> pb::Node {
     pb::Node {
         node_id: v.id.0.to_vec(),
         stake_gym_wei: v.stake.0.to_string(),
@@ -647,6 +680,8 @@ pub fn node(v: &NodeView, endpoint: String) -> pb::Node {
         assigned_job: v.assigned.map(|j| j.0).unwrap_or(0),
         penalty_until_ms: v.penalty_until.map(|t| t.as_millis()).unwrap_or(0),
         endpoint,
+        standing_read_at_ms: v.standing_read_at.as_millis(),
+        ineligible: ineligible.unwrap_or_default(),
     }
 }
 
@@ -891,6 +926,41 @@ mod tests {
         assert_eq!(e.field, "info.endpoint");
         assert!(e.to_string().contains("(200 bytes)"), "{e}");
         assert!(e.to_string().len() < 120, "{e}");
+    }
+
+    #[test]
+    fn a_json_error_quoting_a_64_kib_value_is_cut_to_a_bounded_message() {
+        let value = "\u{1b}[2J".repeat(64 << 10 >> 4);
+        let parsed: Result<u32, _> = serde_json::from_str(&serde_json::to_string(&value).unwrap());
+        let msg = format!(
+            "invalid spec.training.architecture: {}",
+            parsed.unwrap_err()
+        );
+        assert!(
+            msg.len() > 30_000,
+            "the parser quotes the value: {}",
+            msg.len()
+        );
+        let b = bounded_message(&msg);
+        assert!(b.len() <= MESSAGE_BYTES + 32, "{}", b.len());
+        assert!(b.starts_with("invalid spec.training.architecture: invalid type: string"));
+        assert!(!b.chars().any(char::is_control), "{b}");
+        assert!(b.ends_with(" bytes)"), "{b}");
+        assert_eq!(bounded_message("short and clean"), "short and clean");
+    }
+
+    proptest! {
+        /// Any message comes out bounded, free of control characters, and unchanged when it
+        /// was short and clean.
+        #[test]
+        fn messages_are_bounded_escaped_and_kept_when_short(msg in "(?s).{0,700}") {
+            let b = bounded_message(&msg);
+            prop_assert!(b.len() <= MESSAGE_BYTES + 32, "{}", b.len());
+            prop_assert!(!b.chars().any(char::is_control));
+            if msg.len() <= MESSAGE_BYTES && !msg.chars().any(char::is_control) {
+                prop_assert_eq!(b, msg);
+            }
+        }
     }
 
     proptest! {

@@ -1194,6 +1194,13 @@ pub async fn run_in(plan: DemoPlan, _lock: OutLock) -> Result<DemoSummary, DemoE
     if let (Ok(summary), Some(_)) = (&mut result, &chain) {
         let refused = proxy.as_ref().map_or(0, |p| p.refused());
         summary.chain = Some(chain_summary(&cfg, &daemon, summary, refused).await);
+        // Settled now: what the chain holds for each node.
+        let ids: Vec<NodeId> = (0..plan.nodes)
+            .map(|i| node_identity(plan.seed, i).node_id())
+            .collect();
+        let index_of: HashMap<NodeId, usize> =
+            ids.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+        ledger_columns(&mut summary.nodes, &ids, &*daemon.ledger(), &index_of).await;
     }
     // The embedded ledger lives in the daemon: its publication records are written out so
     // that `hanzod verify <folder> --records <out>/publications.json` can check the
@@ -1404,13 +1411,14 @@ async fn await_registered(
 }
 
 /// The demo's job: the plan's built-in model and recipe, on every node, surviving the nodes
-/// the plan kills.
+/// the plan kills and the Byzantine ones (a node slashed leaves the ring at the next epoch
+/// boundary, DESIGN §3 "Standing", and the demo has no standbys).
 fn demo_spec(plan: &DemoPlan) -> JobSpec {
     let training = plan.training();
     JobSpec {
         name: format!("demo: {} on {}", training.model, training.dataset),
         epochs: plan.epochs,
-        min_nodes: (plan.nodes - plan.kill).max(1) as u32,
+        min_nodes: plan.nodes.saturating_sub(plan.kill + plan.byzantine).max(1) as u32,
         max_nodes: plan.nodes as u32,
         min_vram_bytes: 8 << 30,
         pending_deadline_ms: 60_000,
@@ -1838,25 +1846,41 @@ async fn node_lines(
                 }
             }
         }
+        lines.push(line);
+    }
+    let ids: Vec<NodeId> = nodes.iter().map(|n| n.id).collect();
+    ledger_columns(&mut lines, &ids, ledger, index_of).await;
+    lines
+}
+
+/// The ledger's columns of the node lines (`lines[i]` is node `ids[i]`): rewards, stake and
+/// slashes as the ledger holds them now. Read again once the chain's settlements are in
+/// (`chain_summary`): a settlement an outage cut short lands after the job ends.
+async fn ledger_columns(
+    lines: &mut [NodeLine],
+    ids: &[NodeId],
+    ledger: &dyn hanzod_actors::ports::Ledger,
+    index_of: &HashMap<NodeId, usize>,
+) {
+    for (line, id) in lines.iter_mut().zip(ids) {
         line.rewards_wei = ledger
-            .balance_of(&n.id)
+            .balance_of(id)
             .await
             .map_or("0".into(), |w| w.0.to_string());
         line.stake_wei = ledger
-            .stake_of(&n.id)
+            .stake_of(id)
             .await
             .map_or("0".into(), |w| w.0.to_string());
-        lines.push(line);
+        line.slashed_wei = "0".into();
     }
     if let Ok(slashes) = ledger.slashes().await {
         for s in slashes.iter().filter(|s| !s.duplicate) {
-            if let Some(&i) = index_of.get(&s.node) {
-                let before: u128 = lines[i].slashed_wei.parse().unwrap_or(0);
-                lines[i].slashed_wei = (before + s.slashed.0).to_string();
+            if let Some(line) = index_of.get(&s.node).and_then(|&i| lines.get_mut(i)) {
+                let before: u128 = line.slashed_wei.parse().unwrap_or(0);
+                line.slashed_wei = (before + s.slashed.0).to_string();
             }
         }
     }
-    lines
 }
 
 /// Each epoch's line of the summary, from its report.

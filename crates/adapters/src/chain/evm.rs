@@ -50,7 +50,7 @@ use sha2::{Digest, Sha256};
 use super::contracts::{GYMToken, MiningPool};
 use hanzod_actors::ports::{
     check_slash, ChainError, ChainReader, InvalidRequest, Ledger, LedgerError, RewardReceipt,
-    SlashReceipt,
+    SlashReceipt, Standing,
 };
 use hanzod_actors::publication::{PublicationReceipt, PublicationRecord, SignedPublication};
 use hanzod_actors::types::{GymWei, JobId, NodeId, Timestamp};
@@ -892,16 +892,7 @@ fn publication_to(p: &SignedPublication) -> MiningPool::Publication {
 #[async_trait]
 impl<P: Provider + Clone + 'static> ChainReader for EvmChain<P> {
     async fn stake_of(&self, node: &NodeId) -> Result<GymWei, ChainError> {
-        let s = self
-            .read(
-                "GYMToken.nodeStake",
-                self.token.nodeStake(node_key(node)).call(),
-            )
-            .await?;
-        if s.operator == Address::ZERO {
-            return Err(ChainError::Unbound(*node));
-        }
-        gym_wei(s.stake, "stake")
+        Ok(self.standing(node).await?.stake)
     }
 
     async fn penalty_until(&self, node: &NodeId) -> Result<Option<Timestamp>, ChainError> {
@@ -912,6 +903,24 @@ impl<P: Provider + Clone + 'static> ChainReader for EvmChain<P> {
             )
             .await?;
         Ok((s != 0).then(|| seconds_to_ts(s)))
+    }
+
+    /// One `GYMToken.nodeStake(key)` call: operator, stake and penalty together, so both
+    /// facts come from the same block.
+    async fn standing(&self, node: &NodeId) -> Result<Standing, ChainError> {
+        let s = self
+            .read(
+                "GYMToken.nodeStake",
+                self.token.nodeStake(node_key(node)).call(),
+            )
+            .await?;
+        if s.operator == Address::ZERO {
+            return Err(ChainError::Unbound(*node));
+        }
+        Ok(Standing {
+            stake: gym_wei(s.stake, "stake")?,
+            penalty_until: (s.penaltyUntil_ != 0).then(|| seconds_to_ts(s.penaltyUntil_)),
+        })
     }
 
     async fn orchestrator_stake(&self) -> Result<GymWei, ChainError> {

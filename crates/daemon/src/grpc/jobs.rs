@@ -293,8 +293,14 @@ fn refused(core: &OrchestratorHandle, status: Status) -> Status {
         _ => "other",
     };
     core.metrics().incr(Counter::RejectedMessages, reason, 1);
-    tracing::debug!(reason, "request refused: {}", status.message());
-    status
+    // A message may quote the caller's input at second hand (a JSON error naming the value
+    // it refused): bounded and escaped before it is logged or sent back.
+    let message = convert::bounded_message(status.message());
+    tracing::debug!(reason, "request refused: {message}");
+    if message.len() == status.message().len() {
+        return status;
+    }
+    Status::new(status.code(), message)
 }
 
 fn is_terminal(job: &pb::Job) -> bool {
@@ -332,6 +338,15 @@ impl AdminServiceImpl {
     }
 }
 
+impl AdminServiceImpl {
+    /// Why `n` cannot be placed in a new job now, in words (paper §3.3; None when it can).
+    fn ineligible(&self, n: &hanzod_actors::sched::NodeView) -> Option<String> {
+        let rules = self.core.config().eligibility.rules();
+        hanzod_actors::sched::placement_blocker(&rules, n, self.core.clock().now())
+            .map(|why| why.to_string())
+    }
+}
+
 #[tonic::async_trait]
 impl AdminService for AdminServiceImpl {
     async fn list_nodes(
@@ -347,7 +362,10 @@ impl AdminService for AdminServiceImpl {
         Ok(Response::new(pb::ListNodesResponse {
             nodes: nodes
                 .iter()
-                .map(|n| convert::node(n, endpoints.get(&n.id).cloned().unwrap_or_default()))
+                .map(|n| {
+                    let endpoint = endpoints.get(&n.id).cloned().unwrap_or_default();
+                    convert::node(n, endpoint, self.ineligible(n))
+                })
                 .collect(),
         }))
     }
@@ -369,7 +387,11 @@ impl AdminService for AdminServiceImpl {
                 Status::not_found(format!("node {id} is not registered")),
             )
         })?;
-        Ok(Response::new(convert::node(n, self.sessions.endpoint(&id))))
+        Ok(Response::new(convert::node(
+            n,
+            self.sessions.endpoint(&id),
+            self.ineligible(n),
+        )))
     }
 
     async fn get_ring(
