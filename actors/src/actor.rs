@@ -30,6 +30,7 @@ pub mod orchestrator;
 pub mod registry;
 pub mod ring;
 pub mod scheduler;
+mod standing;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -24,7 +24,7 @@ use super::ring::{RingActor, RingActorArgs};
 use super::{answer, ask, Deps, Notice};
 use crate::events::Event;
 use crate::job::{EpochAssignment, FailReason, Job, JobEvent, JobPhase};
-use crate::ports::{ChainError, DeltaReceipt, EpochInput, NodeCommand, PublishedEpoch, RingView};
+use crate::ports::{DeltaReceipt, EpochInput, NodeCommand, PublishedEpoch, RingView};
 use crate::sched::standing_leavers;
 use crate::types::{JobId, NodeId, Timestamp};
 
@@ -398,7 +398,7 @@ impl JobState {
             };
             // Read after the sink: the epoch's own slashes are on chain by now.
             let standing = match &result {
-                Ok(_) => read_standing(&deps, &members).await,
+                Ok(_) => super::standing::read_standing(&deps, &members).await,
                 Err(_) => StandingReads::default(),
             };
             // The actor may have stopped meanwhile (cancelled, or rebuilt: the rebuilt
@@ -807,35 +807,6 @@ enum ReceiptCheck {
     New,
     /// Exactly this receipt is recorded already (a retried upload): acknowledge it again.
     AlreadyRecorded,
-}
-
-/// Reads the standing of each of `members` from the chain, concurrently, each read
-/// bounded by the call deadline (a read past it counts as [`ChainError::Unavailable`]).
-pub(super) async fn read_standing(deps: &Deps, members: &[NodeId]) -> StandingReads {
-    let read_at = deps.now();
-    let limit = deps.call_timeout();
-    let mut reads = tokio::task::JoinSet::new();
-    for (i, node) in members.iter().copied().enumerate() {
-        let chain = deps.chain.clone();
-        reads.spawn(async move {
-            let read = match tokio::time::timeout(limit, chain.standing(&node)).await {
-                Ok(r) => r,
-                Err(_) => Err(ChainError::Unavailable("standing read timed out".into())),
-            };
-            (i, node, read)
-        });
-    }
-    let mut out = Vec::with_capacity(members.len());
-    while let Some(done) = reads.join_next().await {
-        if let Ok(r) = done {
-            out.push(r);
-        }
-    }
-    out.sort_by_key(|(i, _, _)| *i);
-    StandingReads {
-        read_at,
-        reads: out.into_iter().map(|(_, n, r)| (n, r)).collect(),
-    }
 }
 
 /// The checks of a receipt against the job's `phase`, `ring` and the current epoch's

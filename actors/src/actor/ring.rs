@@ -179,7 +179,7 @@ impl RingState {
         // The placed nodes' standing as the chain has it now (an idle node's was read at
         // its admission): the registry takes it before the links are asked for, so a node
         // slashed meanwhile is left out like a dead one (DESIGN §3, "Standing").
-        let standing = super::job::read_standing(&self.deps, &self.placed).await;
+        let standing = super::standing::read_standing(&self.deps, &self.placed).await;
         let reads: Vec<_> = standing
             .reads
             .into_iter()

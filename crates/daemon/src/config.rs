@@ -268,9 +268,14 @@ pub struct ValidationSection {
     /// Relative L2 distance allowed between a delta and its re-run (plus the dtype's
     /// rounding), `[0, 1]`.
     pub replay_rel_tol: f64,
-    /// Fraction of suspect deltas above which the coordinate-wise median replaces the
-    /// weighted mean, `[0, 1]` (paper §6: 0.30).
+    /// Fraction of suspect deltas above which the robust aggregator replaces the weighted
+    /// mean, `[0, 1]` (paper §6: 0.30).
     pub suspect_threshold: f64,
+    /// The robust aggregator (DESIGN §6, "Merge"): `{ kind = "median" }` (the default, the
+    /// paper's), `trimmed_mean` (`trim`), `krum` / `multi_krum` (`byzantine_fraction`,
+    /// `select`) or `centered_clipping` (`iterations`, `tau`); checked at load.
+    #[serde(default)]
+    pub robust_aggregator: hanzod_pipeline::merge::RobustAggregator,
     /// Validator workers; 0 = one per CPU.
     pub workers: usize,
     /// Keep every delta blob; `false` removes an epoch's deltas once the next epoch is
@@ -320,6 +325,7 @@ impl ValidationSection {
                 replay: self.replay,
             },
             suspect_threshold: self.suspect_threshold as f32,
+            robust_aggregator: self.robust_aggregator,
             workers: if self.workers == 0 {
                 default.workers
             } else {
@@ -706,6 +712,9 @@ impl Config {
                 return Err(format!("{key} must be within [0, 1], got {value}"));
             }
         }
+        v.robust_aggregator
+            .check()
+            .map_err(|e| format!("validation.robust_aggregator: {e}"))?;
         if v.validation_budget_flops.is_nan() || v.validation_budget_flops <= 0.0 {
             return Err(format!(
                 "validation.validation_budget_flops must be above 0 (inf: no limit), got {}",
@@ -927,6 +936,14 @@ mod tests {
             (
                 "[validation]\nsuspect_threshold = -0.1\n",
                 "validation.suspect_threshold",
+            ),
+            (
+                "[validation]\nrobust_aggregator = { kind = \"krum\", byzantine_fraction = 1.5 }\n",
+                "validation.robust_aggregator",
+            ),
+            (
+                "[validation]\nrobust_aggregator = { kind = \"bulyan\" }\n",
+                "bulyan",
             ),
             ("[validation]\nreplay = 1\n", "replay"),
             ("[validation]\ndevice = \"tpu\"\n", "validation.device"),

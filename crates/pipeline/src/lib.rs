@@ -11,8 +11,8 @@
 //!   (duplicates, outliers, the composite without its loss term);
 //! - [`ring_audit`]: after a ring round fell back to the star, which member sent a wrong
 //!   partial sum (from the signed pieces and the uploaded deltas), and its slashing evidence;
-//! - [`merge`]: the aggregators (weighted mean by score, coordinate median, trimmed mean)
-//!   and the policy that picks one;
+//! - [`merge`]: the aggregators (weighted mean by score, coordinate median, trimmed mean,
+//!   Krum / Multi-Krum, centered clipping) and the policy that picks one;
 //! - [`lora`]: merging LoRA deltas on each node's effective update ΔW = (α/r)·B·A per
 //!   module (never on the factors), streamed module by module, and applying the merge to
 //!   the base weights;

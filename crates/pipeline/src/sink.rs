@@ -73,7 +73,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::lora::{apply_lora_merge_with_update, FlatAdapter, LoraError, LoraPlan};
 use crate::merge::{
-    Aggregator, CoordinateMedian, KeepReason, MergeOutcome, RobustPolicy, WeightedMean,
+    Aggregator, KeepReason, MergeOutcome, RobustAggregator, RobustPolicy, WeightedMean,
 };
 use crate::publisher::{Checkpoint, Publisher, Staged};
 use crate::ring_audit::{self, RoundAuditReport};
@@ -116,6 +116,9 @@ pub struct SinkConfig {
     /// Fraction of suspect deltas above which the robust aggregator is used (DESIGN §6:
     /// 0.30).
     pub suspect_threshold: f32,
+    /// The robust aggregator used above the threshold and as the weighted mean's fallback
+    /// ([`RobustAggregator`]; default the coordinate median).
+    pub robust_aggregator: RobustAggregator,
     /// Validator workers.
     pub workers: usize,
     /// Keep every delta blob (`false`: an epoch's deltas are removed once the next epoch
@@ -128,6 +131,7 @@ impl Default for SinkConfig {
         SinkConfig {
             validation: ValidationConfig::default(),
             suspect_threshold: 0.30,
+            robust_aggregator: RobustAggregator::default(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             retain_deltas: false,
         }
@@ -853,22 +857,25 @@ fn attempt(
 ///
 /// The weighted mean weighs each accepted delta by its composite score and gives suspect
 /// ones weight 0 (a scaled delta in the right direction would otherwise still steer the
-/// mean: its small weight times its large norm); the coordinate-wise median (`robust`, when
-/// more than the threshold of the epoch is suspect) takes every accepted delta. A merge
+/// mean: its small weight times its large norm); the robust aggregator (`robust_aggregator`,
+/// by default the coordinate-wise median; used alone when `robust`, i.e. more than the
+/// threshold of the epoch is suspect) takes every accepted delta with weight 1. A merge
 /// whose checkpoint is not finite or raises the validation loss by more than
-/// [`SUSPECT_LOSS_RISE`] is not published: the weighted mean falls back to the median, and
+/// [`SUSPECT_LOSS_RISE`] is not published: the weighted mean falls back to the robust one, and
 /// when that fails too the epoch keeps the base checkpoint and says why. Nothing here fails
 /// the job.
 ///
 /// A LoRA job's deltas (adapters) are merged on their updates `ΔWᵢ`, never on the factors
 /// ([`crate::lora`]): the next checkpoint is the full model `base + outer_lr·ΔW` with every
 /// unadapted tensor unchanged, and [`Merged::delta`] the merged `ΔW` in the full layout.
+#[allow(clippy::too_many_arguments)] // the epoch's inputs; a struct would only rename them
 fn merge_epoch(
     base: &Arc<Weights>,
     trainer: &Trainer,
     loss_before: f64,
     inputs: &[MergeInput],
     robust: bool,
+    robust_aggregator: RobustAggregator,
     outer_lr: f32,
     rejected_all: bool,
 ) -> Merged {
@@ -877,10 +884,11 @@ fn merge_epoch(
         .map(|i| if i.suspect { 0.0 } else { i.weight })
         .collect();
     let every = vec![1.0f32; inputs.len()];
+    let fallback = robust_aggregator.build(inputs.len());
     let plans: Vec<(&dyn Aggregator, &[f32])> = if robust {
-        vec![(&CoordinateMedian, &every)]
+        vec![(fallback.as_ref(), &every)]
     } else {
-        vec![(&WeightedMean, &scored), (&CoordinateMedian, &every)]
+        vec![(&WeightedMean, &scored), (fallback.as_ref(), &every)]
     };
     let keep = |reason: String| Merged {
         next: base.clone(),
@@ -1564,8 +1572,10 @@ impl JobKeeperState {
                         })
                     })
                     .collect();
+                let robust_aggregator = config.robust_aggregator;
                 let robust = RobustPolicy {
                     suspect_threshold: config.suspect_threshold,
+                    robust: robust_aggregator.build(inputs.len()),
                     ..RobustPolicy::default()
                 }
                 .choose(suspect, judged.len())
@@ -1580,6 +1590,7 @@ impl JobKeeperState {
                         loss_before,
                         &inputs,
                         robust,
+                        robust_aggregator,
                         outer_lr,
                         rejected_all,
                     )
@@ -3123,6 +3134,7 @@ mod tests {
             f.loss_before,
             &inputs,
             false,
+            RobustAggregator::Median,
             lr,
             false,
         );
@@ -3169,7 +3181,16 @@ mod tests {
         let f = crate::validate::lora_tests::lora_fixture();
         let lr = 1.0f32;
         let inputs = lora_inputs([0.3, 0.7], [false; 2]);
-        let merged = merge_epoch(&f.base, &f.trainer, f.loss_before, &inputs, true, lr, false);
+        let merged = merge_epoch(
+            &f.base,
+            &f.trainer,
+            f.loss_before,
+            &inputs,
+            true,
+            RobustAggregator::Median,
+            lr,
+            false,
+        );
         assert_eq!(merged.aggregator, Some("median"), "{:?}", merged.kept);
         check_lora_merge(&merged, [0.5, 0.5], lr);
 
@@ -3180,6 +3201,7 @@ mod tests {
             f.loss_before,
             &inputs,
             false,
+            RobustAggregator::Median,
             lr,
             false,
         );
@@ -3192,7 +3214,16 @@ mod tests {
         check_lora_merge(&merged, [1.0, 0.0], lr);
 
         // Nothing accepted: the base is kept, with no update.
-        let merged = merge_epoch(&f.base, &f.trainer, f.loss_before, &[], false, lr, true);
+        let merged = merge_epoch(
+            &f.base,
+            &f.trainer,
+            f.loss_before,
+            &[],
+            false,
+            RobustAggregator::Median,
+            lr,
+            true,
+        );
         assert_eq!(merged.kept.as_deref(), Some("every delta was rejected"));
         assert!(merged.delta.is_none());
         assert_eq!(*merged.next, *f.base);
@@ -3220,6 +3251,7 @@ mod tests {
             f.loss_before,
             &inputs,
             false,
+            RobustAggregator::Median,
             1.0,
             false,
         );
