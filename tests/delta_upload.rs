@@ -1306,15 +1306,9 @@ async fn a_daemon_with_a_store_dir_keeps_deltas_on_disk() {
 // Whole epochs: trained deltas over the wire → validator → merge → next epoch
 // ---------------------------------------------------------------------------------------
 
-/// Node `n` trains its share of `epoch` from `base` with the job's recipe and uploads the
-/// delta over gRPC, claiming `loss_factor ×` its true loss.
-async fn train_and_upload(
-    n: &mut Node,
-    job: u64,
-    epoch: u32,
-    base: &hanzod::train::Weights,
-    loss_factor: f64,
-) -> pb::DeltaAck {
+/// The delta node `n` trains for `epoch` of `job` from `base` with the job's recipe, as
+/// HZDL bytes, with the loss it measured (what it claims when honest).
+fn trained_delta(n: &Node, job: u64, epoch: u32, base: &hanzod::train::Weights) -> (Vec<u8>, f64) {
     use hanzod::train;
     let recipe = hanzod::delta::sink::recipe_of(&Default::default(), JobId(job)).expect("recipe");
     let data = train::Dataset::wine_quality().expect("data");
@@ -1326,8 +1320,21 @@ async fn train_and_upload(
         .expect("delta")
         .to_delta_bytes(u64::from(epoch))
         .expect("HZDL");
+    (payload, run.claimed_loss)
+}
+
+/// Node `n` uploads `payload` as its delta for `epoch` of `job` (whose local run starts at
+/// `epoch × local_steps`), claiming `claimed`, signed with its own key.
+async fn upload_as(
+    n: &mut Node,
+    job: u64,
+    epoch: u32,
+    claimed: f64,
+    payload: &[u8],
+) -> pb::DeltaAck {
+    let recipe = hanzod::delta::sink::recipe_of(&Default::default(), JobId(job)).expect("recipe");
+    let step = u64::from(epoch) * u64::from(recipe.local_steps);
     let (token, chunk) = (n.token.clone(), n.chunk_bytes);
-    let claimed = run.claimed_loss * loss_factor;
     within(
         "UploadDelta",
         upload_delta(
@@ -1338,12 +1345,80 @@ async fn train_and_upload(
             epoch,
             step,
             claimed,
-            &payload,
+            payload,
             chunk,
         ),
     )
     .await
     .expect("delta accepted at upload")
+}
+
+/// Node `n` trains its share of `epoch` from `base` with the job's recipe and uploads the
+/// delta over gRPC, claiming `loss_factor ×` its true loss.
+async fn train_and_upload(
+    n: &mut Node,
+    job: u64,
+    epoch: u32,
+    base: &hanzod::train::Weights,
+    loss_factor: f64,
+) -> pb::DeltaAck {
+    let (payload, loss) = trained_delta(n, job, epoch, base);
+    upload_as(n, job, epoch, loss * loss_factor, &payload).await
+}
+
+/// Issue 19 item 3: a node that uploads another node's delta bytes under its own signature
+/// (free-riding with a colluder) is no longer accepted, merged and paid: both copies are
+/// rejected as duplicates, get no weight and no reward, and nobody is slashed (a duplicate
+/// does not prove who copied). The honest third node is paid alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_uploaded_by_two_nodes_is_rejected_for_both_without_a_slash() {
+    use hanzod::train;
+    let mut cfg = config();
+    // No spot-check: the copy is caught without one.
+    cfg.validation.spot_check_rate = 0.0;
+    let d = start_with(&cfg, DaemonParts::default()).await;
+    let mut nodes = Vec::new();
+    for seed in 41..=43 {
+        nodes.push(Node::join(&d, seed).await);
+    }
+    let job = running_job(&d, 3, 1, None).await;
+    let recipe = hanzod::delta::sink::recipe_of(&Default::default(), JobId(job)).expect("recipe");
+    let init = train::init(&recipe);
+    // Node 0 and node 1 train honestly; node 2 uploads node 0's bytes as its own.
+    let (payload, loss) = trained_delta(&nodes[0], job, 0, &init);
+    for i in [0usize, 2] {
+        let ack = upload_as(&mut nodes[i], job, 0, loss, &payload).await;
+        assert!(ack.accepted, "the copy is judged with the epoch: {ack:?}");
+    }
+    let ack = train_and_upload(&mut nodes[1], job, 0, &init, 1.0).await;
+    assert!(ack.accepted, "{ack:?}");
+    await_phase(&d, job, "Published", |p| {
+        matches!(p, JobPhase::Published { .. })
+    })
+    .await;
+    let r = d
+        .sink()
+        .report(JobId(job), 0)
+        .await
+        .expect("epoch 0 report");
+    let hex = |i: usize| hex::encode(nodes[i].id.node_id().0);
+    for line in &r.deltas {
+        let copied = line.node == hex(0) || line.node == hex(2);
+        let label = line.rejected.as_ref().map(|w| w.label());
+        assert_eq!(label, copied.then_some("duplicate"), "{line:?}");
+    }
+    assert!(r.slashes.is_empty(), "nobody is slashed: {:?}", r.slashes);
+    let paid: Vec<_> = d
+        .ledger()
+        .reward_batches()
+        .await
+        .expect("batches")
+        .into_iter()
+        .flat_map(|b| b.paid)
+        .collect();
+    assert_eq!(paid.len(), 1, "{paid:?}");
+    assert_eq!(paid[0].0, nodes[1].id.node_id());
+    d.stop().await;
 }
 
 /// The checkpoint `reference` (its CID) read back from the daemon's object store.
@@ -1606,11 +1681,17 @@ async fn job_status_and_watch_show_each_epochs_outcome_and_who_a_repair_removed(
     .expect("watching")
     .into_inner();
 
-    // Epoch 0: every member delivers a small honest-looking delta.
+    // Epoch 0: every member delivers a small honest-looking delta, each its own (three
+    // copies of one pattern would be rejected as copies: `pipeline::copies`).
     for (i, n) in nodes.iter_mut().enumerate() {
-        n.upload(job, 0, &delta(&wine(), 0, i as f32))
-            .await
-            .expect("accepted");
+        let own = delta_with(&wine(), 0, i as f32, |tensors| {
+            for (_, _, v) in tensors.iter_mut() {
+                for (k, x) in v.iter_mut().enumerate() {
+                    *x += (((k + 1) * (i + 3) * 7919) % 23) as f32 * 1e-3 - 0.011;
+                }
+            }
+        });
+        n.upload(job, 0, &own).await.expect("accepted");
     }
     await_phase(&d, job, "Running(1)", |p| {
         matches!(p, JobPhase::Running { epoch: 1, .. })

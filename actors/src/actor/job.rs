@@ -16,12 +16,11 @@ mod round;
 use super::children::{schedule_respawn, Children};
 use super::msg::JobSupervisorMsg;
 use super::msg::OrchestratorMsg;
-use super::msg::RegistryMsg;
 use super::msg::RingMsg;
 use super::msg::RoundMsg;
 use super::msg::SchedulerMsg;
 use super::ring::{RingActor, RingActorArgs};
-use super::{answer, ask, Deps, Notice};
+use super::{answer, Deps, Notice};
 use crate::events::Event;
 use crate::job::{EpochAssignment, FailReason, Job, JobEvent, JobPhase};
 use crate::ports::{DeltaReceipt, EpochInput, NodeCommand, PublishedEpoch, RingView};
@@ -473,22 +472,25 @@ impl JobState {
         }
         let rules = self.deps.cfg.eligibility.rules();
         let leavers = standing_leavers(&rules, &reads, read_at);
-        let known: Vec<_> = reads
-            .into_iter()
-            .filter_map(|(n, r)| r.ok().map(|s| (n, s)))
-            .collect();
-        if let Err(e) = ask(&self.root, &self.deps, |reply| {
-            OrchestratorMsg::Registry(RegistryMsg::StandingRead {
-                reads: known,
-                read_at,
-                reply,
-            })
-        })
-        .await
-        {
+        let standing = StandingReads { read_at, reads };
+        if let Err(e) = super::standing::record(&self.root, &self.deps, &standing).await {
             tracing::warn!(job = %self.job.id, error = %e, "registry did not take the members' standing");
         }
+        // A member read in good standing again (its penalty ended) is no longer leaving.
+        for (node, _) in standing.reads.iter().filter(|(_, r)| r.is_ok()) {
+            if !leavers.iter().any(|(l, _)| l == node) {
+                self.leaving.remove(node);
+            }
+        }
+        // The last epoch is published: the job ends now and its ring with it, so nobody
+        // is asked to reconfigure it (its standbys would stay granted to a finished job).
+        let last = matches!(self.job.phase, JobPhase::Aggregating { epoch, .. }
+            if epoch + 1 >= self.job.spec.epochs);
+        let members = self.ring.as_ref().map_or(&[][..], |r| &r.members[..]);
         for (node, why) in leavers {
+            if !members.contains(&node) || last {
+                continue;
+            }
             tracing::info!(job = %self.job.id, node = %node.short(), reason = %why, "member out of standing leaves the ring");
             self.leaving.insert(node);
             if let Some(r) = &self.ring_actor {
@@ -710,7 +712,11 @@ impl Actor for JobActor {
             }
             JobMsg::Round { node, msg, reply } => {
                 let evidence = matches!(msg, RoundMsg::Evidence { .. });
-                let r = state.on_round_msg(&myself, node, msg).await;
+                let r = if state.leaving.contains(&node) {
+                    Err(JobRequestError::NotMember(node))
+                } else {
+                    state.on_round_msg(&myself, node, msg).await
+                };
                 let accepted = r.is_ok();
                 answer(reply, r);
                 if evidence && accepted {

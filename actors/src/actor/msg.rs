@@ -281,7 +281,8 @@ pub enum NodeMsg {
     /// The watchdog timer fired (there is at most one outstanding at a time).
     Watchdog,
     /// Report the uptime of the node, failed since its `failure`-th failure, and re-arm
-    /// (every [`FAILED_REPORT_MS`](super::node::FAILED_REPORT_MS) while it stays failed).
+    /// (every [`FAILED_REPORT_MS`](super::node::FAILED_REPORT_MS) while it stays failed
+    /// and its uptime is above 0).
     ReportFailed {
         /// Which failure armed it.
         failure: u64,

@@ -114,7 +114,14 @@ impl Actor for NodeActor {
             registry: args.registry,
             deps: args.deps,
         };
-        if !args.start_failed {
+        if args.start_failed {
+            // Rebuilt as failed: its uptime is reported falling from now, like any failure.
+            state.failures = 1;
+            state.report(&myself);
+            myself.send_after(Duration::from_millis(FAILED_REPORT_MS), || {
+                NodeMsg::ReportFailed { failure: 1 }
+            });
+        } else {
             state.arm_watchdog(&myself);
         }
         Ok(state)
@@ -151,9 +158,13 @@ impl Actor for NodeActor {
             NodeMsg::ReportFailed { failure } => {
                 if failure == state.failures && state.core.liveness() == Liveness::Failed {
                     state.report(&myself);
-                    myself.send_after(Duration::from_millis(FAILED_REPORT_MS), move || {
-                        NodeMsg::ReportFailed { failure }
-                    });
+                    // Down for the whole window, its uptime is 0 and stays there: no more
+                    // reports until it comes back.
+                    if state.core.uptime(now) > 0.0 {
+                        myself.send_after(Duration::from_millis(FAILED_REPORT_MS), move || {
+                            NodeMsg::ReportFailed { failure }
+                        });
+                    }
                 }
             }
             NodeMsg::Watchdog => {

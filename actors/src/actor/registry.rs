@@ -50,6 +50,8 @@ struct Entry {
     /// What the scheduler sees. The registry owns it: the node's actor reports liveness
     /// and uptime ([`RegistryMsg::Status`]); standing comes from the chain.
     view: NodeView,
+    /// The view's standing changed and its [`Event::NodeStanding`] could not be recorded.
+    standing_unrecorded: bool,
     /// Registrations of this key (the first is 1).
     sessions: u32,
 }
@@ -255,6 +257,7 @@ impl RegistryState {
                         actor: Some(actor),
                         info: info.clone(),
                         view,
+                        standing_unrecorded: false,
                         sessions,
                     },
                 );
@@ -340,8 +343,13 @@ impl RegistryState {
             let Some(e) = self.nodes.get_mut(&node) else {
                 continue;
             };
+            if read_at < e.view.standing_read_at {
+                continue; // a read overtaken by a newer one (another job's, an admission)
+            }
             e.view.standing_read_at = read_at;
-            if e.view.stake == standing.stake && e.view.penalty_until == standing.penalty_until {
+            let same =
+                e.view.stake == standing.stake && e.view.penalty_until == standing.penalty_until;
+            if same && !e.standing_unrecorded {
                 continue;
             }
             tracing::info!(node = %node.short(), stake = %standing.stake,
@@ -354,9 +362,14 @@ impl RegistryState {
                 stake: standing.stake,
                 penalty_until: standing.penalty_until,
             };
-            if let Err(e) = self.deps.persist(event).await {
-                // Acted on all the same; the next epoch boundary reads it again.
-                tracing::warn!(node = %node.short(), error = %e, "could not record node standing");
+            // Acted on at once all the same (a slashed node must not be placed meanwhile);
+            // recorded at its next read, changed or not.
+            let recorded = self.deps.persist(event).await;
+            if let Some(e) = self.nodes.get_mut(&node) {
+                e.standing_unrecorded = recorded.is_err();
+            }
+            if let Err(e) = recorded {
+                tracing::warn!(node = %node.short(), error = %e, "could not record node standing; recorded at its next read");
             }
         }
         if changed {
@@ -439,6 +452,7 @@ impl Actor for NodeRegistry {
                     actor: Some(actor),
                     info: n.info,
                     view,
+                    standing_unrecorded: false,
                     sessions: 1,
                 },
             );

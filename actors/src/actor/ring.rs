@@ -180,20 +180,7 @@ impl RingState {
         // its admission): the registry takes it before the links are asked for, so a node
         // slashed meanwhile is left out like a dead one (DESIGN §3, "Standing").
         let standing = super::standing::read_standing(&self.deps, &self.placed).await;
-        let reads: Vec<_> = standing
-            .reads
-            .into_iter()
-            .filter_map(|(n, r)| r.ok().map(|s| (n, s)))
-            .collect();
-        if let Err(e) = ask(&self.root, &self.deps, |reply| {
-            OrchestratorMsg::Registry(RegistryMsg::StandingRead {
-                reads,
-                read_at: standing.read_at,
-                reply,
-            })
-        })
-        .await
-        {
+        if let Err(e) = super::standing::record(&self.root, &self.deps, &standing).await {
             tracing::warn!(job = %self.job, error = %e, "registry did not take the placed nodes' standing");
         }
         // Nodes that failed between placement and formation are left out from the start.

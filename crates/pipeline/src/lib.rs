@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 
 pub mod budget;
+pub mod copies;
 pub mod inspect;
 pub mod lora;
 pub mod merge;

@@ -71,6 +71,7 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent};
 use serde::{Deserialize, Serialize};
 
+use crate::copies::{find_copies, CopyConfig, CopyInput};
 use crate::lora::{apply_lora_merge_with_update, FlatAdapter, LoraError, LoraPlan};
 use crate::merge::{
     Aggregator, KeepReason, MergeOutcome, RobustAggregator, RobustPolicy, WeightedMean,
@@ -1544,6 +1545,44 @@ impl JobKeeperState {
                 }
             }
         }
+        // Star mode (and a ring epoch that fell back to it): copies, re-uploads of the last
+        // merged update and empty updates among the accepted deltas are rejected
+        // (`crate::copies`; ring mode applies the same rules to sketches). Full-parameter
+        // deltas only: a LoRA delta is its factors, whose `A` starts from the job's shared
+        // initialisation, so two honest adapters' factors are alike; their `ΔW` is what
+        // would have to be compared (not done yet).
+        let lora = training.mode == hanzod_actors::job::TrainMode::Lora;
+        if ring.is_none() && !lora {
+            let flagged = {
+                let accepted: Vec<(usize, CopyInput<'_>)> = judged
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, v)| {
+                        let delta = v.outcome.as_ref().ok()?;
+                        Some((
+                            k,
+                            CopyInput {
+                                node: v.node,
+                                hash: v.delta_hash,
+                                delta,
+                            },
+                        ))
+                    })
+                    .collect();
+                let inputs: Vec<CopyInput<'_>> = accepted.iter().map(|(_, i)| *i).collect();
+                let last = ctx.last_merged.as_deref().map(Vec::as_slice);
+                let verdicts = find_copies(&inputs, last, &CopyConfig::default());
+                accepted
+                    .iter()
+                    .zip(verdicts)
+                    .filter_map(|((k, _), c)| Some((*k, c?)))
+                    .collect::<Vec<_>>()
+            };
+            for (k, copying) in flagged {
+                tracing::warn!(job = %job, epoch, node = %judged[k].node, reason = %copying, "delta rejected as a copy or no update");
+                judged[k].outcome = Err(Rejection::Copy(copying));
+            }
+        }
         // A job's first epoch: seed the norm average from the epoch itself (DESIGN §12); in
         // ring aggregation with the average the members were scored against.
         let mut norm_average = ctx.norms;
@@ -2006,11 +2045,11 @@ impl JobKeeperState {
                 .collect();
             for (node, score) in eligible {
                 // Stake and penalty are checked again each epoch: an operator that
-                // unstaked below the minimum, or was slashed, is not paid for it.
+                // unstaked below the minimum, or was slashed, is not paid for it (one
+                // `standing` read: on the EVM chain one `nodeStake` call).
                 let facts = async {
-                    let stake = econ.ledger.stake_of(&node).await?;
-                    let penalty = econ.ledger.penalty_until(&node).await?;
-                    Ok::<_, ChainError>((stake, penalty))
+                    let s = econ.ledger.standing(&node).await?;
+                    Ok::<_, ChainError>((s.stake, s.penalty_until))
                 };
                 match tokio::time::timeout_at(deadline, facts).await {
                     Ok(Ok((stake, _))) if stake < econ.min_stake => {

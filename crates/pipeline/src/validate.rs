@@ -229,6 +229,11 @@ pub enum Rejection {
         /// The round's ring version.
         ring_version: u64,
     },
+    /// The delta is another node's, the last merged update, or no update
+    /// ([`crate::copies`]): no weight, no reward, not slashed (no recomputable proof of who
+    /// copied).
+    #[error("copy: {0}")]
+    Copy(crate::copies::Copying),
 }
 
 impl Rejection {
@@ -247,6 +252,12 @@ impl Rejection {
             Rejection::RingTamper { .. } => "ring_tamper",
             Rejection::RingSketch { .. } => "ring_sketch",
             Rejection::RingWithheld { .. } => "ring_withheld",
+            Rejection::Copy(crate::copies::Copying::Duplicate { .. }) => "duplicate",
+            Rejection::Copy(crate::copies::Copying::NearCopy { .. }) => "near_copy",
+            Rejection::Copy(crate::copies::Copying::CopiesLastMerged { .. }) => {
+                "copies_last_merged"
+            }
+            Rejection::Copy(crate::copies::Copying::NoUpdate) => "no_update",
             Rejection::ValidatorCrashed => "validator_crashed",
         }
     }

@@ -58,16 +58,18 @@ pub fn excerpt(value: &[u8]) -> String {
 /// Longest message, in bytes, that [`bounded_message`] passes on whole.
 pub const MESSAGE_BYTES: usize = 512;
 
-/// A refusal's message made safe to send to a caller and to log: control characters
-/// escaped (`\n`, `\u{1b}`, …) and, past [`MESSAGE_BYTES`] bytes, cut at a character
+/// A refusal's message made safe to send to a caller and to log: control characters and
+/// the invisible characters that reorder or hide text (bidirectional overrides and
+/// isolates, zero-width marks) escaped (`\n`, `\u{1b}`, `\u{202e}`, …) and, past
+/// [`MESSAGE_BYTES`] bytes, cut at a character
 /// boundary and followed by `… (N bytes)`, N being the escaped message's length. For
 /// messages that may quote caller input at second hand (a JSON parser's error naming the
 /// string it refused, an architecture up to 64 KiB): at most `MESSAGE_BYTES + 32` bytes.
 pub fn bounded_message(msg: &str) -> String {
-    let escaped: String = if msg.chars().any(char::is_control) {
+    let escaped: String = if msg.chars().any(hidden) {
         msg.chars()
             .map(|c| {
-                if c.is_control() {
+                if hidden(c) {
                     c.escape_default().to_string()
                 } else {
                     c.to_string()
@@ -85,6 +87,15 @@ pub fn bounded_message(msg: &str) -> String {
         cut -= 1;
     }
     format!("{}… ({} bytes)", &escaped[..cut], escaped.len())
+}
+
+/// A character a terminal or log viewer would not show as itself: a control character, or
+/// a Unicode format character that reorders or hides text (U+061C, U+200B–U+200F,
+/// U+202A–U+202E, U+2060–U+2069, U+FEFF).
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{2069}' | '\u{feff}')
 }
 
 /// A claimed training loss from the wire (an upload header's or a ring commitment's
@@ -947,6 +958,11 @@ mod tests {
         assert!(!b.chars().any(char::is_control), "{b}");
         assert!(b.ends_with(" bytes)"), "{b}");
         assert_eq!(bounded_message("short and clean"), "short and clean");
+        // A right-to-left override would make "exe.txt" read as "txt.exe".
+        assert_eq!(bounded_message("a\u{202e}txt.exe"), "a\\u{202e}txt.exe");
+        // A message whose escaping and cutting happen to keep its length is still escaped.
+        let tricky = format!("{}\n", "x".repeat(MESSAGE_BYTES + 14));
+        assert!(!bounded_message(&tricky).contains('\n'));
     }
 
     proptest! {
@@ -956,8 +972,8 @@ mod tests {
         fn messages_are_bounded_escaped_and_kept_when_short(msg in "(?s).{0,700}") {
             let b = bounded_message(&msg);
             prop_assert!(b.len() <= MESSAGE_BYTES + 32, "{}", b.len());
-            prop_assert!(!b.chars().any(char::is_control));
-            if msg.len() <= MESSAGE_BYTES && !msg.chars().any(char::is_control) {
+            prop_assert!(!b.chars().any(hidden));
+            if msg.len() <= MESSAGE_BYTES && !msg.chars().any(hidden) {
                 prop_assert_eq!(b, msg);
             }
         }

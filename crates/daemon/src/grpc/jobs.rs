@@ -297,7 +297,7 @@ fn refused(core: &OrchestratorHandle, status: Status) -> Status {
     // it refused): bounded and escaped before it is logged or sent back.
     let message = convert::bounded_message(status.message());
     tracing::debug!(reason, "request refused: {message}");
-    if message.len() == status.message().len() {
+    if message == status.message() {
         return status;
     }
     Status::new(status.code(), message)
