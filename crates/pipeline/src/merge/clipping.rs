@@ -1,7 +1,7 @@
 //! Centered clipping (Karimireddy, He, Jaggi 2021, "Learning from History for Byzantine
 //! Robust Optimization", ICML).
 
-use super::krum::{sq_dist1, sq_dist4};
+use super::krum::add_sq_dists;
 use super::mean::MEAN_BLOCK;
 use super::par::{for_each_chunk, map_ranges, threads_for};
 use super::{validate, Aggregator, CoordinateMedian, MergeError, MergeOutcome};
@@ -61,26 +61,7 @@ fn dists_range_portable(rows: &[&[f32]], v: &[f32], range: std::ops::Range<usize
     let mut s = range.start;
     while s < range.end {
         let e = (s + DIST_CHUNK).min(range.end);
-        let c = &v[s..e];
-        let mut i = 0;
-        while i + 4 <= n {
-            let p = sq_dist4(
-                c,
-                [
-                    &rows[i][s..e],
-                    &rows[i + 1][s..e],
-                    &rows[i + 2][s..e],
-                    &rows[i + 3][s..e],
-                ],
-            );
-            for (t, x) in p.into_iter().enumerate() {
-                d[i + t] += x;
-            }
-            i += 4;
-        }
-        for i in i..n {
-            d[i] += sq_dist1(c, &rows[i][s..e]);
-        }
+        add_sq_dists(&v[s..e], rows, s, e, &mut d);
         s = e;
     }
     d

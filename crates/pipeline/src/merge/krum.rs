@@ -69,6 +69,33 @@ pub(super) fn sq_dist1(a: &[f32], b: &[f32]) -> f64 {
     s
 }
 
+/// Adds `‖a − rowsₖ[s..e]‖²` into `out[k]` for every `k` (`a` is `e − s` long), four rows
+/// per pass: the one distance kernel of Krum's pairs and centered clipping's distances to
+/// the centre. Inlined into its callers, so it takes their target features.
+#[inline(always)]
+pub(super) fn add_sq_dists(a: &[f32], rows: &[&[f32]], s: usize, e: usize, out: &mut [f64]) {
+    let n = rows.len();
+    let mut k = 0;
+    while k + 4 <= n {
+        let p = sq_dist4(
+            a,
+            [
+                &rows[k][s..e],
+                &rows[k + 1][s..e],
+                &rows[k + 2][s..e],
+                &rows[k + 3][s..e],
+            ],
+        );
+        for (t, v) in p.into_iter().enumerate() {
+            out[k + t] += v;
+        }
+        k += 4;
+    }
+    for k in k..n {
+        out[k] += sq_dist1(a, &rows[k][s..e]);
+    }
+}
+
 /// Coordinates per chunk of the pairwise kernel: all `n` rows of a chunk (≤ 256 KiB) stay
 /// in L2 while every pair is formed; at most 8192 so the `f32` partials stay accurate.
 fn pair_chunk(n: usize) -> usize {
@@ -87,26 +114,8 @@ fn pairwise_range_portable(rows: &[&[f32]], range: Range<usize>) -> Vec<f64> {
     while s < range.end {
         let e = (s + chunk).min(range.end);
         for i in 0..n {
-            let a = &rows[i][s..e];
-            let mut j = i + 1;
-            while j + 4 <= n {
-                let p = sq_dist4(
-                    a,
-                    [
-                        &rows[j][s..e],
-                        &rows[j + 1][s..e],
-                        &rows[j + 2][s..e],
-                        &rows[j + 3][s..e],
-                    ],
-                );
-                for (t, v) in p.into_iter().enumerate() {
-                    d[i * n + j + t] += v;
-                }
-                j += 4;
-            }
-            for j in j..n {
-                d[i * n + j] += sq_dist1(a, &rows[j][s..e]);
-            }
+            let out = &mut d[i * n + i + 1..(i + 1) * n];
+            add_sq_dists(&rows[i][s..e], &rows[i + 1..], s, e, out);
         }
         s = e;
     }
