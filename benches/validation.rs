@@ -83,6 +83,7 @@ fn validation(c: &mut Criterion) {
         base: Arc::new(global.clone()),
         base_version: 0,
         loss_before: validation_loss(&global, &data).expect("loss"),
+        best_loss: None,
         norms: NormTracker::new(),
         last_merged: None,
         secret: EpochSecret::from_bytes([9; 32]),

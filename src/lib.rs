@@ -37,7 +37,7 @@ pub use hanzod_train as train;
 /// Model deltas (DESIGN §6): the `HZDL` format, model descriptions, validation, scoring,
 /// merging, the blob store and the epoch sink.
 pub mod delta {
-    pub use hanzod_pipeline::{budget, inspect, lora, merge, score, sink, validate};
+    pub use hanzod_pipeline::{budget, copies, epoch, inspect, lora, merge, score, sink, validate};
     /// The `HZDL` wire format and its signed statement (`hanzod_protocol::hzdl`), with the
     /// format check against a model ([`check_against`](format::check_against)).
     pub mod format {

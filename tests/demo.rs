@@ -553,7 +553,14 @@ async fn a_member_that_reduces_another_update_than_it_committed_is_caught_by_the
                 e.epoch
             );
         } else {
-            assert_eq!(e.aggregator, "ring", "epoch {}", e.epoch);
+            // The round is accepted; its merge is published unless it would put the
+            // validation loss more than 2 % above the job's best checkpoint (kept).
+            assert!(
+                e.aggregator == "ring" || e.aggregator == "kept",
+                "epoch {}: {}",
+                e.epoch,
+                e.aggregator
+            );
             assert_eq!(e.rejected, 0, "epoch {}", e.epoch);
         }
         if spot {
@@ -604,6 +611,97 @@ async fn a_free_rider_gets_no_weight_and_no_reward_in_ring_aggregation() {
         assert_eq!(e.aggregator, "ring", "epoch {}", e.epoch);
         assert!(e.loss_after < e.loss_before, "epoch {}", e.epoch);
     }
+}
+
+/// Issue 19 (attack suite): the two Byzantine nodes of six collude through the side
+/// channel under --out and upload the same delta (the mean of their honest ones). The
+/// star-mode copy rule (`pipeline::copies`, duplicates) rejects both every epoch: no
+/// weight, no reward, no slash (a duplicate does not prove who copied; spot-checks are off
+/// so that only the copy rule acts); the honest nodes are paid and training converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn identical_colluders_are_rejected_as_copies_and_unpaid() {
+    let mut p = plan("identical", 6, 2);
+    p.byzantine = 2;
+    p.attack = Attack::Identical;
+    p.spot_check_rate = 0.0;
+    let s = run(p).await;
+    assert!(s.succeeded(), "{:?}", s.failure);
+    let identical = Behaviour::Attack {
+        attack: hanzod::agent::attack::Attack::Identical,
+    };
+    let colluders: Vec<_> = s
+        .nodes
+        .iter()
+        .filter(|n| n.behaviour == identical)
+        .collect();
+    assert_eq!(colluders.len(), 2, "{:?}", s.nodes);
+    // They found each other: both colluders' deltas are in the side channel.
+    let shared = s.out.join("collude").join(format!("job-{}-epoch-1", s.job));
+    let files = std::fs::read_dir(&shared).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(files, 2, "{}", shared.display());
+    for n in &colluders {
+        assert_eq!(
+            (n.accepted, n.rejected),
+            (0, 2),
+            "colluder {}: {n:?}",
+            n.index
+        );
+        assert_eq!(wei(&n.rewards_wei), 0, "colluder {} paid", n.index);
+        assert_eq!(wei(&n.stake_wei), STAKE, "a copy is not slashed");
+    }
+    for n in s.nodes.iter().filter(|n| n.behaviour == Behaviour::Honest) {
+        assert_eq!((n.accepted, n.rejected), (2, 0), "honest node {}", n.index);
+        assert!(wei(&n.rewards_wei) > 0, "honest node {} unpaid", n.index);
+    }
+    let mut last = s.initial_loss.unwrap();
+    for e in &s.epochs {
+        assert_eq!((e.accepted, e.rejected), (4, 2), "epoch {}", e.epoch);
+        assert!(e.loss_after < last, "epoch {}", e.epoch);
+        last = e.loss_after;
+    }
+}
+
+#[test]
+fn the_attack_suite_gives_the_byzantine_nodes_the_agents_attacks() {
+    use hanzod::agent::attack::Attack as Suite;
+    let exe = PathBuf::from("hanzod");
+    for (attack, want) in [
+        (Attack::SignFlip, Suite::SignFlip),
+        (Attack::Scale, Suite::Scale { k: 10.0 }),
+        (Attack::Alie, Suite::Alie { z: None }),
+        (Attack::Ipm, Suite::Ipm { eps: 0.5 }),
+        (Attack::Stale, Suite::Stale { epochs: 1 }),
+        (Attack::Identical, Suite::Identical),
+    ] {
+        let p = DemoArgs {
+            nodes: Some(6),
+            byzantine: Some(2),
+            attack: Some(attack),
+            ..DemoArgs::default()
+        }
+        .plan(exe.clone())
+        .unwrap();
+        let (roles, _) = p.roles();
+        let byzantine: Vec<_> = roles.iter().filter(|b| **b != Behaviour::Honest).collect();
+        assert_eq!(
+            byzantine,
+            [&Behaviour::Attack { attack: want }; 2],
+            "{attack:?}"
+        );
+    }
+    // From a scenario file too (kebab-case, as on the command line).
+    let dir = std::env::temp_dir().join(format!("hanzod-demo-suite-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("s.toml");
+    std::fs::write(&file, "byzantine = 1\nattack = \"copy-last\"\n").unwrap();
+    let p = DemoArgs {
+        scenario: Some(file),
+        ..DemoArgs::default()
+    }
+    .plan(exe)
+    .unwrap();
+    assert_eq!(p.attack, Attack::CopyLast);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

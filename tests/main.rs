@@ -11,6 +11,7 @@ mod support {
 }
 
 mod agent;
+mod byzantine;
 mod chain;
 mod chain_demo;
 mod delta_cli;

@@ -216,6 +216,9 @@ pub struct JobOut {
     /// What each published epoch's aggregation did (the epochs the daemon recorded one
     /// for), in epoch order.
     pub epoch_summaries: Vec<crate::epochs::EpochOut>,
+    /// Whether training improved the model, stopped improving, got worse or never trained,
+    /// in one line ([`crate::epochs::training_progress`]).
+    pub progress: String,
 }
 
 /// A ring, as printed.
@@ -359,6 +362,7 @@ pub fn job_out(j: &pb::Job) -> JobOut {
             .iter()
             .map(crate::epochs::epoch_out)
             .collect(),
+        progress: crate::epochs::training_progress(&j.epoch_summaries),
     }
 }
 
@@ -495,6 +499,7 @@ impl Clients {
                 None => println!("epoch {e}: checkpoint {c}"),
             }
         }
+        println!("{}", out.progress);
         Ok(())
     }
 
@@ -584,6 +589,10 @@ impl Clients {
                 Some(c) => println!("[ring] {}", crate::epochs::ring_change_line(c)),
                 None => println!("[{}] {}", ev.change, job_line(&out)),
             }
+        }
+        // How the training went (in JSON, the last message's `progress`).
+        if let (Some(j), false) = (&last, json) {
+            println!("{}", j.progress);
         }
         // Scripts can tell a failed (or cancelled) job from a published one.
         match last {

@@ -5,6 +5,8 @@
 //! the repo names (`…-epoch-4`), the publication records and the demo. Counts are counts:
 //! "2/5 published" while epoch 2 trains.
 
+use std::collections::BTreeMap;
+
 use hanzod_actors::job::EpochOutcome;
 use hanzod_proto::v1 as pb;
 use hanzod_protocol::human::{duration, gym_str as gym};
@@ -79,6 +81,21 @@ pub fn epoch_out(s: &pb::EpochSummary) -> EpochOut {
         repo: some(&s.repo),
         registry_error: some(&s.registry_error),
         settlement_error: some(&s.settlement_error),
+    }
+}
+
+/// Whether the job's training improved the model, stopped improving, got worse or never
+/// trained, in one line ([`hanzod_actors::job::Progress`]), from its wire epoch summaries:
+/// `trained: loss 2.042 → 0.601 (best, epoch 4)`. A summary the daemon sent malformed
+/// gives `progress unknown: <why>`.
+pub fn training_progress(summaries: &[pb::EpochSummary]) -> String {
+    match summaries
+        .iter()
+        .map(hanzod_protocol::convert::epoch_summary_from_wire)
+        .collect::<Result<BTreeMap<_, _>, _>>()
+    {
+        Ok(summaries) => hanzod_actors::job::progress(&summaries).to_string(),
+        Err(e) => format!("progress unknown: {e}"),
     }
 }
 
@@ -277,6 +294,42 @@ mod tests {
             lines[5],
             "  settlement failed at publication (the orchestrator retries it): ledger unavailable"
         );
+    }
+
+    #[test]
+    fn the_progress_line_reads_the_jobs_summaries_as_a_whole() {
+        assert_eq!(
+            training_progress(&[]),
+            "not started: no epoch published yet"
+        );
+        let kept = |epoch| pb::EpochSummary {
+            epoch,
+            advanced: false,
+            aggregator: String::new(),
+            kept_reason: "every delta was rejected".into(),
+            loss_before: 0.81234,
+            loss_after: 0.81234,
+            ..summary()
+        };
+        assert_eq!(
+            training_progress(&[kept(0), kept(1)]),
+            "not trained: all 2 epochs kept their base checkpoint"
+        );
+        let first = pb::EpochSummary {
+            epoch: 0,
+            ..summary()
+        };
+        assert_eq!(
+            training_progress(&[first.clone(), kept(1)]),
+            "trained: loss 0.812 → best 0.701 at epoch 0, no improvement since \
+             (last 0.812 at epoch 1, +15.9 % above the best)"
+        );
+        let bad = pb::EpochSummary {
+            slashed_gym_wei: "a lot".into(),
+            ..first
+        };
+        assert!(training_progress(&[bad])
+            .starts_with("progress unknown: invalid epoch_summaries.slashed_gym_wei"));
     }
 
     #[test]

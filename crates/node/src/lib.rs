@@ -15,12 +15,14 @@
 //! ([`probe::serve_peers`] with [`Agent::ring_router`]).
 #![warn(missing_docs)]
 
+pub mod attack;
+pub mod collude;
 pub mod probe;
 pub mod protocol;
 pub mod ring;
 pub mod trainer;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,6 +70,10 @@ pub struct AgentSettings {
     pub behaviour: trainer::Behaviour,
     /// How it takes part in ring aggregation: honestly, or Byzantine for fault injection.
     pub ring_fault: trainer::RingFault,
+    /// The side channel it shares with its colluders (`--collude`, `--colluders`), read by
+    /// the colluding attacks ([`attack::Attack::colludes`]); `None`: they forge from their
+    /// own delta alone.
+    pub collusion: Option<collude::Collusion>,
     /// How it runs ring all-reduce rounds.
     pub round: ring::RoundSettings,
     /// Train the epochs it is assigned (`false`: ignore assignments, a node that only
@@ -101,6 +107,7 @@ impl AgentSettings {
             backoff_max_ms: 30_000,
             behaviour: trainer::Behaviour::Honest,
             ring_fault: trainer::RingFault::Honest,
+            collusion: None,
             round: ring::RoundSettings::default(),
             train: true,
         }
@@ -364,8 +371,11 @@ pub struct Agent {
     live: watch::Sender<Option<trainer::WorkerSession>>,
     /// Ring aggregation, every job.
     ring: Arc<ring::RingParticipant<ring::LiveRingRpc>>,
-    /// The last epoch assigned per job and its base (a free rider's previous base).
-    bases: HashMap<JobId, (u32, Option<String>)>,
+    /// The bases assigned per job, by epoch: the last [`trainer::MAX_STALE_EPOCHS`] + 1
+    /// epochs' (a free rider's previous base, a stale node's older one).
+    bases: HashMap<JobId, BTreeMap<u32, Option<String>>>,
+    /// The member count of each job's last ring applied (ALIE's `n`).
+    ring_sizes: HashMap<JobId, usize>,
 }
 
 /// What one epoch's work ended with.
@@ -450,6 +460,7 @@ impl Agent {
             live,
             ring,
             bases: HashMap::new(),
+            ring_sizes: HashMap::new(),
         }
     }
 
@@ -590,6 +601,7 @@ impl Agent {
             self.rings.clear();
             self.epochs.clear();
             self.bases.clear();
+            self.ring_sizes.clear();
             self.ring.forget_all();
             self.log_id = reg.log_id.clone();
         }
@@ -678,6 +690,7 @@ impl Agent {
                                 continue;
                             }
                             self.rings.insert(job, ring.version);
+                            self.ring_sizes.insert(job, ring.members.len());
                             self.ring.on_ring_update(job.0, ring.version);
                             self.emit(AgentEvent::RingApplied {
                                 job: job.0,
@@ -692,6 +705,7 @@ impl Agent {
                         Some(Body::Release(r)) => {
                             self.ring.on_release(r.job_id);
                             self.bases.remove(&JobId(r.job_id));
+                            self.ring_sizes.remove(&JobId(r.job_id));
                             self.emit(AgentEvent::Released { job: r.job_id });
                         }
                         Some(Body::ProbeRequest(p)) => {
@@ -740,25 +754,26 @@ impl Agent {
                             self.emit(AgentEvent::EpochAssigned { job: a.job.0, epoch: a.epoch, base: a.base.clone() });
                             // What ring aggregation holds for earlier epochs goes.
                             self.ring.on_epoch_start(a.job.0, a.epoch);
-                            let previous = self
-                                .bases
-                                .get(&a.job)
-                                .filter(|(e, _)| a.epoch.checked_sub(1) == Some(*e))
-                                .map(|(_, b)| b.clone());
-                            if self.bases.get(&a.job).is_none_or(|(e, _)| *e < a.epoch) {
-                                self.bases.insert(a.job, (a.epoch, a.base.clone()));
-                            }
+                            let bases = self.bases.entry(a.job).or_default();
+                            let context = trainer::EpochContext {
+                                bases: bases.range(..a.epoch).map(|(e, b)| (*e, b.clone())).collect(),
+                                nodes: self.ring_sizes.get(&a.job).copied(),
+                                collusion: self.settings.collusion.clone(),
+                            };
+                            bases.insert(a.epoch, a.base.clone());
+                            let oldest = a.epoch.saturating_sub(trainer::MAX_STALE_EPOCHS);
+                            bases.retain(|e, _| *e >= oldest);
                             let byzantine = trainer::Byzantine { behaviour: self.settings.behaviour, ring: self.settings.ring_fault };
                             let tx = work_tx.clone();
                             let (mut live, clock) = (self.live.subscribe(), self.clock.clone());
                             let (identity, participant) = (self.identity.clone(), self.ring.clone());
                             tokio::spawn(async move {
                                 let result = match a.seed_commitments {
-                                    None => trainer::work_epoch(live, &identity, clock, &a, byzantine, previous)
+                                    None => trainer::work_epoch(live, &identity, clock, &a, byzantine, &context)
                                         .await
                                         .map(EpochDone::Uploaded),
                                     Some(commitments) => {
-                                        match trainer::train_delta(&mut live, &identity, &clock, &a, byzantine, previous).await {
+                                        match trainer::train_delta(&mut live, &identity, &clock, &a, byzantine, &context).await {
                                             Ok(t) => participant
                                                 .commit(ring::CommitInput {
                                                     job: a.job.0,

@@ -31,6 +31,9 @@ use tonic::transport::Channel;
 use hanzod_protocol::identity::Identity;
 use hanzod_train::{self, Weights};
 
+use crate::attack::{Attack, Forge, ParseAttackError};
+use crate::collude::Collusion;
+
 /// How the node trains: honestly, or one of the attacks the validator must catch.
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -51,13 +54,50 @@ pub enum Behaviour {
         /// The factor (≠ 1, > 0), e.g. 0.5.
         factor: f64,
     },
+    /// One of the attacks of [`crate::attack`] (issue 19): uploads what
+    /// [`Attack::forge`] makes of its honest delta and claims [`Attack::claim`] of its
+    /// measured loss. How the agent feeds each one:
+    ///
+    /// - [`Attack::Stale`]: trains from the base it was assigned `epochs` epochs ago (the
+    ///   agent keeps the bases of the last [`MAX_STALE_EPOCHS`] + 1 epochs of a job); when
+    ///   it did not see that epoch, it trains from the assigned base (honestly).
+    /// - [`Attack::CopyLastMerged`]: skips training like [`RingFault::FreeRide`] (its claimed
+    ///   loss is measured honestly on its batch); the last merged update is this epoch's
+    ///   base minus the previous epoch's base, or none (a zero delta) in epoch 0, for a
+    ///   LoRA job, or when it did not see the previous epoch.
+    /// - The colluding attacks ([`Attack::colludes`]: ALIE, IPM, Identical, CopyPeer) read
+    ///   the colluders' honest deltas through the side channel ([`crate::collude`],
+    ///   `--collude`); without one they forge from their own delta alone (ALIE and
+    ///   Identical then upload it unchanged, IPM −eps × it, CopyPeer a rescaled copy of it).
+    ///   ALIE's `n` is the member count of the job's last ring the agent applied, else
+    ///   2f + 1 (f: the colluders found; the smallest network with an honest majority).
+    /// - The noise attacks draw from a generator seeded by the node, job and epoch, so a
+    ///   retried epoch forges the same bytes.
+    Attack {
+        /// The attack.
+        attack: Attack,
+    },
 }
+
+/// The oldest base a [`Attack::Stale`] node trains from: `epochs` up to this many (the
+/// agent keeps that many bases per job besides the current one).
+pub const MAX_STALE_EPOCHS: u32 = 16;
+
+/// The `--byzantine` values of [`Behaviour`] and [`RingFault`], for error messages.
+pub const BYZANTINE_FORMS: &str = "honest, poison[:scale], lie-loss[:factor], \
+     tamper-allreduce[:perturbation], substitute[:perturbation], free-ride, sign-flip, \
+     scale:<k>, noise[:sigma], alie[:z], ipm[:eps], copy-peer[:rescale[:noise]], \
+     copy-last[:rescale[:noise]], lazy[:scale], stale[:epochs], identical";
 
 impl std::str::FromStr for Behaviour {
     type Err = String;
 
     /// `honest`, `poison`, `poison:<scale>`, `lie-loss` or `lie-loss:<factor>` (defaults:
-    /// scale 10, factor 0.5).
+    /// scale 10, factor 0.5), or an [`Attack`] (`sign-flip`, `scale:<k>`, `noise[:sigma]`,
+    /// `alie[:z]`, `ipm[:eps]`, `copy-peer[:rescale[:noise]]`,
+    /// `copy-last[:rescale[:noise]]`, `lazy[:scale]`, `stale[:epochs]` (epochs up to
+    /// [`MAX_STALE_EPOCHS`]), `identical`: [`Behaviour::Attack`]). `poison:s` uploads what
+    /// `scale:-s` does; `lie-loss` is read as [`Behaviour::LieLoss`].
     fn from_str(s: &str) -> Result<Behaviour, String> {
         let (kind, arg) = match s.split_once(':') {
             Some((k, a)) => (k, Some(a)),
@@ -85,9 +125,16 @@ impl std::str::FromStr for Behaviour {
                 }
                 Ok(Behaviour::LieLoss { factor })
             }
-            _ => Err(format!(
-                "unknown behaviour {s:?} (honest, poison[:scale], lie-loss[:factor])"
-            )),
+            _ => match s.parse::<Attack>() {
+                Ok(Attack::Stale { epochs }) if epochs > MAX_STALE_EPOCHS => Err(format!(
+                    "stale: the node agent keeps the bases of the last {MAX_STALE_EPOCHS} epochs, not {epochs}"
+                )),
+                Ok(attack) => Ok(Behaviour::Attack { attack }),
+                Err(ParseAttackError::Unknown(_)) => {
+                    Err(format!("unknown behaviour {s:?} (one of: {BYZANTINE_FORMS})"))
+                }
+                Err(e) => Err(e.to_string()),
+            },
         }
     }
 }
@@ -139,7 +186,7 @@ impl std::str::FromStr for Byzantine {
     type Err = String;
 
     /// Every [`Behaviour`] value, `tamper-allreduce[:<perturbation>]` (default 1.0),
-    /// `substitute[:<perturbation>]` (default 0.001) or `free-ride`.
+    /// `substitute[:<perturbation>]` (default 0.001) or `free-ride` ([`BYZANTINE_FORMS`]).
     fn from_str(s: &str) -> Result<Byzantine, String> {
         let (kind, arg) = match s.split_once(':') {
             Some((k, a)) => (k, Some(a)),
@@ -162,12 +209,7 @@ impl std::str::FromStr for Byzantine {
             },
             "free-ride" if arg.is_none() => RingFault::FreeRide,
             _ => {
-                let behaviour = s.parse::<Behaviour>().map_err(|e| {
-                    e.replace(
-                        "lie-loss[:factor])",
-                        "lie-loss[:factor], tamper-allreduce[:perturbation], substitute[:perturbation], free-ride)",
-                    )
-                })?;
+                let behaviour = s.parse::<Behaviour>()?;
                 return Ok(Byzantine {
                     behaviour,
                     ring: RingFault::Honest,
@@ -486,19 +528,73 @@ async fn load_base(
     }
 }
 
+/// What the agent knows of a job beyond one assignment, for the Byzantine behaviours that
+/// need it (an honest node needs none of it: [`EpochContext::default`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EpochContext {
+    /// The bases this node was assigned in earlier epochs of the job, by epoch (`None`:
+    /// the recipe's initial weights). [`RingFault::FreeRide`] and
+    /// [`Attack::CopyLastMerged`] use epoch − 1's, [`Attack::Stale`] epoch − k's.
+    pub bases: std::collections::BTreeMap<u32, Option<String>>,
+    /// How many deltas the epoch expects (the members of the job's ring), when known:
+    /// ALIE's `n` ([`crate::attack::alie_z_max`]).
+    pub nodes: Option<usize>,
+    /// The colluders' side channel (`--collude`), for the colluding attacks.
+    pub collusion: Option<Collusion>,
+}
+
+impl EpochContext {
+    /// A context knowing only the base of the epoch before `epoch` (`previous`, when the
+    /// node saw it).
+    pub fn with_previous(epoch: u32, previous: Option<Option<String>>) -> EpochContext {
+        let mut context = EpochContext::default();
+        if let (Some(e), Some(b)) = (epoch.checked_sub(1), previous) {
+            context.bases.insert(e, b);
+        }
+        context
+    }
+}
+
+/// The seed of a Byzantine node's forging generator: SHA-256 of a label, the node, the job
+/// and the epoch (a retried epoch forges the same bytes; nodes differ).
+fn forge_seed(node: &[u8; 32], job: u64, epoch: u32) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"hanzod-node/attack/v1");
+    h.update(node);
+    h.update(job.to_le_bytes());
+    h.update(epoch.to_le_bytes());
+    h.finalize().into()
+}
+
+/// The ranges of a LoRA delta's `lora_B` factors (empty for a full-parameter delta).
+fn lora_b_ranges(delta: &Weights) -> Vec<std::ops::Range<usize>> {
+    if delta.layout.delta_kind() != hanzod_protocol::hzdl::DeltaKind::Lora {
+        return Vec::new();
+    }
+    delta
+        .layout
+        .entries()
+        .iter()
+        .filter(|e| e.name.ends_with(".lora_B.weight"))
+        .map(|e| e.offset..e.offset + e.len)
+        .collect()
+}
+
 /// Fetches the base and trains `assignment` (module docs, steps 1 and 2), or fabricates the
-/// delta as `byzantine` says. `previous` is the base the node was assigned for epoch
-/// `assignment.epoch − 1` of the job, when it saw that epoch (`Some(None)`: the recipe's
-/// initial weights); only [`RingFault::FreeRide`] uses it.
+/// delta as `byzantine` says, with what `context` tells of the job's earlier epochs and of
+/// the colluders (see [`Behaviour::Attack`]). A colluding attack with a side channel waits
+/// for its colluders' deltas up to [`crate::collude::MAX_WAIT`] or the time left before
+/// the deadline, whichever is less.
 ///
-/// Errors: see [`TrainError`] (not [`TrainError::Upload`]).
+/// Errors: see [`TrainError`] (not [`TrainError::Upload`]); a side channel that cannot be
+/// written or listed is [`TrainError::Training`].
 pub async fn train_delta(
     live: &mut watch::Receiver<Option<WorkerSession>>,
     identity: &Identity,
     clock: &Arc<dyn Clock>,
     assignment: &EpochAssignment,
     byzantine: Byzantine,
-    previous: Option<Option<String>>,
+    context: &EpochContext,
 ) -> Result<TrainedDelta, TrainError> {
     let deadline = assignment.deadline;
     if clock.now() >= deadline {
@@ -515,32 +611,54 @@ pub async fn train_delta(
         .map_err(TrainError::Recipe)?;
     let started = Instant::now();
     let base = load_base(live, clock, deadline, &trainer, assignment.base.as_ref()).await?;
-    // A free rider needs the previous epoch's base too, for the global update.
+    let attack = match byzantine.behaviour {
+        Behaviour::Attack { attack } => Some(attack),
+        _ => None,
+    };
+    // A free rider (or a copier of the last merged update) needs the previous epoch's base
+    // too, for the global update, and trains nothing.
     let free_ride = byzantine.ring == RingFault::FreeRide;
+    let copy_last = matches!(attack, Some(Attack::CopyLastMerged { .. }));
     let lora = trainer.lora().is_some();
-    let prior = match (&previous, free_ride && !lora && assignment.epoch > 0) {
+    let epoch = assignment.epoch;
+    let previous = epoch.checked_sub(1).and_then(|e| context.bases.get(&e));
+    let prior = match (previous, (free_ride || copy_last) && !lora) {
         (Some(prev), true) => {
             Some(load_base(live, clock, deadline, &trainer, prev.as_ref()).await?)
         }
         _ => None,
     };
+    // A stale node trains from the base of `epochs` epochs ago, when it saw that epoch.
+    let stale = match attack {
+        Some(Attack::Stale { epochs }) => epoch
+            .checked_sub(epochs)
+            .and_then(|e| context.bases.get(&e)),
+        _ => None,
+    };
+    let start = match stale {
+        Some(old) => Some(load_base(live, clock, deadline, &trainer, old.as_ref()).await?),
+        None => None,
+    };
     let fetch_ms = started.elapsed().as_millis() as u64;
     let started = Instant::now();
     let node = identity.node_id().0;
-    let (epoch, step) = (assignment.epoch, assignment.step);
+    let step = assignment.step;
     let behaviour = byzantine.behaviour;
+    let (collusion, nodes) = (context.collusion.clone(), context.nodes);
+    let clock = clock.clone();
     let (payload, claimed, last_loss) = tokio::task::spawn_blocking(move || {
         let training = |e: hanzod_train::TrainError| TrainError::Training(e.to_string());
-        let (mut delta, mut claimed, last) = if free_ride {
+        let (mut delta, mut claimed, last) = if free_ride || copy_last {
             // No local steps: the loss is measured honestly, the delta is someone else's.
             let claimed = trainer.batch_loss(&base, &node, step).map_err(training)?;
-            let delta = match prior {
-                Some(prior) => base.sub(&prior).map_err(training)?,
-                None => Weights::zeros(trainer.delta_layout()),
+            let delta = match (&prior, free_ride) {
+                (Some(prior), true) => base.sub(prior).map_err(training)?,
+                _ => Weights::zeros(trainer.delta_layout()),
             };
             (delta, claimed, claimed)
         } else {
-            let run = trainer.local_delta(&base, &node, step).map_err(training)?;
+            let from = start.as_ref().unwrap_or(&base);
+            let run = trainer.local_delta(from, &node, step).map_err(training)?;
             let last = run.losses.last().copied().unwrap_or(run.claimed_loss);
             (run.delta, run.claimed_loss, last)
         };
@@ -548,6 +666,56 @@ pub async fn train_delta(
             Behaviour::Honest => {}
             Behaviour::Poison { scale } => poison(&mut delta, scale),
             Behaviour::LieLoss { factor } => claimed *= factor,
+            Behaviour::Attack { attack } => {
+                let last_merged = match &prior {
+                    Some(prior) if copy_last => Some(base.sub(prior).map_err(training)?.data),
+                    _ => None,
+                };
+                let found = match &collusion {
+                    Some(c) if attack.colludes() => {
+                        let left = Duration::from_millis(deadline.since(clock.now()));
+                        let found = crate::collude::exchange(
+                            c,
+                            job.0,
+                            epoch,
+                            &node,
+                            &delta.data,
+                            left.min(crate::collude::MAX_WAIT),
+                        )
+                        .map_err(|e| TrainError::Training(format!("colluding: {e}")))?;
+                        tracing::info!(
+                            job = job.0,
+                            epoch,
+                            found = found.deltas.len(),
+                            expected = c.colluders,
+                            waited_ms = found.waited_ms,
+                            "read the colluders' deltas"
+                        );
+                        found.deltas.into_iter().map(|(_, d)| d).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                let colluders: Vec<&[f32]> = if found.is_empty() {
+                    vec![&delta.data]
+                } else {
+                    found.iter().map(Vec::as_slice).collect()
+                };
+                let lora_b = lora_b_ranges(&delta);
+                let view = Forge {
+                    own: &delta.data,
+                    colluders: &colluders,
+                    peer: None,
+                    last_merged: last_merged.as_deref(),
+                    nodes: nodes.unwrap_or(2 * colluders.len() + 1),
+                    lora_b: &lora_b,
+                };
+                let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_seed(forge_seed(
+                    &node, job.0, epoch,
+                ));
+                let forged = attack.forge(&view, &mut rng);
+                delta = Weights::from_vec(delta.layout.clone(), forged).map_err(training)?;
+                claimed = attack.claim(claimed);
+            }
         }
         let payload = delta
             .to_delta_bytes_as(u64::from(epoch), dtype)
@@ -630,7 +798,7 @@ pub async fn upload_trained(
 /// (a session replaced meanwhile is followed, so finished work is not lost to a
 /// reconnect). The recipe's model and data are resolved here ([`hanzod_train::trainer_of`]);
 /// `clock` tells when the assignment's deadline passes (work past it is abandoned).
-/// `previous` as in [`train_delta`].
+/// `context` as in [`train_delta`].
 ///
 /// Errors: see [`TrainError`]; the caller reports them and waits for the next assignment
 /// (the daemon resends it while the epoch runs).
@@ -640,9 +808,9 @@ pub async fn work_epoch(
     clock: Arc<dyn Clock>,
     assignment: &EpochAssignment,
     byzantine: Byzantine,
-    previous: Option<Option<String>>,
+    context: &EpochContext,
 ) -> Result<EpochWork, TrainError> {
-    let trained = train_delta(&mut live, identity, &clock, assignment, byzantine, previous).await?;
+    let trained = train_delta(&mut live, identity, &clock, assignment, byzantine, context).await?;
     upload_trained(&mut live, &clock, assignment, &trained).await
 }
 
@@ -799,13 +967,20 @@ mod tests {
             let view = hanzod_protocol::hzdl::DeltaView::parse(&t.payload).unwrap();
             hanzod_protocol::round::flat_values(&view)
         };
-        let rider = train_delta(&mut live, &id, &clock, &a, free, None)
+        let rider = train_delta(&mut live, &id, &clock, &a, free, &EpochContext::default())
             .await
             .unwrap();
         assert!(values(&rider).iter().all(|x| *x == 0.0));
-        let honest = train_delta(&mut live, &id, &clock, &a, Byzantine::default(), None)
-            .await
-            .unwrap();
+        let honest = train_delta(
+            &mut live,
+            &id,
+            &clock,
+            &a,
+            Byzantine::default(),
+            &EpochContext::default(),
+        )
+        .await
+        .unwrap();
         assert!(values(&honest).iter().any(|x| *x != 0.0));
         assert_eq!(values(&honest).len(), values(&rider).len());
         // Its claimed loss is the honest one (a spot-check of the loss passes).
@@ -815,6 +990,143 @@ mod tests {
             "{} vs {}",
             rider.claimed_loss,
             honest.claimed_loss
+        );
+    }
+
+    /// An epoch-0 assignment of the default recipe (the wine MLP from its seed: no fetch).
+    fn epoch_zero(clock: &Arc<dyn Clock>) -> EpochAssignment {
+        EpochAssignment {
+            job: hanzod_actors::types::JobId(3),
+            epoch: 0,
+            step: 0,
+            base: None,
+            training: hanzod_actors::job::TrainingSpec::default(),
+            deadline: clock.now().plus_ms(3_600_000),
+            seed_commitments: None,
+        }
+    }
+
+    fn flat(t: &TrainedDelta) -> Vec<f32> {
+        let view = hanzod_protocol::hzdl::DeltaView::parse(&t.payload).unwrap();
+        hanzod_protocol::round::flat_values(&view)
+    }
+
+    fn attacker(s: &str) -> Byzantine {
+        s.parse().unwrap()
+    }
+
+    /// What node `[seed; 32]` uploads for [`epoch_zero`] as `b` says, with `context`.
+    async fn forged(seed: u8, b: Byzantine, context: &EpochContext) -> TrainedDelta {
+        let (_tx, mut live) = watch::channel(None::<WorkerSession>);
+        let clock = clock();
+        let a = epoch_zero(&clock);
+        let id = Identity::from_seed([seed; 32]);
+        train_delta(&mut live, &id, &clock, &a, b, context)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_attack_suite_forges_from_the_honest_delta() {
+        let none = EpochContext::default();
+        let run = |how: &str| forged(4, attacker(how), &none);
+        let honest = run("honest").await;
+        let h = flat(&honest);
+        assert!(h.iter().any(|x| *x != 0.0));
+        let flipped = run("sign-flip").await;
+        assert_eq!(flat(&flipped), h.iter().map(|x| -x).collect::<Vec<_>>());
+        assert_eq!(flipped.claimed_loss, honest.claimed_loss);
+        let lazy = run("lazy").await;
+        assert!(flat(&lazy).iter().all(|x| *x == 0.0));
+        // No earlier epoch: the last merged update is none, a zero delta, an honest loss.
+        let copier = run("copy-last:2").await;
+        assert!(flat(&copier).iter().all(|x| *x == 0.0));
+        assert!((copier.claimed_loss - honest.claimed_loss).abs() < 1e-9 * honest.claimed_loss);
+        // Stale without the older base: trains from the assigned one, honestly.
+        assert_eq!(run("stale").await.payload, honest.payload);
+        // Noise: the asked norm, the same bytes on a retry.
+        let noisy = run("noise:2").await;
+        let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        let ratio = norm(&flat(&noisy)) / norm(&h);
+        assert!((ratio - 2.0).abs() < 1e-2, "{ratio}");
+        assert_eq!(run("noise:2").await.payload, noisy.payload);
+        // Colluding without a side channel: from its own delta alone.
+        assert_eq!(run("identical").await.payload, honest.payload);
+        let ipm = run("ipm:0.5").await;
+        assert_eq!(flat(&ipm), h.iter().map(|x| -0.5 * x).collect::<Vec<_>>());
+        // Lying through the attack suite.
+        let liar = run("lie-loss:0.25").await;
+        assert_eq!(liar.payload, honest.payload);
+        assert_eq!(liar.claimed_loss, honest.claimed_loss * 0.25);
+    }
+
+    #[tokio::test]
+    async fn colluders_share_their_deltas_through_the_side_channel() {
+        let dir =
+            std::env::temp_dir().join(format!("hanzod-trainer-collude-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let context = EpochContext {
+            collusion: Some(Collusion::new(&dir, 2).unwrap()),
+            ..EpochContext::default()
+        };
+        let none = EpochContext::default();
+        let (h5, h6) = (
+            flat(&forged(5, Byzantine::default(), &none).await),
+            flat(&forged(6, Byzantine::default(), &none).await),
+        );
+        assert_ne!(h5, h6);
+        // Identical: the same bytes, the mean of the two honest deltas.
+        let (x, y) = tokio::join!(
+            forged(5, attacker("identical"), &context),
+            forged(6, attacker("identical"), &context)
+        );
+        assert_eq!(x.hash, y.hash);
+        for ((m, p), q) in flat(&x).iter().zip(&h5).zip(&h6) {
+            let want = (f64::from(*p) + f64::from(*q)) / 2.0;
+            assert!((f64::from(*m) - want).abs() < 1e-6, "{m} vs {want}");
+        }
+        // CopyPeer: each uploads the other's honest delta (a fresh folder: another job).
+        let _ = std::fs::remove_dir_all(&dir);
+        let (x, y) = tokio::join!(
+            forged(5, attacker("copy-peer"), &context),
+            forged(6, attacker("copy-peer"), &context)
+        );
+        assert_eq!((flat(&x), flat(&y)), (h6, h5));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_attack_suite_parses_as_behaviours() {
+        assert_eq!(
+            "alie".parse(),
+            Ok(Behaviour::Attack {
+                attack: Attack::Alie { z: None }
+            })
+        );
+        assert_eq!(
+            "stale:16".parse(),
+            Ok(Behaviour::Attack {
+                attack: Attack::Stale { epochs: 16 }
+            })
+        );
+        assert!("stale:17".parse::<Behaviour>().unwrap_err().contains("16"));
+        assert_eq!(
+            "scale:-3"
+                .parse::<Byzantine>()
+                .map(|b| (b.behaviour, b.ring)),
+            Ok((
+                Behaviour::Attack {
+                    attack: Attack::Scale { k: -3.0 }
+                },
+                RingFault::Honest
+            ))
+        );
+        let e = "ipm:-1".parse::<Byzantine>().unwrap_err();
+        assert!(e.contains("ipm") && e.contains("> 0"), "{e}");
+        let e = "evil".parse::<Behaviour>().unwrap_err();
+        assert!(
+            e.contains("identical") && e.contains("poison[:scale]"),
+            "{e}"
         );
     }
 

@@ -29,6 +29,7 @@
 
 pub mod budget;
 pub mod copies;
+pub mod epoch;
 pub mod inspect;
 pub mod lora;
 pub mod merge;

@@ -1,7 +1,8 @@
 //! [`TrainingSink`]: the [`CheckpointSink`] that turns an epoch's accepted deltas into the
 //! next checkpoint (DESIGN §6, paper §5–§6): fetch each delta from the blob store, judge it
-//! on the [`ValidatorPool`], choose the aggregator ([`RobustPolicy`]), merge with the
-//! composite scores as weights, apply the merged delta with the job's outer learning rate,
+//! on the [`ValidatorPool`], choose the aggregator ([`crate::merge::RobustPolicy`]), merge
+//! with the composite scores times the deltas' agreement as weights
+//! ([`crate::epoch::star_epoch`]), apply the merged delta with the job's outer learning rate,
 //! publish the new checkpoint (safetensors) through the [`Publication`] ports, and settle
 //! the epoch on the ledger ([`Economics`]: rewards by score, slashes for failed spot-checks).
 //!
@@ -71,11 +72,11 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort, SupervisionEvent};
 use serde::{Deserialize, Serialize};
 
-use crate::copies::{find_copies, CopyConfig, CopyInput};
-use crate::lora::{apply_lora_merge_with_update, FlatAdapter, LoraError, LoraPlan};
-use crate::merge::{
-    Aggregator, KeepReason, MergeOutcome, RobustAggregator, RobustPolicy, WeightedMean,
+use crate::epoch::{
+    fold_norms, kept_base, merge_limit, refused_loss, seed_epoch_norms, star_epoch, star_norms,
+    star_weight, DeltaForm, Merged, StarPolicy,
 };
+use crate::merge::{Aggregator, RobustAggregator, WeightedMean};
 use crate::publisher::{Checkpoint, Publisher, Staged};
 use crate::ring_audit::{self, RoundAuditReport};
 use crate::score::{is_spot_checked, Commitment, EpochSecret, NormTracker};
@@ -84,8 +85,8 @@ use crate::sketch_score::{
     SketchScores,
 };
 use crate::validate::{
-    seed_norms, EpochContext, Rejection, SlashEvidence, SpotCheck, Submission, ValidationConfig,
-    ValidatorPool, Verdict, SUSPECT_LOSS_RISE,
+    EpochContext, Rejection, SlashEvidence, SpotCheck, Submission, ValidationConfig, ValidatorPool,
+    Verdict,
 };
 use hanzod_actors::aggregation::{Commit, RoundAudit};
 use hanzod_actors::job::{EpochOutcome, EpochSummary, JobSpec, TrainingSpec};
@@ -107,7 +108,7 @@ use hanzod_store::blobs::BlobStore;
 use hanzod_store::registry::Location;
 use hanzod_store::{MemoryObjectStore, ModelCard, ModelRegistry, ModelUpload, ObjectStore};
 use hanzod_train::catalog::ModelCatalog;
-use hanzod_train::{Layout, Trainer, Weights};
+use hanzod_train::{Trainer, Weights};
 
 /// Tunables of the sink.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -226,6 +227,12 @@ pub struct DeltaReport {
     pub weight: f32,
     /// Suspect (counts towards the robust-merge threshold).
     pub suspect: bool,
+    /// Star aggregation: agreement with the epoch's coordinate median in `[0, 1]`
+    /// ([`crate::epoch::agreements`]), a factor of the weight and of the reward share;
+    /// `None` when rejected, when too few deltas were accepted, for a LoRA adapter and in
+    /// ring aggregation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agreement: Option<f64>,
     /// The spot-check, when selected.
     pub spot_check: Option<SpotCheck>,
     /// Why rejected (`None`: accepted).
@@ -314,6 +321,14 @@ pub struct EpochReport {
     /// its [`TamperEvidence`](ring_audit::TamperEvidence).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub round_audit: Option<RoundAuditReport>,
+    /// The job's best checkpoint after this epoch ([`best_loss`]): its validation loss.
+    /// Absent in reports written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_loss: Option<f64>,
+    /// The epoch whose checkpoint is the best (`None` with a `best_loss`: the checkpoint
+    /// the job started from). An epoch later than it has not improved on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_epoch: Option<u32>,
 }
 
 impl EpochReport {
@@ -728,242 +743,145 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| failed(format!("aggregation task: {e}")))
 }
 
-/// One accepted delta, as the merge sees it.
-struct MergeInput {
-    /// The delta as the verdict holds it, in the trainer's delta layout
-    /// ([`Trainer::delta_layout`]): the model's tensors, or a LoRA adapter's factors.
-    delta: Arc<Vec<f32>>,
-    /// Its composite score.
-    weight: f32,
-    suspect: bool,
-}
-
-/// What [`merge_epoch`] produced.
-struct Merged {
-    next: Arc<Weights>,
-    loss_after: f64,
-    aggregator: Option<&'static str>,
-    kept: Option<String>,
-    /// The merged update (before `outer_lr`) in the model's (full) layout: for a LoRA job
-    /// the merged `ΔW` on the adapted modules and zeros elsewhere, so the next epoch's
-    /// convergence compares like with like.
-    delta: Option<Arc<Vec<f32>>>,
-    /// `next` as safetensors.
-    bytes: Vec<u8>,
-}
-
-/// How an epoch's deltas become an update of the model.
-enum DeltaForm {
-    /// Full-parameter deltas, in the model's layout: merged coordinate-wise.
-    Full,
-    /// LoRA adapters in `layout` (the trainer's delta layout): merged on each node's
-    /// `ΔWᵢ = (alpha/r)·Bᵢ·Aᵢ`, module by module ([`crate::lora`]).
-    Lora {
-        /// The adapted modules, rank and alpha.
-        plan: LoraPlan,
-        /// The adapters' layout.
-        layout: Arc<Layout>,
-    },
-}
-
-impl DeltaForm {
-    /// The form of `trainer`'s deltas; an error names a LoRA adapter the merge cannot
-    /// read (a trainer whose adapter layout is not PEFT-named).
-    fn of(trainer: &Trainer) -> Result<DeltaForm, String> {
-        match LoraPlan::of_trainer(trainer) {
-            Ok(None) => Ok(DeltaForm::Full),
-            Ok(Some(plan)) => Ok(DeltaForm::Lora {
-                plan,
-                layout: trainer.delta_layout(),
-            }),
-            Err(e) => Err(format!("the job's LoRA adapter cannot be merged: {e}")),
-        }
-    }
-}
-
-/// One aggregator's try at an epoch's update.
-enum Attempt {
-    /// The next checkpoint `base + outer_lr·update` and the update, in the model's layout.
-    Applied {
-        /// The next checkpoint.
-        next: Weights,
-        /// The merged update.
-        update: Vec<f32>,
-    },
-    /// Nothing to merge.
-    Keep(KeepReason),
-    /// The aggregator (or the LoRA merge's input checks) refused the inputs.
-    Failed(String),
-    /// The merged update does not give a finite model.
-    Unusable(String),
-}
-
-/// Merges `inputs` with `aggregator` and `weights` and applies the result to `base` with
-/// `outer_lr`: a full-parameter update coordinate-wise ([`Aggregator::merge`], then
-/// [`Weights::add_scaled`]); a LoRA epoch on the adapters' updates
-/// ([`apply_lora_merge_with_update`]: one module at a time, besides `next` and the
-/// full-layout update only the merge's module scratch is held).
-fn attempt(
-    base: &Weights,
-    form: &DeltaForm,
-    inputs: &[MergeInput],
-    aggregator: &dyn Aggregator,
-    weights: &[f32],
-    outer_lr: f32,
-) -> Attempt {
-    match form {
-        DeltaForm::Full => {
-            let refs: Vec<&[f32]> = inputs.iter().map(|i| i.delta.as_slice()).collect();
-            let mut out = vec![0.0f32; base.data.len()];
-            match aggregator.merge(&refs, weights, &mut out) {
-                Ok(MergeOutcome::Merged { .. }) => {}
-                Ok(MergeOutcome::KeepPrevious { reason }) => return Attempt::Keep(reason),
-                Err(e) => return Attempt::Failed(e.to_string()),
-            }
-            let mut next = base.clone();
-            match next.add_scaled(&out, outer_lr) {
-                Ok(()) => Attempt::Applied { next, update: out },
-                Err(e) => Attempt::Unusable(e.to_string()),
-            }
-        }
-        DeltaForm::Lora { plan, layout } => {
-            let adapters: Vec<FlatAdapter<'_>> = inputs
-                .iter()
-                .map(|i| FlatAdapter::new(layout, &i.delta))
-                .collect();
-            let mut next = base.clone();
-            let mut update = vec![0.0f32; base.data.len()];
-            let merged = apply_lora_merge_with_update(
-                &mut next,
-                plan,
-                &adapters,
-                weights,
-                aggregator,
-                outer_lr,
-                &mut update,
-            );
-            match merged {
-                Ok(MergeOutcome::Merged { .. }) => Attempt::Applied { next, update },
-                Ok(MergeOutcome::KeepPrevious { reason }) => Attempt::Keep(reason),
-                Err(
-                    e @ (LoraError::NonFiniteDelta { .. } | LoraError::NonFiniteWeights { .. }),
-                ) => Attempt::Unusable(e.to_string()),
-                Err(e) => Attempt::Failed(e.to_string()),
-            }
-        }
-    }
-}
-
-/// Merges an epoch (paper §6, DESIGN §6) and applies it with the outer learning rate.
-///
-/// The weighted mean weighs each accepted delta by its composite score and gives suspect
-/// ones weight 0 (a scaled delta in the right direction would otherwise still steer the
-/// mean: its small weight times its large norm); the robust aggregator (`robust_aggregator`,
-/// by default the coordinate-wise median; used alone when `robust`, i.e. more than the
-/// threshold of the epoch is suspect) takes every accepted delta with weight 1. A merge
-/// whose checkpoint is not finite or raises the validation loss by more than
-/// [`SUSPECT_LOSS_RISE`] is not published: the weighted mean falls back to the robust one, and
-/// when that fails too the epoch keeps the base checkpoint and says why. Nothing here fails
-/// the job.
-///
-/// A LoRA job's deltas (adapters) are merged on their updates `ΔWᵢ`, never on the factors
-/// ([`crate::lora`]): the next checkpoint is the full model `base + outer_lr·ΔW` with every
-/// unadapted tensor unchanged, and [`Merged::delta`] the merged `ΔW` in the full layout.
-#[allow(clippy::too_many_arguments)] // the epoch's inputs; a struct would only rename them
-fn merge_epoch(
-    base: &Arc<Weights>,
-    trainer: &Trainer,
-    loss_before: f64,
-    inputs: &[MergeInput],
-    robust: bool,
-    robust_aggregator: RobustAggregator,
-    outer_lr: f32,
-    rejected_all: bool,
-) -> Merged {
-    let scored: Vec<f32> = inputs
+/// The report of a judged epoch (`deltas` and their verdicts `judged`, in the same
+/// order) before publication and settlement: one line per delta (its weight in the merge:
+/// the composite score under the weighted mean, 0 when suspect; 1 under a robust
+/// aggregator; 0 when rejected or when the epoch kept its base), and the slashing
+/// evidence of its failed spot-checks. `checkpoint`, `loss_after` and `aggregator` are the
+/// merge's; rewards, slashes paid and publication are filled in later.
+pub fn epoch_report(
+    ctx: &EpochContext,
+    deltas: &[DeltaReceipt],
+    judged: &[Verdict],
+    (agreement, weights): (&[Option<f64>], &[f64]),
+    base: Option<String>,
+    (checkpoint, loss_after, aggregator): (&str, f64, Option<&'static str>),
+) -> EpochReport {
+    let lines = deltas
         .iter()
-        .map(|i| if i.suspect { 0.0 } else { i.weight })
-        .collect();
-    let every = vec![1.0f32; inputs.len()];
-    let fallback = robust_aggregator.build(inputs.len());
-    let plans: Vec<(&dyn Aggregator, &[f32])> = if robust {
-        vec![(fallback.as_ref(), &every)]
-    } else {
-        vec![(&WeightedMean, &scored), (fallback.as_ref(), &every)]
-    };
-    let keep = |reason: String| Merged {
-        next: base.clone(),
-        loss_after: loss_before,
-        aggregator: None,
-        kept: Some(reason),
-        delta: None,
-        bytes: base.to_safetensors(),
-    };
-    let form = match DeltaForm::of(trainer) {
-        Ok(f) => f,
-        Err(why) => {
-            tracing::warn!(reason = %why, "merge refused");
-            return keep(why);
-        }
-    };
-    let mut why = if rejected_all {
-        "every delta was rejected".to_string()
-    } else {
-        KeepReason::NoDeltas.to_string()
-    };
-    for (aggregator, weights) in plans {
-        let name = aggregator.name();
-        let loss = match attempt(base, &form, inputs, aggregator, weights, outer_lr) {
-            Attempt::Applied { next, update } => match trainer.validation_loss(&next) {
-                Ok(l) => Ok((l, next, update)),
-                Err(e) => Err(e.to_string()),
+        .zip(judged)
+        .enumerate()
+        .map(|(k, (r, v))| DeltaReport {
+            node: hex::encode(r.node.0),
+            delta_hash: hex::encode(r.delta_hash),
+            claimed_loss: r.claimed_loss,
+            loss_after: v.loss_after,
+            norm: v.norm,
+            score: v.score,
+            weight: match (weights.get(k), &v.outcome, v.score, aggregator) {
+                (Some(w), ..) => *w as f32,
+                (None, Err(_), ..) | (None, _, None, _) | (None, _, _, None) => 0.0,
+                // Every robust aggregator takes each accepted delta with weight 1.
+                (None, Ok(_), Some(_), Some(a)) if a != WeightedMean.name() => 1.0,
+                (None, Ok(_), Some(_), Some(_)) => star_weight(v, None) as f32,
             },
-            Attempt::Keep(reason) => {
-                if !(rejected_all && reason == KeepReason::NoDeltas) {
-                    why = reason.to_string();
-                }
-                continue;
-            }
-            Attempt::Failed(e) => {
-                why = format!("{name} merge failed: {e}");
-                continue;
-            }
-            Attempt::Unusable(e) => Err(e),
-        };
-        let limit = loss_before * (1.0 + SUSPECT_LOSS_RISE);
-        match loss {
-            Ok((l, next, update)) if l <= limit => {
-                return Merged {
-                    bytes: next.to_safetensors(),
-                    next: Arc::new(next),
-                    loss_after: l,
-                    aggregator: Some(name),
-                    kept: None,
-                    delta: Some(Arc::new(update)),
-                };
-            }
-            Ok((l, ..)) => {
-                why = format!(
-                    "the {name} merge would raise the validation loss from {loss_before:.6} to {l:.6}"
-                );
-            }
-            Err(e) => why = format!("the {name} merge is not a usable model: {e}"),
-        }
-        tracing::warn!(reason = %why, "merge refused");
+            suspect: v.suspect(),
+            agreement: agreement.get(k).copied().flatten(),
+            spot_check: v.spot_check.clone(),
+            rejected: v.outcome.as_ref().err().cloned(),
+            excluded: None,
+        })
+        .collect();
+    EpochReport {
+        job: ctx.job,
+        epoch: ctx.epoch,
+        base,
+        checkpoint: checkpoint.to_string(),
+        loss_before: ctx.loss_before,
+        loss_after,
+        commitment: hex::encode(ctx.secret.commitment().0),
+        secret: ctx.secret.to_hex(),
+        spot_check_rate: ctx.config.spot_check_rate,
+        aggregator: aggregator.map(str::to_string),
+        kept: None,
+        suspect: 0,
+        deltas: lines,
+        slashes: deltas
+            .iter()
+            .zip(judged)
+            .filter_map(|(r, v)| v.evidence(r))
+            .collect(),
+        rewards: Vec::new(),
+        slashed: Vec::new(),
+        repo: None,
+        location: None,
+        registry_error: None,
+        settlement_error: None,
+        publication: None,
+        ring: None,
+        round_audit: None,
+        best_loss: None,
+        best_epoch: None,
     }
-    keep(why)
 }
 
-/// The epoch keeps `base`: nothing merged, the loss unchanged, `why` reported.
-fn kept_base(base: &Arc<Weights>, loss_before: f64, why: String) -> Merged {
-    Merged {
-        next: base.clone(),
-        loss_after: loss_before,
-        aggregator: None,
-        kept: Some(why),
-        delta: None,
-        bytes: base.to_safetensors(),
+/// Who an epoch pays, before stake and penalty are checked (paper §8): in star mode every
+/// accepted, not suspect delta's node by its composite score times its agreement with the
+/// epoch ([`crate::epoch::star_weight`]); in ring mode every round member by its merge
+/// weight (0 for the excluded and the rejected, who are left out). When the epoch kept its
+/// base, the accepted, not suspect deltas that lowered the validation loss on their own
+/// (`dl > 0`, measured by the validator) are paid by their composite score: their work was
+/// checked and useful, and an epoch that Byzantine nodes kept from merging must not leave
+/// the honest ones unpaid (issue 19: two poisoners of three kept every epoch and the
+/// honest node, which passed every spot-check, earned nothing). Returns (node, share)
+/// pairs, unnormalised ([`split_rewards`] normalises); nodes whose hex id does not parse
+/// are left out.
+pub fn reward_shares(report: &EpochReport) -> Vec<(NodeId, f64)> {
+    if report.aggregator.is_none() {
+        return report
+            .deltas
+            .iter()
+            .filter(|d| d.rejected.is_none() && d.excluded.is_none() && !d.suspect)
+            .filter_map(|d| {
+                let score = d.score?;
+                let node = d.node.parse::<NodeId>().ok()?;
+                (score.loss_improvement > 0.0).then_some((node, score.composite))
+            })
+            .collect();
     }
+    let ring = report.ring.is_some();
+    report
+        .deltas
+        .iter()
+        .filter(|d| d.rejected.is_none() && d.excluded.is_none())
+        .filter_map(|d| {
+            let node = d.node.parse::<NodeId>().ok()?;
+            if ring {
+                (d.weight > 0.0).then_some((node, f64::from(d.weight)))
+            } else {
+                (!d.suspect).then_some(())?;
+                Some((node, d.score?.composite * d.agreement.unwrap_or(1.0)))
+            }
+        })
+        .collect()
+}
+
+/// The job's best checkpoint so far from its epoch `reports`: the lowest validation loss
+/// among the earliest report's base (`None` epoch: the checkpoint the job started from)
+/// and every report's checkpoint (an epoch that kept its base repeats the base's loss;
+/// ties go to the earlier). `None` without reports.
+pub fn best_loss<'a>(
+    reports: impl IntoIterator<Item = &'a EpochReport>,
+) -> Option<(Option<u32>, f64)> {
+    let mut best: Option<(Option<u32>, f64)> = None;
+    let mut first = true;
+    let mut by_epoch: Vec<&EpochReport> = reports.into_iter().collect();
+    by_epoch.sort_by_key(|r| r.epoch);
+    for r in by_epoch {
+        if first {
+            first = false;
+            if r.loss_before.is_finite() {
+                best = Some((None, r.loss_before));
+            }
+        }
+        if r.aggregator.is_some() && r.loss_after.is_finite() {
+            match best {
+                Some((_, b)) if b <= r.loss_after => {}
+                _ => best = Some((Some(r.epoch), r.loss_after)),
+            }
+        }
+    }
+    best
 }
 
 /// The aggregator name a ring-aggregated epoch reports (`EpochReport::aggregator`, the
@@ -986,13 +904,13 @@ struct RingMerge {
 /// tensors in name order), less each rejected member's share and renormalised,
 /// `m' = (m − Σ_removed wᵢ·δᵢ) / (1 − Σ_removed wᵢ)` (f64 per coordinate, then f32; `δᵢ`
 /// the member's upload as [`round::flat_values`] reads it, which is what it reduced), then
-/// `base + outer_lr·m'`. Like [`merge_epoch`], a merge that is not a usable model or raises
-/// the validation loss by more than [`SUSPECT_LOSS_RISE`] keeps the base and says why;
-/// nothing here fails the job.
+/// `base + outer_lr·m'`. Like [`merge_epoch`], a merge that is not a usable model or whose
+/// validation loss is above [`merge_limit`] (10 % over the base's, 2 % over the job's best
+/// checkpoint's, `best_loss`) keeps the base and says why; nothing here fails the job.
 fn ring_epoch(
     base: &Arc<Weights>,
     trainer: &Trainer,
-    loss_before: f64,
+    (loss_before, best_loss): (f64, Option<f64>),
     outer_lr: f32,
     merged_payload: &[u8],
     removed: &[(NodeId, f32, &[u8])],
@@ -1056,10 +974,12 @@ fn ring_epoch(
         Err(e) => return keep(format!("the ring merge is not a usable model: {e}")),
     };
     // A NaN loss is refused too.
-    let limit = loss_before * (1.0 + SUSPECT_LOSS_RISE);
-    if loss_after.is_nan() || loss_after > limit {
-        return keep(format!(
-            "the ring merge would raise the validation loss from {loss_before:.6} to {loss_after:.6}"
+    if loss_after.is_nan() || loss_after > merge_limit(loss_before, best_loss) {
+        return keep(refused_loss(
+            RING_AGGREGATOR,
+            loss_before,
+            best_loss,
+            loss_after,
         ));
     }
     Merged {
@@ -1171,6 +1091,7 @@ fn ring_report(
                 score: None,
                 weight: weight_of(&node),
                 suspect: excluded_set.contains_key(&node),
+                agreement: None,
                 spot_check: None,
                 rejected: None,
                 excluded,
@@ -1483,6 +1404,8 @@ impl JobKeeperState {
             Some((e, s)) if e == epoch && ring.is_some() => Some(s),
             _ => None,
         };
+        // Reports of earlier epochs only (a publication retried for this epoch has none).
+        let best = best_loss(self.reports.range(..epoch).map(|(_, r)| r)).map(|(_, l)| l);
         let model = self.model(job, training, base.as_deref()).await?;
         let base_weights = model.current.clone();
         let secret = EpochSecret::derive(&seed, job.0, epoch);
@@ -1500,6 +1423,7 @@ impl JobKeeperState {
             base: base_weights.clone(),
             base_version: u64::from(epoch),
             loss_before,
+            best_loss: best,
             norms: model.norms,
             last_merged: model.last_merged.clone(),
             secret: secret.clone(),
@@ -1546,100 +1470,42 @@ impl JobKeeperState {
             }
         }
         // Star mode (and a ring epoch that fell back to it): copies, re-uploads of the last
-        // merged update and empty updates among the accepted deltas are rejected
-        // (`crate::copies`; ring mode applies the same rules to sketches). Full-parameter
-        // deltas only: a LoRA delta is its factors, whose `A` starts from the job's shared
-        // initialisation, so two honest adapters' factors are alike; their `ΔW` is what
-        // would have to be compared (not done yet).
-        let lora = training.mode == hanzod_actors::job::TrainMode::Lora;
-        if ring.is_none() && !lora {
-            let flagged = {
-                let accepted: Vec<(usize, CopyInput<'_>)> = judged
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(k, v)| {
-                        let delta = v.outcome.as_ref().ok()?;
-                        Some((
-                            k,
-                            CopyInput {
-                                node: v.node,
-                                hash: v.delta_hash,
-                                delta,
-                            },
-                        ))
-                    })
-                    .collect();
-                let inputs: Vec<CopyInput<'_>> = accepted.iter().map(|(_, i)| *i).collect();
-                let last = ctx.last_merged.as_deref().map(Vec::as_slice);
-                let verdicts = find_copies(&inputs, last, &CopyConfig::default());
-                accepted
-                    .iter()
-                    .zip(verdicts)
-                    .filter_map(|((k, _), c)| Some((*k, c?)))
-                    .collect::<Vec<_>>()
-            };
-            for (k, copying) in flagged {
-                tracing::warn!(job = %job, epoch, node = %judged[k].node, reason = %copying, "delta rejected as a copy or no update");
-                judged[k].outcome = Err(Rejection::Copy(copying));
-            }
-        }
-        // A job's first epoch: seed the norm average from the epoch itself (DESIGN §12); in
-        // ring aggregation with the average the members were scored against.
-        let mut norm_average = ctx.norms;
-        if norm_average.average().is_none() {
-            let seeded = match scored.as_ref().map(|s| s.norms) {
-                Some(n) if n.average().is_some() => Some(n),
-                _ => seed_norms(&judged),
-            };
-            if let Some(seeded) = seeded {
-                judged.iter_mut().for_each(|v| v.rescore(&seeded));
-                norm_average = seeded;
-            }
-        }
-        let suspect = judged.iter().filter(|v| v.suspect()).count();
-
-        let (merged, ring_merge) = match ring {
+        // merged update and empty updates among the accepted deltas are rejected, the norm
+        // average seeded in a first epoch, the suspects counted and the accepted deltas
+        // merged ([`crate::epoch::star_epoch`]). Ring mode applies the same copy rules to
+        // sketches and seeds with the average the members were scored against.
+        let (judged, agreement, norm_average, suspect, merged, ring_merge) = match ring {
             None => {
-                // Merge the accepted ones (module docs: weighted by score, or by median).
-                let inputs: Vec<MergeInput> = judged
-                    .iter()
-                    .filter_map(|v| {
-                        Some(MergeInput {
-                            delta: v.outcome.as_ref().ok()?.clone(),
-                            weight: v.score.map_or(0.0, |s| s.composite as f32),
-                            suspect: v.suspect(),
-                        })
-                    })
-                    .collect();
-                let robust_aggregator = config.robust_aggregator;
-                let robust = RobustPolicy {
+                let policy = StarPolicy {
+                    outer_lr,
                     suspect_threshold: config.suspect_threshold,
-                    robust: robust_aggregator.build(inputs.len()),
-                    ..RobustPolicy::default()
-                }
-                .choose(suspect, judged.len())
-                .name()
-                    != WeightedMean.name();
-                let rejected_all = !judged.is_empty() && inputs.is_empty();
-                let (base, ctx) = (base_weights.clone(), ctx.clone());
-                let merged = blocking(move || {
-                    merge_epoch(
-                        &base,
-                        &ctx.trainer,
-                        loss_before,
-                        &inputs,
-                        robust,
-                        robust_aggregator,
-                        outer_lr,
-                        rejected_all,
-                    )
-                })
-                .await?;
-                (merged, None)
+                    robust_aggregator: config.robust_aggregator,
+                };
+                let ctx = ctx.clone();
+                let star = blocking(move || star_epoch(&ctx, judged, &policy)).await?;
+                (
+                    star.judged,
+                    (star.agreement, star.weights),
+                    star.norm_average,
+                    star.suspect,
+                    star.merged,
+                    None,
+                )
             }
             Some(r) => {
+                let mut judged = judged;
+                let seeded = scored.as_ref().map(|s| s.norms);
+                let norm_average = seed_epoch_norms(ctx.norms, seeded, &mut judged);
+                let suspect = judged.iter().filter(|v| v.suspect()).count();
                 let rm = self.ring_merge(r, deltas, &judged, &ctx, outer_lr).await?;
-                (rm.0, Some(rm.1))
+                (
+                    judged,
+                    (Vec::new(), Vec::new()),
+                    norm_average,
+                    suspect,
+                    rm.0,
+                    Some(rm.1),
+                )
             }
         };
         if let Some(reason) = &merged.kept {
@@ -1660,28 +1526,34 @@ impl JobKeeperState {
             kept,
             suspect,
             round_audit: round_audit.clone(),
-            ..self.report(
+            ..epoch_report(
                 &ctx,
                 deltas,
                 &judged,
+                (&agreement.0, &agreement.1),
                 base.clone(),
                 ("", loss_after, aggregator),
             )
         };
+        if let Some((best_epoch, best)) = best_loss(
+            self.reports
+                .range(..epoch)
+                .map(|(_, r)| r)
+                .chain(std::iter::once(&report)),
+        ) {
+            report.best_loss = Some(best);
+            report.best_epoch = best_epoch;
+        }
         // The norms folded into the running average once staged: the accepted, not suspect
         // deltas (star); the merged members' (ring: exact for an upload, else the sketch's
         // estimate).
-        let mut norms: Vec<([u8; 32], f64)> = match (ring, &ring_merge) {
+        let norms: Vec<([u8; 32], f64)> = match (ring, &ring_merge) {
             (Some(r), Some(rm)) => {
                 let folded = ring_norms(r, rm, &judged, scored.as_ref(), merged.is_some());
                 ring_report(&mut report, r, rm, scored.as_ref(), merged.is_some());
                 folded
             }
-            _ => judged
-                .iter()
-                .filter(|v| v.outcome.is_ok() && !v.suspect())
-                .filter_map(|v| v.norm.map(|n| (v.delta_hash, n)))
-                .collect(),
+            _ => star_norms(&judged),
         };
         let publication = &self.deps.publication;
         let model_spec = self.deps.catalog.check_training(training).map_err(failed)?;
@@ -1736,11 +1608,7 @@ impl JobKeeperState {
         // not depend on arrival order. Suspect deltas stay out of it, so an outsized delta
         // cannot drag the average.
         let model = self.model.as_mut().expect("loaded above");
-        norms.sort_by_key(|n| n.0);
-        model.norms = norm_average;
-        for (_, n) in norms {
-            let _ = model.norms.accept(n);
-        }
+        model.norms = fold_norms(norm_average, norms);
         model.current = next;
         model.current_ref = Some(staged.cid().to_string());
         // Convergence compares with the last delta actually merged.
@@ -1912,7 +1780,7 @@ impl JobKeeperState {
             ring_epoch(
                 &ctx.base,
                 &ctx.trainer,
-                ctx.loss_before,
+                (ctx.loss_before, ctx.best_loss),
                 outer_lr,
                 &merged,
                 &removed,
@@ -1920,67 +1788,6 @@ impl JobKeeperState {
         })
         .await?;
         Ok((merged, rm))
-    }
-
-    fn report(
-        &self,
-        ctx: &EpochContext,
-        deltas: &[DeltaReceipt],
-        judged: &[Verdict],
-        base: Option<String>,
-        (checkpoint, loss_after, aggregator): (&str, f64, Option<&'static str>),
-    ) -> EpochReport {
-        let lines = deltas
-            .iter()
-            .zip(judged)
-            .map(|(r, v)| DeltaReport {
-                node: hex::encode(r.node.0),
-                delta_hash: hex::encode(r.delta_hash),
-                claimed_loss: r.claimed_loss,
-                loss_after: v.loss_after,
-                norm: v.norm,
-                score: v.score,
-                weight: match (&v.outcome, v.score, aggregator) {
-                    (Err(_), ..) | (_, None, _) | (_, _, None) => 0.0,
-                    (Ok(_), Some(_), Some("median")) => 1.0,
-                    (Ok(_), Some(_), Some(_)) if v.suspect() => 0.0,
-                    (Ok(_), Some(s), Some(_)) => s.composite as f32,
-                },
-                suspect: v.suspect(),
-                spot_check: v.spot_check.clone(),
-                rejected: v.outcome.as_ref().err().cloned(),
-                excluded: None,
-            })
-            .collect();
-        EpochReport {
-            job: ctx.job,
-            epoch: ctx.epoch,
-            base,
-            checkpoint: checkpoint.to_string(),
-            loss_before: ctx.loss_before,
-            loss_after,
-            commitment: hex::encode(ctx.secret.commitment().0),
-            secret: ctx.secret.to_hex(),
-            spot_check_rate: ctx.config.spot_check_rate,
-            aggregator: aggregator.map(str::to_string),
-            kept: None,
-            suspect: 0,
-            deltas: lines,
-            slashes: deltas
-                .iter()
-                .zip(judged)
-                .filter_map(|(r, v)| v.evidence(r))
-                .collect(),
-            rewards: Vec::new(),
-            slashed: Vec::new(),
-            repo: None,
-            location: None,
-            registry_error: None,
-            settlement_error: None,
-            publication: None,
-            ring: None,
-            round_audit: None,
-        }
     }
 
     /// Pays the epoch's rewards and slashes its evidence on the ledger (paper §8): the
@@ -2025,25 +1832,8 @@ impl JobKeeperState {
             }
         }
         let mut shares: Vec<(NodeId, f64)> = Vec::new();
-        if report.aggregator.is_some() {
-            // Star: by composite score over the accepted, not suspect deltas. Ring: by merge
-            // weight over the round's members (0 for the excluded and the rejected).
-            let ring = report.ring.is_some();
-            let eligible: Vec<(NodeId, f64)> = report
-                .deltas
-                .iter()
-                .filter(|d| d.rejected.is_none() && d.excluded.is_none())
-                .filter_map(|d| {
-                    let node = node_of(&d.node)?;
-                    if ring {
-                        (d.weight > 0.0).then_some((node, f64::from(d.weight)))
-                    } else {
-                        (!d.suspect).then_some(())?;
-                        Some((node, d.score?.composite))
-                    }
-                })
-                .collect();
-            for (node, score) in eligible {
+        {
+            for (node, score) in reward_shares(report) {
                 // Stake and penalty are checked again each epoch: an operator that
                 // unstaked below the minimum, or was slashed, is not paid for it (one
                 // `standing` read: on the EVM chain one `nodeStake` call).
@@ -3006,6 +2796,7 @@ mod ring_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::epoch::{merge_epoch, MergeInput};
     use hanzod_store::registry::{GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
     use hanzod_train::text::Tokenizer;
 
@@ -3176,6 +2967,7 @@ mod tests {
             RobustAggregator::Median,
             lr,
             false,
+            None,
         );
         assert_eq!(
             merged.aggregator,
@@ -3229,6 +3021,7 @@ mod tests {
             RobustAggregator::Median,
             lr,
             false,
+            None,
         );
         assert_eq!(merged.aggregator, Some("median"), "{:?}", merged.kept);
         check_lora_merge(&merged, [0.5, 0.5], lr);
@@ -3243,6 +3036,7 @@ mod tests {
             RobustAggregator::Median,
             lr,
             false,
+            None,
         );
         assert_eq!(
             merged.aggregator,
@@ -3262,6 +3056,7 @@ mod tests {
             RobustAggregator::Median,
             lr,
             true,
+            None,
         );
         assert_eq!(merged.kept.as_deref(), Some("every delta was rejected"));
         assert!(merged.delta.is_none());
@@ -3293,6 +3088,7 @@ mod tests {
             RobustAggregator::Median,
             1.0,
             false,
+            None,
         );
         assert!(merged.aggregator.is_none());
         let why = merged.kept.expect("kept");

@@ -98,6 +98,11 @@ pub struct EpochContext {
     pub base_version: u64,
     /// Validation loss of `base` (the "loss before" of paper §5.1, once per epoch).
     pub loss_before: f64,
+    /// The lowest validation loss of any checkpoint of the job so far (its starting
+    /// checkpoint's and every published one's; `None`: `loss_before`). The merge is
+    /// checked against it so the checkpoint cannot drift upwards epoch after epoch
+    /// ([`crate::epoch::DRIFT_TOLERANCE`]).
+    pub best_loss: Option<f64>,
     /// Accepted-norm average as of the epoch's start.
     pub norms: NormTracker,
     /// The update merged at the end of the previous epoch, flattened in the model's (full)
@@ -365,20 +370,28 @@ impl Verdict {
     }
 
     /// Suspected adversarial (paper §6: the robust merge replaces the weighted mean when
-    /// more than 30 % of nodes are suspected adversarial): rejected; or a norm that deviates from the
-    /// running average by 200 % or more (stability `≤ e⁻⁴`,
-    /// [`SUSPECT_STABILITY`]); or a validation loss more than [`SUSPECT_LOSS_RISE`] (10 %)
-    /// above the base's. A delta that merely does not help (`dl = 0` within that margin)
-    /// is not suspect: honest SGD noise does that.
+    /// more than 30 % of nodes are suspected adversarial): rejected; or a norm that deviates
+    /// from the running average by 200 % or more (stability `≤ e⁻⁴`,
+    /// [`SUSPECT_STABILITY`]); or a validation loss more than [`SUSPECT_LOSS_JUMP`] (100 %)
+    /// above the base's. A smaller rise is not a criterion: one node's delta, trained on its
+    /// own batches, raised the loss by up to 22 % on honest runs of the wine MLP
+    /// (`hanzod bench byzantine`: 17 of 180 honest deltas were suspect under the former
+    /// 10 % rule, and the robust merge took over with no attack at all).
+    /// A delta against the epoch's direction is given no weight by its agreement instead
+    /// ([`crate::epoch::agreements`]), and the merged checkpoint's loss is still checked.
     ///
     /// Rejections that are the orchestrator's fault ([`Rejection::Unavailable`],
-    /// [`Rejection::ValidatorCrashed`]) say nothing about the node and are not suspect.
+    /// [`Rejection::ValidatorCrashed`]) say nothing about the node and are not suspect;
+    /// nor is a copy ([`Rejection::Copy`]: no weight and no reward already).
     pub fn suspect(&self) -> bool {
         match (&self.outcome, &self.score, self.loss_after) {
             (Err(Rejection::Unavailable(_) | Rejection::ValidatorCrashed), ..) => false,
+            // A copy is handled (rejected, its group merged once: `crate::epoch`); one
+            // copier must not switch a small epoch to the robust aggregator.
+            (Err(Rejection::Copy(_)), ..) => false,
             (Ok(_), Some(s), Some(after)) => {
                 s.stability <= SUSPECT_STABILITY
-                    || after > self.loss_before * (1.0 + SUSPECT_LOSS_RISE)
+                    || after > self.loss_before * (1.0 + SUSPECT_LOSS_JUMP)
             }
             _ => true,
         }
@@ -422,8 +435,10 @@ impl Verdict {
 /// the built-in model; a zero delta scores `e⁻²` and is not suspect by its norm alone.)
 pub const SUSPECT_STABILITY: f64 = 0.018_315_638_888_734_18;
 
-/// Relative rise of the validation loss above which a delta is suspect (10 %).
-pub const SUSPECT_LOSS_RISE: f64 = 0.10;
+/// Relative rise of the validation loss above which a delta is suspect (100 %: the delta
+/// alone doubles the loss). Honest deltas of the wine MLP raised it by at most 22 %
+/// (`hanzod bench byzantine`, 10 nodes, 3 seeds).
+pub const SUSPECT_LOSS_JUMP: f64 = 1.0;
 
 /// The running norm average for an epoch with no accepted history (a job's first epoch):
 /// the median of the norms of the deltas that passed every check, `None` when there are
@@ -1061,19 +1076,24 @@ mod tests {
     }
 
     #[test]
-    fn suspect_means_rejected_an_outlying_norm_or_a_clearly_worse_loss() {
+    fn suspect_means_rejected_or_an_outlying_norm_not_a_worse_loss() {
         assert!(!verdict(1.0, true).suspect());
         assert!(verdict(1.0, false).suspect());
         // The orchestrator's own faults say nothing about the node.
         let mut crashed = verdict(1.0, false);
         crashed.outcome = Err(Rejection::ValidatorCrashed);
         assert!(!crashed.suspect());
+        // An honest node's delta alone may raise the validation loss well past 10 % (one
+        // node's batches; measured up to +22 % on the wine MLP): not suspect by itself.
         let mut worse = verdict(1.0, true);
-        worse.loss_after = Some(1.0 + SUSPECT_LOSS_RISE * 1.01);
-        assert!(worse.suspect());
-        let mut flat = verdict(1.0, true);
-        flat.loss_after = Some(1.0 + SUSPECT_LOSS_RISE * 0.99);
-        assert!(!flat.suspect(), "no help within the margin is not suspect");
+        worse.loss_after = Some(1.25);
+        assert!(!worse.suspect());
+        // One that doubles it is.
+        let mut doubled = verdict(1.0, true);
+        doubled.loss_after = Some(1.0 + SUSPECT_LOSS_JUMP * 1.01);
+        assert!(doubled.suspect());
+        doubled.loss_after = Some(1.0 + SUSPECT_LOSS_JUMP * 0.99);
+        assert!(!doubled.suspect());
         let mut outlier = verdict(3.5, true);
         outlier.rescore(&NormTracker::from_average(Some(1.0)).unwrap());
         assert!(outlier.suspect(), "{:?}", outlier.score);
@@ -1170,6 +1190,7 @@ pub(crate) mod lora_tests {
             base: f.base.clone(),
             base_version: 0,
             loss_before: f.loss_before,
+            best_loss: None,
             norms,
             last_merged,
             secret: EpochSecret::from_bytes([9; 32]),

@@ -661,6 +661,43 @@ pub fn epoch_summary(
     }
 }
 
+/// One epoch's summary from the wire ([`epoch_summary`]'s inverse, the checkpoint left
+/// out): its epoch and summary, for a client that reads a job's summaries as a whole
+/// ([`hanzod_actors::job::progress`]). Fails on an amount that is not a decimal of GYM wei.
+pub fn epoch_summary_from_wire(
+    s: &pb::EpochSummary,
+) -> Result<(u32, hanzod_actors::job::EpochSummary), FieldError> {
+    use hanzod_actors::job::{EpochOutcome, EpochSummary};
+    let some = |v: &str| (!v.is_empty()).then(|| v.to_string());
+    let outcome = if s.advanced {
+        EpochOutcome::Advanced {
+            aggregator: s.aggregator.clone(),
+        }
+    } else {
+        EpochOutcome::Kept {
+            reason: s.kept_reason.clone(),
+        }
+    };
+    let summary = EpochSummary {
+        outcome,
+        loss_before: s.loss_before,
+        loss_after: s.loss_after,
+        accepted: s.accepted,
+        suspect: s.suspect,
+        rejected: s.rejected,
+        spot_checked: s.spot_checked,
+        spot_checks_failed: s.spot_checks_failed,
+        rewarded_nodes: s.rewarded_nodes,
+        rewards: gym_wei("epoch_summaries.rewards_gym_wei", &s.rewards_gym_wei)?,
+        slashed_nodes: s.slashed_nodes,
+        slashed: gym_wei("epoch_summaries.slashed_gym_wei", &s.slashed_gym_wei)?,
+        repo: some(&s.repo),
+        registry_error: some(&s.registry_error),
+        settlement_error: some(&s.settlement_error),
+    };
+    Ok((s.epoch, summary))
+}
+
 /// A ring change on the wire: the new ring's version and size, who left and joined, and
 /// how long its repair took.
 pub fn ring_change(
@@ -769,6 +806,48 @@ pub fn publication_from(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_epoch_summary_reads_back_from_the_wire() {
+        use hanzod_actors::job::{EpochOutcome, EpochSummary};
+        let advanced = EpochSummary {
+            outcome: EpochOutcome::Advanced {
+                aggregator: "coordinate-median".into(),
+            },
+            loss_before: 2.042,
+            loss_after: 1.5,
+            accepted: 4,
+            suspect: 1,
+            rejected: 2,
+            spot_checked: 3,
+            spot_checks_failed: 1,
+            rewarded_nodes: 3,
+            rewards: GymWei(100_000_000_000_000_000_000),
+            slashed_nodes: 1,
+            slashed: GymWei(7),
+            repo: Some("hanzo-gym/wine-mlp-job-1-epoch-3".into()),
+            registry_error: Some("refused".into()),
+            settlement_error: None,
+        };
+        let kept = EpochSummary {
+            outcome: EpochOutcome::Kept {
+                reason: "every delta was rejected".into(),
+            },
+            ..EpochSummary::default()
+        };
+        for s in [advanced, kept] {
+            let wire = epoch_summary(3, "bafkreiabc".into(), &s);
+            assert_eq!(epoch_summary_from_wire(&wire), Ok((3, s)));
+        }
+        let bad = pb::EpochSummary {
+            rewards_gym_wei: "12 GYM".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            epoch_summary_from_wire(&bad).unwrap_err().field,
+            "epoch_summaries.rewards_gym_wei"
+        );
+    }
 
     fn info() -> pb::NodeInfo {
         pb::NodeInfo {

@@ -419,8 +419,12 @@ impl<'a> DeltaView<'a> {
         }
         let st = SafeTensors::deserialize(body).map_err(DeltaError::from_safetensors)?;
         let want = header.dtype.safetensors();
-        let mut tensors = Vec::with_capacity(st.len());
-        for (name, t) in st.iter() {
+        // In name order: `SafeTensors::iter` follows a hash map, so the first mismatch
+        // reported must not depend on its per-process seed.
+        let mut named: Vec<_> = st.iter().collect();
+        named.sort_by(|a, b| a.0.cmp(b.0));
+        let mut tensors = Vec::with_capacity(named.len());
+        for (name, t) in named {
             if t.dtype() != want {
                 return Err(DeltaError::DtypeMismatch {
                     tensor: name.to_string(),
@@ -434,7 +438,6 @@ impl<'a> DeltaView<'a> {
                 data: t.data(),
             });
         }
-        tensors.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(DeltaView { header, tensors })
     }
 

@@ -37,6 +37,7 @@ use tokio::sync::mpsc;
 
 use hanzod_daemon::config::Config;
 use hanzod_daemon::serve::Daemon;
+use hanzod_node::attack::Attack as NodeAttack;
 use hanzod_node::trainer::{Behaviour, RingFault};
 use hanzod_pipeline::sink::EpochReport;
 use hanzod_protocol::identity::Identity;
@@ -73,7 +74,10 @@ pub struct DemoArgs {
     /// half the measured loss) or `mixed` (alternate); with `--aggregation ring` also
     /// `tamper-allreduce` (corrupt the all-reduce), `substitute` (reduce and sketch another
     /// update than the committed one) or `free-ride` (commit the last global update as its
-    /// own delta) [default: mixed].
+    /// own delta); the attack suite: `sign-flip`, `scale` (10 × δ), `noise`, `alie`, `ipm`,
+    /// `copy-peer`, `copy-last`, `lazy`, `stale`, `identical` (alie, ipm, copy-peer and
+    /// identical collude: the Byzantine nodes share their honest deltas through
+    /// `<out>/collude`) [default: mixed].
     #[arg(long)]
     pub attack: Option<Attack>,
     /// The model: `wine-mlp` (an MLP on the Wine Quality table, seconds) or `qwen3-tiny`
@@ -169,7 +173,69 @@ pub enum Attack {
     /// Ring aggregation: commit to the honest delta but reduce and sketch it plus 0.001
     /// (the check passes; the post-reduce audit or a spot-check must catch it).
     Substitute,
+    /// Upload −1 × the honest delta (`hanzod node --byzantine sign-flip`).
+    SignFlip,
+    /// Upload 10 × the honest delta (`scale:10`, a boosted update).
+    Scale,
+    /// Upload Gaussian noise of the honest delta's L2 norm instead of it (`noise:1`).
+    Noise,
+    /// "A little is enough" (Baruch et al., NeurIPS 2019): every Byzantine node uploads the
+    /// coordinate-wise mean + z_max × std of the Byzantine nodes' honest deltas (`alie`;
+    /// they collude through a folder under --out).
+    Alie,
+    /// Inner-product manipulation (Xie, Koyejo, Gupta, UAI 2019): every Byzantine node
+    /// uploads −0.5 × the mean of the Byzantine nodes' honest deltas (`ipm:0.5`; they
+    /// collude).
+    Ipm,
+    /// Upload another Byzantine node's honest delta as its own (`copy-peer`; they
+    /// collude).
+    CopyPeer,
+    /// Skip training and upload the previous epoch's merged update as its own (`copy-last`;
+    /// zeros in epoch 0).
+    CopyLast,
+    /// Upload a zero delta (`lazy`).
+    Lazy,
+    /// Train from the checkpoint one epoch older than the assigned one (`stale:1`).
+    Stale,
+    /// Every Byzantine node uploads the mean of the Byzantine nodes' honest deltas: the same
+    /// bytes (`identical`; they collude).
+    Identical,
 }
+
+impl Attack {
+    /// The node agent's attack this one runs (`None`: `poison`, `lie-loss`, `mixed` and the
+    /// ring faults, which the agent has its own values for).
+    pub fn suite(self) -> Option<NodeAttack> {
+        Some(match self {
+            Attack::Poison
+            | Attack::LieLoss
+            | Attack::Mixed
+            | Attack::TamperAllreduce
+            | Attack::FreeRide
+            | Attack::Substitute => return None,
+            Attack::SignFlip => NodeAttack::SignFlip,
+            Attack::Scale => NodeAttack::Scale { k: 10.0 },
+            Attack::Noise => NodeAttack::Noise { sigma: 1.0 },
+            Attack::Alie => NodeAttack::Alie { z: None },
+            Attack::Ipm => NodeAttack::Ipm { eps: 0.5 },
+            Attack::CopyPeer => NodeAttack::CopyPeer {
+                rescale: 1.0,
+                noise: 0.0,
+            },
+            Attack::CopyLast => NodeAttack::CopyLastMerged {
+                rescale: 1.0,
+                noise: 0.0,
+            },
+            Attack::Lazy => NodeAttack::Lazy { scale: 0.0 },
+            Attack::Stale => NodeAttack::Stale { epochs: 1 },
+            Attack::Identical => NodeAttack::Identical,
+        })
+    }
+}
+
+/// The subfolder of `--out` where colluding Byzantine nodes share their deltas
+/// (`hanzod node --collude`); emptied at the start of each run.
+pub const COLLUDE_DIR: &str = "collude";
 
 /// When in the kill epoch the killed nodes die ([`DemoArgs::kill_at`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -661,7 +727,8 @@ impl DemoPlan {
         faults
     }
 
-    /// The node roles: index → behaviour, and the indices killed, drawn from the seed.
+    /// The node roles: index → behaviour, and the indices killed, drawn from the seed. The
+    /// attack suite's values are [`Behaviour::Attack`] ([`Attack::suite`]).
     pub fn roles(&self) -> (Vec<Behaviour>, Vec<usize>) {
         let mut order: Vec<usize> = (0..self.nodes).collect();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed);
@@ -674,6 +741,12 @@ impl DemoPlan {
                 Attack::Mixed => k % 2 == 0,
                 // A ring fault ([`DemoPlan::ring_faults`]) trains honestly.
                 Attack::TamperAllreduce | Attack::FreeRide | Attack::Substitute => continue,
+                suite => {
+                    if let Some(attack) = suite.suite() {
+                        behaviours[i] = Behaviour::Attack { attack };
+                    }
+                    continue;
+                }
             };
             behaviours[i] = if poison {
                 Behaviour::Poison { scale: 10.0 }
@@ -841,6 +914,35 @@ impl DemoSummary {
     pub fn succeeded(&self) -> bool {
         self.phase == "Published"
     }
+
+    /// Whether the job's training improved the model, stopped improving, got worse or never
+    /// trained ([`hanzod_actors::job::progress`] over the epoch lines; an epoch whose
+    /// aggregator is `kept` kept its base).
+    pub fn progress(&self) -> hanzod_actors::job::Progress {
+        use hanzod_actors::job::{EpochOutcome, EpochSummary};
+        let summaries = self
+            .epochs
+            .iter()
+            .map(|e| {
+                let outcome = match e.aggregator.as_str() {
+                    "kept" => EpochOutcome::Kept {
+                        reason: "kept".into(),
+                    },
+                    a => EpochOutcome::Advanced {
+                        aggregator: a.to_string(),
+                    },
+                };
+                let summary = EpochSummary {
+                    outcome,
+                    loss_before: e.loss_before,
+                    loss_after: e.loss_after,
+                    ..EpochSummary::default()
+                };
+                (e.epoch, summary)
+            })
+            .collect();
+        hanzod_actors::job::progress(&summaries)
+    }
 }
 
 /// A node process and what the demo knows about it.
@@ -860,8 +962,9 @@ struct NodeProc {
 pub const MARKER: &str = ".hanzod-demo";
 
 /// Makes `out` the demo's folder: creates it with the [`MARKER`], or accepts it when the
-/// marker is there (then the previous run's `ipfs/` and `models/` are removed: the same
-/// seed republishes the same checkpoints, another would conflict).
+/// marker is there (then the previous run's `ipfs/`, `models/` and `collude/` are removed:
+/// the same seed republishes the same checkpoints, another would conflict; the colluders'
+/// deltas of another run's job of the same id must not be read).
 ///
 /// The folder is locked (an exclusive lock on `<out>/.hanzod-demo.lock`) for as long as
 /// the returned [`OutLock`] lives: hold it for the whole run, so a second demo into the same
@@ -909,10 +1012,10 @@ pub fn prepare_out(out: &Path) -> Result<OutLock, DemoError> {
     }
     std::fs::write(
         &marker,
-        "made by hanzod demo; each run replaces ipfs/ and models/ here\n",
+        "made by hanzod demo; each run replaces ipfs/, models/ and collude/ here\n",
     )
     .map_err(|e| setup(&marker, e))?;
-    for sub in ["ipfs", "models"] {
+    for sub in ["ipfs", "models", COLLUDE_DIR] {
         let dir = out.join(sub);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|e| setup(&dir, e))?;
@@ -1282,6 +1385,16 @@ fn spawn_nodes(
         .as_ref()
         .map(Topology::node_regions)
         .unwrap_or_default();
+    // The colluders' side channel: emptied, so that no delta of an earlier run (whose job
+    // had the same id) is read as a colluder's.
+    let collude = plan.out.join(COLLUDE_DIR);
+    let colluders = behaviours
+        .iter()
+        .filter(|b| matches!(b, Behaviour::Attack { attack } if attack.colludes()))
+        .count();
+    if collude.exists() {
+        std::fs::remove_dir_all(&collude).map_err(|e| setup(collude.display().to_string(), &e))?;
+    }
     let mut nodes: Vec<NodeProc> = Vec::new();
     for (i, behaviour) in behaviours.iter().enumerate() {
         let identity = node_identity(plan.seed, i);
@@ -1319,8 +1432,13 @@ fn spawn_nodes(
             .args(["--endpoint", endpoint])
             .args(["--backoff-min-ms", "100", "--backoff-max-ms", "2000"])
             .arg("--byzantine")
-            .arg(behaviour_flag(behaviour, faults[i]))
-            .arg("--parent-stdin")
+            .arg(behaviour_flag(behaviour, faults[i]));
+        if matches!(behaviour, Behaviour::Attack { attack } if attack.colludes()) {
+            cmd.arg("--collude")
+                .arg(&collude)
+                .args(["--colluders", &colluders.to_string()]);
+        }
+        cmd.arg("--parent-stdin")
             .env_remove("HANZOD_ENDPOINT")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -2061,6 +2179,25 @@ fn behaviour_flag(b: &Behaviour, fault: RingFault) -> String {
         Behaviour::Honest => "honest".into(),
         Behaviour::Poison { scale } => format!("poison:{scale}"),
         Behaviour::LieLoss { factor } => format!("lie-loss:{factor}"),
+        Behaviour::Attack { attack } => attack.to_string(),
+    }
+}
+
+/// A short name of an attack of the suite, for the live view and the summary table (at
+/// most 9 characters).
+fn attack_label(a: &NodeAttack) -> &'static str {
+    match a {
+        NodeAttack::SignFlip => "sign-flip",
+        NodeAttack::Scale { .. } => "scale",
+        NodeAttack::Noise { .. } => "noise",
+        NodeAttack::Alie { .. } => "alie",
+        NodeAttack::Ipm { .. } => "ipm",
+        NodeAttack::CopyPeer { .. } => "copy-peer",
+        NodeAttack::CopyLastMerged { .. } => "copy-last",
+        NodeAttack::Lazy { .. } => "lazy",
+        NodeAttack::Stale { .. } => "stale",
+        NodeAttack::LieLoss { .. } => "liar",
+        NodeAttack::Identical => "identical",
     }
 }
 
@@ -2109,13 +2246,14 @@ impl View {
             .map(|(i, b)| {
                 let id = node_identity(plan.seed, i).node_id().to_string();
                 let role = match (b, faults[i]) {
-                    (_, RingFault::TamperAllreduce { .. }) => "TAMPER",
-                    (_, RingFault::FreeRide) => "FREERIDE",
-                    (_, RingFault::Substitute { .. }) => "SUBSTITUTE",
+                    (_, RingFault::TamperAllreduce { .. }) => "TAMPER".to_string(),
+                    (_, RingFault::FreeRide) => "FREERIDE".into(),
+                    (_, RingFault::Substitute { .. }) => "SUBSTITUTE".into(),
                     (b, RingFault::Honest) => match b {
-                        Behaviour::Honest => "honest",
-                        Behaviour::Poison { .. } => "POISON",
-                        Behaviour::LieLoss { .. } => "LIAR",
+                        Behaviour::Honest => "honest".into(),
+                        Behaviour::Poison { .. } => "POISON".into(),
+                        Behaviour::LieLoss { .. } => "LIAR".into(),
+                        Behaviour::Attack { attack } => attack_label(attack).to_uppercase(),
                     },
                 };
                 format!("node {i:>2} {} {role:<6}", &id[..8.min(id.len())])
@@ -2231,9 +2369,10 @@ pub fn render(s: &DemoSummary) -> String {
             e.checkpoint
         );
     }
+    let _ = writeln!(o, "{}", s.progress());
     let _ = writeln!(
         o,
-        "\n{:>4}  {:<16}  {:<8}  {:>8}  {:>7}  {:>8}  {:>11}  {:>12}  {:>12}  {:>12}",
+        "\n{:>4}  {:<16}  {:<9}  {:>8}  {:>7}  {:>8}  {:>11}  {:>12}  {:>12}  {:>12}",
         "node",
         "id",
         "role",
@@ -2255,12 +2394,13 @@ pub fn render(s: &DemoSummary) -> String {
                 Behaviour::Honest => "honest",
                 Behaviour::Poison { .. } => "poison",
                 Behaviour::LieLoss { .. } => "liar",
+                Behaviour::Attack { attack } => attack_label(&attack),
             },
         };
         let wei = |v: &str| gym(v.parse().unwrap_or(0));
         let _ = writeln!(
             o,
-            "{:>4}  {:<16}  {:<8}  {:>8}  {:>7}  {:>8}  {:>11}  {:>12}  {:>12}  {:>12}",
+            "{:>4}  {:<16}  {:<9}  {:>8}  {:>7}  {:>8}  {:>11}  {:>12}  {:>12}  {:>12}",
             n.index,
             &n.node[..16],
             role,
@@ -2380,5 +2520,75 @@ fn shell_word(word: &str) -> String {
         word.to_string()
     } else {
         format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn epoch(epoch: u32, loss_before: f64, loss_after: f64, aggregator: &str) -> EpochLine {
+        EpochLine {
+            epoch,
+            loss_before,
+            loss_after,
+            accepted: 4,
+            rejected: 0,
+            suspect: 0,
+            spot_checks: 2,
+            spot_check_failures: 0,
+            aggregator: aggregator.into(),
+            checkpoint: format!("bafkrei{epoch}"),
+            published: None,
+            ms: 1000,
+            orchestrator_rx_bytes: None,
+        }
+    }
+
+    fn summary(epochs: Vec<EpochLine>) -> DemoSummary {
+        DemoSummary {
+            plan: DemoArgs::default()
+                .plan(PathBuf::from("hanzod"))
+                .expect("the default plan"),
+            job: 1,
+            phase: "Published".into(),
+            failure: None,
+            wall_ms: 10_000,
+            initial_loss: epochs.first().map(|e| e.loss_before),
+            epochs,
+            nodes: Vec::new(),
+            ring_version: 1,
+            ring_repair_ms: Vec::new(),
+            orchestrator_rx_bytes: None,
+            aggregation_ms_per_delta: None,
+            out: PathBuf::from("hanzod-demo"),
+            orchestrator: String::new(),
+            chain: None,
+            samples: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_summary_says_whether_training_improved_stalled_or_never_trained() {
+        let stalled = summary(vec![
+            epoch(0, 2.042, 1.2, "weighted-mean"),
+            epoch(1, 1.2, 0.601, "weighted-mean"),
+            epoch(2, 0.601, 0.601, "kept"),
+            epoch(3, 0.601, 0.611, "coordinate-median"),
+        ]);
+        let line = "trained: loss 2.042 → best 0.601 at epoch 1, no improvement since \
+                    (last 0.611 at epoch 3, +1.7 % above the best)";
+        assert_eq!(stalled.progress().to_string(), line);
+        let text = render(&stalled);
+        let after_table = text
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("3 "))
+            .nth(1);
+        assert_eq!(after_table, Some(line), "{text}");
+        let kept = summary(vec![
+            epoch(0, 2.042, 2.042, "kept"),
+            epoch(1, 2.042, 2.042, "kept"),
+        ]);
+        assert!(render(&kept).contains("\nnot trained: all 2 epochs kept their base checkpoint\n"));
     }
 }

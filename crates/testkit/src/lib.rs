@@ -31,6 +31,7 @@
 
 pub mod anvil;
 pub mod bench;
+pub mod byzantine;
 pub mod demo;
 pub mod fake_hub;
 pub mod ipfs_node;

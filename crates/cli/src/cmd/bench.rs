@@ -55,6 +55,16 @@ Example (loopback daemon with the per-address limit raised, config/scenarios/loa
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// The attack suite against every aggregator: each attack × aggregator × Byzantine
+    /// fraction on in-process star-mode jobs through the daemon's validation and merge,
+    /// seeded; final validation loss against the honest-only run, the attackers' share of
+    /// the rewards and the stake they lost.
+    #[command(after_help = "\
+Examples:
+  hanzod bench byzantine                       # wine-mlp, the whole suite (a few minutes)
+  hanzod bench byzantine --fractions 0.3 --attacks alie,ipm:0.5 --aggregators default,krum
+  hanzod bench byzantine --models qwen3-tiny --fractions 0.3 --seeds 1 --json")]
+    Byzantine(hanzod_testkit::byzantine::ByzantineArgs),
 }
 
 pub(crate) async fn run_bench(cfg: &Config, cmd: BenchCommand) -> ExitCode {
@@ -118,6 +128,19 @@ pub(crate) async fn run_bench(cfg: &Config, cmd: BenchCommand) -> ExitCode {
                             .map(|b| format!("{:.0} MiB", b / (1 << 20) as f64))
                             .unwrap_or_else(|| "n/a".into())
                     );
+                }
+            }
+            BenchCommand::Byzantine(args) => {
+                let json = args.json;
+                let table = tokio::task::spawn_blocking(move || {
+                    hanzod_testkit::byzantine::bench(&args)
+                })
+                .await?
+                .map_err(anyhow::Error::msg)?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&table)?);
+                } else {
+                    print!("{}", hanzod_testkit::byzantine::render(&table));
                 }
             }
         }

@@ -55,8 +55,27 @@ pub(crate) struct NodeArgs {
     /// reduces and sketches it plus the perturbation (0.001; a spot-check or the
     /// post-reduce audit must catch it); `free-ride` skips training and commits the previous
     /// epoch's global update as its delta.
+    /// The attack suite (issue 19): `sign-flip` (−δ), `scale:<k>` (k·δ), `noise[:sigma]`
+    /// (Gaussian noise of norm sigma·‖δ‖, 1), `alie[:z]` ("A little is enough": the
+    /// colluders' mean + z·std, z the paper's z_max by default), `ipm[:eps]` (−eps × the
+    /// colluders' mean, 0.5), `copy-peer[:rescale[:noise]]` (a colluder's delta, 1, 0),
+    /// `copy-last[:rescale[:noise]]` (the last merged update, 1, 0), `lazy[:scale]`
+    /// (scale·δ, 0), `stale[:epochs]` (trains from the base of that many epochs ago, 1;
+    /// at most 16), `identical` (every colluder uploads the colluders' mean). alie, ipm,
+    /// copy-peer and identical read the colluders' deltas through --collude; without it
+    /// they forge from this node's delta alone.
     #[arg(long, default_value = "honest", value_name = "BEHAVIOUR")]
     byzantine: hanzod_node::trainer::Byzantine,
+    /// Fault injection: a folder shared by the colluding Byzantine node processes (one
+    /// host, or a shared mount), where each writes its honest delta per epoch and reads the
+    /// others' before forging its upload (needs --colluders). Only the colluding attacks
+    /// (alie, ipm, copy-peer, identical) use it.
+    #[arg(long, value_name = "DIR")]
+    collude: Option<PathBuf>,
+    /// With --collude: how many colluders (this node included) to wait for, each epoch, at
+    /// most 5 s or until the epoch's deadline (then it forges from those it found).
+    #[arg(long, value_name = "N")]
+    colluders: Option<usize>,
     /// Where this node trains: `cpu`, `cuda` (device 0), `cuda:N` or `wgpu`. A GPU needs a
     /// build with `--features cuda` (or `wgpu`).
     #[arg(long, default_value = "cpu", value_name = "DEVICE")]
@@ -79,6 +98,7 @@ pub(crate) struct Declared {
     vram_bytes: u64,
     compute_cap: (u8, u8),
     driver_sig: Vec<u8>,
+    collusion: Option<hanzod_node::collude::Collusion>,
 }
 
 /// Checks every argument of `hanzod node` that could be wrong on the command line, as the
@@ -166,11 +186,24 @@ pub(crate) fn check_args(args: &NodeArgs) -> Result<Declared, String> {
         .parse::<hanzod_train::backend::Backend>()
         .and_then(hanzod_train::backend::Backend::check_built)
         .map_err(|e| format!("--device: {e}"))?;
+    let collusion = match (&args.collude, args.colluders) {
+        (None, None) => None,
+        (Some(dir), Some(n)) => {
+            Some(hanzod_node::collude::Collusion::new(dir, n).map_err(|e| e.to_string())?)
+        }
+        (Some(_), None) => {
+            return Err("--collude needs --colluders: how many colluders to wait for".into())
+        }
+        (None, Some(_)) => {
+            return Err("--colluders needs --collude: the folder the colluders share".into())
+        }
+    };
     Ok(Declared {
         device,
         vram_bytes,
         compute_cap,
         driver_sig,
+        collusion,
     })
 }
 
@@ -182,6 +215,7 @@ pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
         vram_bytes,
         compute_cap,
         driver_sig,
+        collusion,
     } = match check_args(&args) {
         Ok(d) => d,
         Err(e) => {
@@ -233,6 +267,7 @@ pub(crate) async fn run_node(args: NodeArgs) -> ExitCode {
         backoff_max_ms: args.backoff_max_ms,
         behaviour: args.byzantine.behaviour,
         ring_fault: args.byzantine.ring,
+        collusion,
         round: hanzod_node::ring::RoundSettings::default(),
         train: !args.no_train,
     };
@@ -373,6 +408,12 @@ mod tests {
             (vec!["--endpoint", "http://bad host:9550"], "--endpoint"),
             (vec!["--backoff-min-ms", "60000"], "--backoff-min-ms"),
             (vec!["--device", "tpu"], "--device"),
+            (vec!["--collude", "/tmp/c"], "--colluders"),
+            (vec!["--colluders", "2"], "--collude"),
+            (
+                vec!["--collude", "/tmp/c", "--colluders", "0"],
+                "--colluders",
+            ),
         ] {
             let mut full = vec!["--vram-gib", "8"];
             full.extend(args.iter().copied());
@@ -395,6 +436,29 @@ mod tests {
         let sig = "ab".repeat(1025);
         let err = check(&["--vram-gib", "8", "--driver-sig", &sig]).unwrap_err();
         assert!(err.contains("1024 bytes"), "{err}");
+        // A bad --byzantine is clap's error, naming the forms.
+        let err = check(&["--vram-gib", "8", "--byzantine", "evil"]).unwrap_err();
+        assert!(
+            err.contains("alie[:z]") && err.contains("free-ride"),
+            "{err}"
+        );
+        let err = check(&["--vram-gib", "8", "--byzantine", "scale:1"]).unwrap_err();
+        assert!(err.contains("other than 0 and 1"), "{err}");
+        let d = check(&[
+            "--vram-gib",
+            "8",
+            "--byzantine",
+            "alie",
+            "--collude",
+            "/tmp/c",
+            "--colluders",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(
+            d.collusion,
+            Some(hanzod_node::collude::Collusion::new("/tmp/c", 3).unwrap())
+        );
         // What is fine stays fine.
         check(&[
             "--vram-gib",

@@ -3,6 +3,7 @@
 //! (the round's merge applied, corrected for rejected spot-checked members).
 
 use super::*;
+use crate::epoch::DRIFT_TOLERANCE;
 use hanzod_actors::ports::memory::MemoryMetrics;
 use hanzod_protocol::hzdl::{payload_hash, sign_statement, Statement};
 use hanzod_protocol::sketch::{sketch, DEFAULT_ROWS};
@@ -551,7 +552,7 @@ async fn a_ring_epoch_applies_the_rounds_merge_and_lists_every_member() {
         report.kept
     );
     assert!(report.kept.is_none());
-    assert!(report.loss_after <= report.loss_before * (1.0 + SUSPECT_LOSS_RISE));
+    assert!(report.loss_after <= report.loss_before * (1.0 + DRIFT_TOLERANCE));
     let lr = TrainingSpec::default().outer_lr as f32;
     let update: Vec<f64> = r.merged.iter().map(|&x| f64::from(x)).collect();
     assert_applied(&next, &f.trainer.init(), lr, &update);
