@@ -16,7 +16,7 @@ use crate::merge::{
     WeightedMean,
 };
 use crate::score::{cosine_similarity, l2_norm, NormTracker};
-use crate::validate::{seed_norms, EpochContext, Rejection, Verdict, SUSPECT_STABILITY};
+use crate::validate::{seed_norms, EpochContext, Rejection, Verdict};
 use hanzod_train::{Layout, Trainer, Weights};
 
 /// How a star epoch merges: the job's outer learning rate and the robust-merge policy
@@ -242,12 +242,17 @@ pub fn fold_norms(mut average: NormTracker, mut norms: Vec<([u8; 32], f64)>) -> 
 }
 
 /// The norms a star epoch folds into the running average: the accepted, not suspect
-/// deltas' (a suspect one cannot drag the average).
-pub fn star_norms(judged: &[Verdict]) -> Vec<([u8; 32], f64)> {
+/// deltas' whose agreement with the epoch (`agreement`, in `judged`'s order; absent:
+/// unknown) is not 0: neither a suspect nor a disagreeing delta (sign-flipped, noise,
+/// scaled beyond 3×) can drag the average.
+pub fn star_norms(judged: &[Verdict], agreement: &[Option<f64>]) -> Vec<([u8; 32], f64)> {
     judged
         .iter()
-        .filter(|v| v.outcome.is_ok() && !v.suspect())
-        .filter_map(|v| v.norm.map(|n| (v.delta_hash, n)))
+        .enumerate()
+        .filter(|(k, v)| {
+            v.outcome.is_ok() && !v.suspect() && agreement.get(*k).copied().flatten() != Some(0.0)
+        })
+        .filter_map(|(_, v)| v.norm.map(|n| (v.delta_hash, n)))
         .collect()
 }
 
@@ -346,13 +351,26 @@ pub fn agreements(deltas: &[Option<&[f32]>]) -> Vec<Option<f64>> {
         .collect()
 }
 
+/// Without an agreement (a LoRA job, or fewer than [`AGREEMENT_MIN_DELTAS`] deltas), a
+/// delta that alone raises the validation loss by more than this (10 %) weighs 0: the
+/// direction check the agreement makes is then missing, and a sign-flipped delta would
+/// otherwise keep the weight of its stability term.
+pub const UNCHECKED_LOSS_RISE: f64 = 0.10;
+
 /// A delta's weight under the weighted mean, and its reward share in star mode: its
-/// composite score times its agreement with the epoch ([`agreements`]; 1 when there is
-/// none), 0 when suspect or without a score.
+/// composite score times its agreement with the epoch ([`agreements`]); 0 when its
+/// measurements make it suspect ([`Verdict::measured_suspect`]) or it has no score. Without
+/// an agreement: its composite score, or 0 when it alone raises the validation loss by
+/// more than [`UNCHECKED_LOSS_RISE`].
 pub fn star_weight(v: &Verdict, agreement: Option<f64>) -> f64 {
-    match v.score {
-        Some(s) if !v.suspect() => s.composite * agreement.unwrap_or(1.0),
-        _ => 0.0,
+    match (v.score, agreement) {
+        (Some(_), _) if v.measured_suspect() => 0.0,
+        (Some(s), Some(a)) => s.composite * a,
+        (Some(s), None) => match v.loss_after {
+            Some(after) if after <= v.loss_before * (1.0 + UNCHECKED_LOSS_RISE) => s.composite,
+            _ => 0.0,
+        },
+        (None, _) => 0.0,
     }
 }
 
@@ -376,7 +394,14 @@ pub fn star_epoch(ctx: &EpochContext, mut judged: Vec<Verdict>, policy: &StarPol
         ctx.last_merged.as_deref().map(Vec::as_slice),
     );
     let norm_average = seed_epoch_norms(ctx.norms, None, &mut judged);
-    let suspect = judged.iter().filter(|v| v.suspect()).count();
+    // A copy group counts once, as its representative's measurements say: Sybil copies can
+    // neither dilute the suspect fraction nor slip a suspect delta in.
+    let suspect = judged.iter().filter(|v| v.suspect()).count()
+        + groups
+            .iter()
+            .filter(|&&k| judged[k].measured_suspect())
+            .count();
+    let counted = judged.len() - set_aside.len() + groups.len();
     // What is merged, in `judged`'s order: the accepted deltas and one per copy group.
     let merged_delta: Vec<Option<Arc<Vec<f32>>>> = judged
         .iter()
@@ -406,9 +431,7 @@ pub fn star_epoch(ctx: &EpochContext, mut judged: Vec<Verdict>, policy: &StarPol
         .map(|((k, v), a)| match (&v.outcome, v.score) {
             (Ok(_), _) => star_weight(v, *a),
             // A copy group's representative: weighed as its measurements say.
-            (Err(_), Some(s)) if groups.contains(&k) && s.stability > SUSPECT_STABILITY => {
-                s.composite * a.unwrap_or(1.0)
-            }
+            (Err(_), Some(_)) if groups.contains(&k) => star_weight(v, *a),
             (Err(_), _) => 0.0,
         })
         .collect();
@@ -429,7 +452,7 @@ pub fn star_epoch(ctx: &EpochContext, mut judged: Vec<Verdict>, policy: &StarPol
         robust: policy.robust_aggregator.build(inputs.len()),
         ..RobustPolicy::default()
     }
-    .choose(suspect, judged.len())
+    .choose(suspect, counted)
     .name()
         != WeightedMean.name();
     let rejected_all = !judged.is_empty() && judged.iter().all(|v| v.outcome.is_err());
@@ -603,7 +626,7 @@ fn attempt(
 /// by default the coordinate-wise median; used alone when `robust`, i.e. more than the
 /// threshold of the epoch is suspect) takes every accepted delta with weight 1. A merge
 /// whose checkpoint is not finite or raises the validation loss by more than
-/// [`merge_limit`] is not published: the weighted mean falls back to the robust one, and
+/// [`merge_limit`] (2 % above the job's best checkpoint, at most the base) is not published: the weighted mean falls back to the robust one, and
 /// when that fails too the epoch keeps the base checkpoint and says why. Nothing here fails
 /// the job.
 ///

@@ -220,8 +220,10 @@ pub struct DeltaReport {
     pub norm: Option<f64>,
     /// Loss improvement, stability, convergence, composite.
     pub score: Option<crate::score::QualityScore>,
-    /// The weight the merge gave it: the composite under the weighted mean (0 when
-    /// suspect), 1 under the median, 0 when rejected or when the epoch kept its base. In
+    /// The weight the merge gave it: composite × agreement under the weighted mean
+    /// ([`crate::epoch::star_weight`]; 0 when suspect), 1 under a robust aggregator, 0 when
+    /// rejected or when the epoch kept its base; a copy group's representative is rejected
+    /// (unpaid) but carries the group's one weight. In
     /// ring aggregation the member's weight in the applied merge (the round's `wᵢ`,
     /// renormalised when rejected members were taken out; 0 when excluded or rejected).
     pub weight: f32,
@@ -229,8 +231,8 @@ pub struct DeltaReport {
     pub suspect: bool,
     /// Star aggregation: agreement with the epoch's coordinate median in `[0, 1]`
     /// ([`crate::epoch::agreements`]), a factor of the weight and of the reward share;
-    /// `None` when rejected, when too few deltas were accepted, for a LoRA adapter and in
-    /// ring aggregation.
+    /// `None` when rejected (but for a copy group's representative), when too few deltas
+    /// were merged, for a LoRA adapter and in ring aggregation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agreement: Option<f64>,
     /// The spot-check, when selected.
@@ -819,39 +821,38 @@ pub fn epoch_report(
 /// accepted, not suspect delta's node by its composite score times its agreement with the
 /// epoch ([`crate::epoch::star_weight`]); in ring mode every round member by its merge
 /// weight (0 for the excluded and the rejected, who are left out). When the epoch kept its
-/// base, the accepted, not suspect deltas that lowered the validation loss on their own
-/// (`dl > 0`, measured by the validator) are paid by their composite score: their work was
-/// checked and useful, and an epoch that Byzantine nodes kept from merging must not leave
+/// base in star mode, the accepted, not suspect deltas that lowered the validation loss on
+/// their own (`dl > 0`, measured by the validator) are paid by their composite score times
+/// their agreement: their work was checked and useful, and an epoch that Byzantine nodes kept from merging must not leave
 /// the honest ones unpaid (issue 19: two poisoners of three kept every epoch and the
-/// honest node, which passed every spot-check, earned nothing). Returns (node, share)
+/// honest node, which passed every spot-check, earned nothing); a kept ring epoch pays
+/// nobody (only its spot-checked members were scored). Returns (node, share > 0)
 /// pairs, unnormalised ([`split_rewards`] normalises); nodes whose hex id does not parse
 /// are left out.
 pub fn reward_shares(report: &EpochReport) -> Vec<(NodeId, f64)> {
-    if report.aggregator.is_none() {
-        return report
-            .deltas
-            .iter()
-            .filter(|d| d.rejected.is_none() && d.excluded.is_none() && !d.suspect)
-            .filter_map(|d| {
-                let score = d.score?;
-                let node = d.node.parse::<NodeId>().ok()?;
-                (score.loss_improvement > 0.0).then_some((node, score.composite))
-            })
-            .collect();
-    }
     let ring = report.ring.is_some();
+    let kept = report.aggregator.is_none();
+    if kept && ring {
+        // Only spot-checked members have a score: paying them alone would be a lottery.
+        return Vec::new();
+    }
     report
         .deltas
         .iter()
         .filter(|d| d.rejected.is_none() && d.excluded.is_none())
         .filter_map(|d| {
             let node = d.node.parse::<NodeId>().ok()?;
-            if ring {
-                (d.weight > 0.0).then_some((node, f64::from(d.weight)))
+            let share = if ring {
+                f64::from(d.weight)
             } else {
                 (!d.suspect).then_some(())?;
-                Some((node, d.score?.composite * d.agreement.unwrap_or(1.0)))
-            }
+                let score = d.score?;
+                if kept && score.loss_improvement <= 0.0 {
+                    return None;
+                }
+                score.composite * d.agreement.unwrap_or(1.0)
+            };
+            (share > 0.0).then_some((node, share))
         })
         .collect()
 }
@@ -905,8 +906,8 @@ struct RingMerge {
 /// `m' = (m − Σ_removed wᵢ·δᵢ) / (1 − Σ_removed wᵢ)` (f64 per coordinate, then f32; `δᵢ`
 /// the member's upload as [`round::flat_values`] reads it, which is what it reduced), then
 /// `base + outer_lr·m'`. Like [`merge_epoch`], a merge that is not a usable model or whose
-/// validation loss is above [`merge_limit`] (10 % over the base's, 2 % over the job's best
-/// checkpoint's, `best_loss`) keeps the base and says why; nothing here fails the job.
+/// validation loss is above [`merge_limit`] (2 % over the job's best checkpoint so far,
+/// `best_loss`, at most the base's) keeps the base and says why; nothing here fails the job.
 fn ring_epoch(
     base: &Arc<Weights>,
     trainer: &Trainer,
@@ -1553,7 +1554,7 @@ impl JobKeeperState {
                 ring_report(&mut report, r, rm, scored.as_ref(), merged.is_some());
                 folded
             }
-            _ => star_norms(&judged),
+            _ => star_norms(&judged, &agreement.0),
         };
         let publication = &self.deps.publication;
         let model_spec = self.deps.catalog.check_training(training).map_err(failed)?;
@@ -1791,8 +1792,9 @@ impl JobKeeperState {
     }
 
     /// Pays the epoch's rewards and slashes its evidence on the ledger (paper §8): the
-    /// pool is split by composite score over the deltas that were accepted and not
-    /// suspect, and only when the epoch merged something; each failed spot-check slashes
+    /// pool is split by the shares of [`reward_shares`] (composite × agreement over the
+    /// accepted, not suspect deltas; in a kept star epoch only those that lowered the loss
+    /// on their own; ring members by merge weight); each failed spot-check slashes
     /// `slash_pct` % of the node's stake with the evidence
     /// ([`SlashEvidence::canonical_bytes`]) attached. A node whose key is no longer bound
     /// to an operator is left out of the batch (its share is not paid) rather than hold up

@@ -83,8 +83,8 @@
 //! 6. **Direction** ([`Exclusion::Opposed`]): a member whose sketch's cosine with the centre
 //!    is below `−z/√k`, `z` = [`SketchScoreConfig::opposed_sigmas`] (4: `−0.25` at
 //!    `k` = 256), points against the members' consensus. This stands in for star mode's
-//!    "raises the validation loss by more than 10 %" suspect rule (no loss after is
-//!    measurable without the delta): to first order a step against the consensus direction
+//!    agreement with the epoch's coordinate median ([`crate::epoch::agreements`]; no loss
+//!    after is measurable without the delta either): to first order a step against the consensus direction
 //!    raises the loss the consensus lowers. `1/√k` is the largest standard deviation of a
 //!    sketched cosine (below), so an honest member whose true cosine with the centre is not
 //!    negative is excluded only by a `z`-standard-deviation error (4σ: about 3·10⁻⁵). It

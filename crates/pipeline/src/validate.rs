@@ -389,9 +389,22 @@ impl Verdict {
             // A copy is handled (rejected, its group merged once: `crate::epoch`); one
             // copier must not switch a small epoch to the robust aggregator.
             (Err(Rejection::Copy(_)), ..) => false,
-            (Ok(_), Some(s), Some(after)) => {
+            (Ok(_), ..) => self.measured_suspect(),
+            _ => true,
+        }
+    }
+
+    /// Whether the delta's measurements alone make it suspect, whatever its outcome: a
+    /// norm outlier (stability `≤ e⁻⁴`) or a validation loss more than
+    /// [`SUSPECT_LOSS_JUMP`] above the base's; true when it was not measured. For an
+    /// accepted delta this is [`Verdict::suspect`]; it also judges a group of copies merged
+    /// once (`crate::epoch::copy_groups`).
+    pub fn measured_suspect(&self) -> bool {
+        match (&self.score, self.loss_after) {
+            (Some(s), Some(after)) => {
                 s.stability <= SUSPECT_STABILITY
                     || after > self.loss_before * (1.0 + SUSPECT_LOSS_JUMP)
+                    || after.is_nan()
             }
             _ => true,
         }

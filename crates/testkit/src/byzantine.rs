@@ -9,9 +9,9 @@
 //! configured rate with the epoch's secret), [`star_epoch`] (copies, suspects, the
 //! aggregator, the loss check that keeps the base), the report's reward shares
 //! ([`reward_shares`]) and slashing evidence. What the bench leaves out is transport and
-//! actors: no gRPC, no ledger, no object store. A node slashed in an epoch leaves the job at
-//! that epoch's end, as a ring member out of standing does (DESIGN §6: the penalty outlasts
-//! the job).
+//! actors: no gRPC, no ledger, no object store. A node slashed in an epoch stays in the
+//! job, as in a star job of the daemon, but its reward shares are withheld while its
+//! penalty lasts (the whole job: the penalty outlasts it), and it may be slashed again.
 //!
 //! Each row compares the final validation loss with the honest-only run (the same seed,
 //! the same aggregator, the cell's honest nodes alone: what the network would have
@@ -228,8 +228,11 @@ pub struct RunResult {
     /// Fraction of the epochs' reward pools paid to Byzantine nodes (each epoch's pool
     /// counts equally; an epoch that paid nobody counts 0).
     pub byzantine_reward_share: f64,
-    /// Byzantine nodes slashed (each once: a slashed node leaves the job).
+    /// Byzantine nodes slashed at least once.
     pub byzantine_slashed: usize,
+    /// Slashes of each Byzantine node, in node order (a slashed node stays in a star job,
+    /// unpaid under its penalty, and may be slashed again).
+    pub byzantine_slashes: Vec<u32>,
     /// Honest nodes slashed (a false accusation; should be 0).
     pub honest_slashed: usize,
     /// Byzantine deltas accepted (not rejected, whatever their weight).
@@ -303,7 +306,7 @@ pub fn run(spec: &RunSpec, trainer: &Trainer) -> Result<RunResult, BenchError> {
     let mut norms = NormTracker::new();
     let mut last_merged: Option<Arc<Vec<f32>>> = None;
     // Without an attack the Byzantine nodes are absent: the honest nodes alone.
-    let mut live: Vec<usize> = (0..spec.nodes)
+    let live: Vec<usize> = (0..spec.nodes)
         .filter(|i| spec.attack.is_some() || !byz.contains(i))
         .collect();
     let mut out = RunResult {
@@ -311,6 +314,7 @@ pub fn run(spec: &RunSpec, trainer: &Trainer) -> Result<RunResult, BenchError> {
         kept_epochs: 0,
         byzantine_reward_share: 0.0,
         byzantine_slashed: 0,
+        byzantine_slashes: Vec::new(),
         honest_slashed: 0,
         byzantine_accepted: 0,
         byzantine_deltas: 0,
@@ -318,6 +322,8 @@ pub fn run(spec: &RunSpec, trainer: &Trainer) -> Result<RunResult, BenchError> {
         honest_deltas: 0,
     };
     let mut reward_share_sum = 0.0;
+    let mut penalised: BTreeSet<NodeId> = BTreeSet::new();
+    let mut slashes: std::collections::BTreeMap<usize, u32> = Default::default();
     for epoch in 0..spec.epochs {
         let base = bases.last().expect("one base at least").clone();
         let first_step = u64::from(epoch) * u64::from(trainer.local_steps());
@@ -432,8 +438,12 @@ pub fn run(spec: &RunSpec, trainer: &Trainer) -> Result<RunResult, BenchError> {
             None,
             ("", merged.loss_after, merged.aggregator),
         );
-        // Rewards: this epoch's pool split by the report's shares.
-        let shares = reward_shares(&report);
+        // Rewards: this epoch's pool split by the report's shares, less those of nodes
+        // under a slashing penalty (the settlement withholds them).
+        let shares: Vec<(NodeId, f64)> = reward_shares(&report)
+            .into_iter()
+            .filter(|(n, _)| !penalised.contains(n))
+            .collect();
         let total: f64 = shares.iter().map(|(_, s)| s).filter(|s| **s > 0.0).sum();
         let is_byz = |n: &NodeId| {
             live.iter()
@@ -447,7 +457,7 @@ pub fn run(spec: &RunSpec, trainer: &Trainer) -> Result<RunResult, BenchError> {
                 .sum();
             reward_share_sum += byz_paid / total;
         }
-        // Deltas judged, flagged; who is slashed leaves at the epoch's end.
+        // Deltas judged, flagged; who is slashed is under a penalty from now on.
         let mut slashed: BTreeSet<NodeId> = BTreeSet::new();
         for (k, ((i, ..), v)) in honest.iter().zip(&star.judged).enumerate() {
             let byzantine = byz.contains(i);
@@ -480,15 +490,14 @@ pub fn run(spec: &RunSpec, trainer: &Trainer) -> Result<RunResult, BenchError> {
             }
         }
         for n in &slashed {
-            if is_byz(n) {
-                out.byzantine_slashed += 1;
-            } else {
-                out.honest_slashed += 1;
+            match live.iter().find(|&&i| ids[i].node_id() == *n) {
+                Some(i) if byz.contains(i) => *slashes.entry(*i).or_insert(0) += 1,
+                _ => out.honest_slashed += 1,
             }
         }
-        live.retain(|&i| !slashed.contains(&ids[i].node_id()));
+        penalised.extend(slashed);
         // The job's model state for the next epoch, as the sink keeps it.
-        norms = fold_norms(star.norm_average, star_norms(&star.judged));
+        norms = fold_norms(star.norm_average, star_norms(&star.judged, &star.agreement));
         if merged.aggregator.is_none() {
             out.kept_epochs += 1;
         }
@@ -499,6 +508,13 @@ pub fn run(spec: &RunSpec, trainer: &Trainer) -> Result<RunResult, BenchError> {
         bases.push(merged.next.clone());
     }
     out.byzantine_reward_share = reward_share_sum / f64::from(spec.epochs.max(1));
+    if spec.attack.is_some() {
+        out.byzantine_slashes = byz
+            .iter()
+            .map(|i| slashes.get(i).copied().unwrap_or(0))
+            .collect();
+        out.byzantine_slashed = out.byzantine_slashes.iter().filter(|&&k| k > 0).count();
+    }
     out.losses = losses;
     Ok(out)
 }
@@ -893,9 +909,14 @@ pub fn tabulate(
                         stake_lost: cell
                             .iter()
                             .map(|(_, r)| {
-                                r.byzantine_slashed as f64 * f64::from(args.slash_pct)
-                                    / 100.0
-                                    / b as f64
+                                // Each slash takes slash_pct % of what is left.
+                                let kept = 1.0 - f64::from(args.slash_pct) / 100.0;
+                                let lost: f64 = r
+                                    .byzantine_slashes
+                                    .iter()
+                                    .map(|&k| 1.0 - kept.powi(k as i32))
+                                    .sum();
+                                lost / b as f64
                             })
                             .sum::<f64>()
                             / m,

@@ -623,7 +623,7 @@ fn star_norms_are_the_accepted_not_suspect_deltas() {
         outlier,
         unmeasured,
     ];
-    assert_eq!(star_norms(&judged), vec![([1; 32], 1.0)]);
+    assert_eq!(star_norms(&judged, &[]), vec![([1; 32], 1.0)]);
 }
 
 #[test]
@@ -1052,16 +1052,16 @@ fn kept_and_merged_lines() -> Vec<DeltaReport> {
 }
 
 #[test]
-fn a_kept_epoch_pays_the_accepted_not_suspect_deltas_that_improved_by_their_composite() {
+fn a_kept_epoch_pays_the_accepted_not_suspect_deltas_that_improved_by_composite_and_agreement() {
     let lines = kept_and_merged_lines();
     let composite = |k: usize| lines[k].score.expect("score").composite;
     let r = report(0, 1.0, 1.0, None, lines.clone());
     let shares = reward_shares(&r);
-    // 1 (dl 0.2) and 5 (dl 0.1, by its composite, not times its agreement); not 2 (no
+    // 1 (dl 0.2) and 5 (dl 0.1, by its composite times its agreement); not 2 (no
     // improvement), 3 (suspect), 4 (rejected), 6 (excluded), 7 (no node), 8 (no score).
     assert_eq!(
         shares,
-        vec![(node(1), composite(0)), (node(5), composite(4))]
+        vec![(node(1), composite(0)), (node(5), composite(4) * 0.25)]
     );
     assert!(composite(0) > 0.0 && composite(4) > 0.0);
 
