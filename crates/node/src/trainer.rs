@@ -949,24 +949,13 @@ mod tests {
     async fn a_free_rider_states_its_real_loss_but_commits_no_training_in_epoch_0() {
         let (_tx, mut live) = watch::channel(None::<WorkerSession>);
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(Timestamp(1_000_000)));
-        let a = EpochAssignment {
-            job: hanzod_actors::types::JobId(3),
-            epoch: 0,
-            step: 0,
-            base: None,
-            training: hanzod_actors::job::TrainingSpec::default(),
-            deadline: clock.now().plus_ms(3_600_000),
-            seed_commitments: None,
-        };
+        let a = epoch_zero(&clock);
         let id = Identity::from_seed([4; 32]);
         let free = Byzantine {
             behaviour: Behaviour::Honest,
             ring: RingFault::FreeRide,
         };
-        let values = |t: &TrainedDelta| {
-            let view = hanzod_protocol::hzdl::DeltaView::parse(&t.payload).unwrap();
-            hanzod_protocol::round::flat_values(&view)
-        };
+        let values = flat;
         let rider = train_delta(&mut live, &id, &clock, &a, free, &EpochContext::default())
             .await
             .unwrap();

@@ -10,7 +10,7 @@ use crate::validate::{validate, Submission, ValidationConfig};
 use hanzod_actors::job::TrainingSpec;
 use hanzod_actors::ports::DeltaReceipt;
 use hanzod_actors::types::{JobId, NodeId};
-use hanzod_protocol::hzdl::{payload_hash, sign_statement, DeltaDtype, Statement};
+use hanzod_protocol::hzdl::DeltaDtype;
 use hanzod_protocol::identity::Identity;
 use proptest::prelude::*;
 use rand::seq::SliceRandom;
@@ -717,25 +717,7 @@ fn upload(w: &Wine, id: &Identity, data: Vec<f32>, claimed_loss: f64) -> Submiss
     }
     .to_delta_bytes_as(0, DeltaDtype::F32)
     .expect("payload");
-    let hash = payload_hash(&payload);
-    let statement = Statement {
-        job: 1,
-        epoch: 0,
-        step: 0,
-        claimed_loss,
-    };
-    Submission {
-        receipt: DeltaReceipt {
-            job: JobId(1),
-            node: id.node_id(),
-            epoch: 0,
-            step: 0,
-            delta_hash: hash,
-            claimed_loss,
-            signature: sign_statement(id, &statement, &hash).to_vec(),
-        },
-        payload: payload.into(),
-    }
+    crate::validate::lora_tests::submit(id, payload, claimed_loss)
 }
 
 fn policy() -> StarPolicy {
