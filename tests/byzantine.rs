@@ -1,6 +1,7 @@
-//! `hanzod bench byzantine`'s 30 % row on its cheapest configuration (issue 19 item 4): the
-//! wine MLP, 10 nodes of which 3 are Byzantine, the daemon's default merge policy, two
-//! fixed seeds, every attack of the suite. A correctness property of the validation and
+//! `hanzod bench byzantine`'s 30 % and 40 % rows on its cheapest configuration (issue 19
+//! item 4; the issue's goal is the 30 % row): the wine MLP, 10 nodes of which 3 or 4 are
+//! Byzantine, the daemon's default merge policy, two fixed seeds, every attack of the
+//! suite. A correctness property of the validation and
 //! merge policy, not a timing: each attack must end within 2 % of the honest nodes' own
 //! run, and every attack that harms the model must earn nothing.
 
@@ -11,13 +12,13 @@ use hanzod::testkit::byzantine::{self, BenchModel, ByzantineArgs};
 const EARN_UNTIL_CAUGHT: &[&str] = &["lie-loss", "stale:1"];
 
 #[test]
-fn at_30_percent_byzantine_the_default_policy_holds_against_every_attack() {
+fn at_30_and_40_percent_byzantine_the_default_policy_holds_against_every_attack() {
     let args = ByzantineArgs {
         models: vec![BenchModel::WineMlp],
         nodes: 10,
         epochs: None,
         local_steps: None,
-        fractions: vec![0.3],
+        fractions: vec![0.3, 0.4],
         attacks: Vec::new(),
         aggregators: vec!["default".into()],
         seeds: 2,
@@ -27,11 +28,11 @@ fn at_30_percent_byzantine_the_default_policy_holds_against_every_attack() {
         json: false,
     };
     eprintln!(
-        "seeds 1..=2 (hanzod bench byzantine --fractions 0.3 --aggregators default --seeds 2)"
+        "seeds 1..=2 (hanzod bench byzantine --fractions 0.3,0.4 --aggregators default --seeds 2)"
     );
     let table = byzantine::bench(&args).expect("the bench runs");
     eprintln!("{}", byzantine::render(&table));
-    assert_eq!(table.rows.len(), byzantine::DEFAULT_ATTACKS.len());
+    assert_eq!(table.rows.len(), 2 * byzantine::DEFAULT_ATTACKS.len());
     let baseline = &table.baselines[0];
     assert!(
         baseline.final_loss < 0.5 * baseline.initial_loss,
@@ -42,11 +43,12 @@ fn at_30_percent_byzantine_the_default_policy_holds_against_every_attack() {
         "no honest delta is suspect: {baseline:?}"
     );
     for row in &table.rows {
-        assert_eq!(row.byzantine, 3);
+        assert!(matches!(row.byzantine, 3 | 4), "{row:?}");
         assert!(
             row.loss_rel_mean <= 0.02,
-            "{}: the final loss is {:.2} % above the honest nodes' own run",
+            "{} x {}: the final loss is {:.2} % above the honest nodes' own run",
             row.attack,
+            row.byzantine,
             100.0 * row.loss_rel_mean
         );
         assert_eq!(

@@ -154,6 +154,18 @@ impl Fixture {
         base: Option<&str>,
         deltas: &[DeltaReceipt],
     ) -> hanzod::core::ports::PublishedEpoch {
+        self.published_after(epoch, base, deltas, None).await
+    }
+
+    /// [`Fixture::published`] for a job whose summaries say its best loss so far is
+    /// `best_loss`.
+    async fn published_after(
+        &self,
+        epoch: u32,
+        base: Option<&str>,
+        deltas: &[DeltaReceipt],
+        best_loss: Option<f64>,
+    ) -> hanzod::core::ports::PublishedEpoch {
         let spec = spec();
         let input = EpochInput {
             job: JOB,
@@ -163,6 +175,7 @@ impl Fixture {
             deltas,
             ring: None,
             audit: None,
+            best_loss,
         };
         self.sink.publish(input).await.unwrap()
     }
@@ -206,9 +219,12 @@ async fn honest_epochs_lower_the_validation_loss_and_cheaters_are_caught() {
     for d in &r0.deltas {
         eprintln!("{:?} {:?} suspect {}", d.loss_after, d.score, d.suspect);
     }
-    // Two of six are suspect (33 % > 30 %): the robust aggregator merged the epoch.
+    // Two of six are suspect (rejected by their spot-checks, 33 % > 30 %), but the four
+    // accepted deltas agree with each other: the agreement-weighted mean merged the epoch
+    // (the robust aggregator is its fallback), and the rejected weigh nothing.
     assert_eq!(r0.suspect, 2);
-    assert_eq!(r0.aggregator.as_deref(), Some("median"));
+    assert_eq!(r0.aggregator.as_deref(), Some("weighted_mean"));
+    assert!(r0.deltas[4..].iter().all(|d| d.weight == 0.0), "{r0:#?}");
     // Slashing evidence names the cheaters and carries their signatures.
     assert_eq!(r0.slashes.len(), 2);
     assert_eq!(r0.slashes[0].node, hex::encode(deltas[4].node.0));
@@ -385,8 +401,9 @@ async fn a_crashed_validator_worker_is_restarted_and_the_pool_keeps_serving() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unchecked_poisoned_deltas_are_suspect_and_the_robust_merge_still_improves() {
-    // No spot-check at all: only the quality score and the robust merge stand in the way.
+async fn unchecked_poisoned_deltas_are_suspect_weigh_nothing_and_the_merge_still_improves() {
+    // No spot-check at all: only the quality score, the agreement and the merge's loss
+    // check stand in the way.
     let f = fixture(0.0).await;
     let init = train::init(&recipe_of(&spec().training, JOB).unwrap());
     let mut deltas = Vec::new();
@@ -403,9 +420,13 @@ async fn unchecked_poisoned_deltas_are_suspect_and_the_robust_merge_still_improv
         // A 5× norm against the epoch's median norm: low stability, no improvement.
         assert!(s.stability < 0.1 && s.loss_improvement == 0.0, "{s:?}");
         assert!(d.suspect && d.rejected.is_none(), "{d:#?}");
+        // Against the epoch's direction: no agreement, no weight.
+        assert_eq!((d.agreement, d.weight), (Some(0.0), 0.0), "{d:#?}");
     }
+    // 2 of 6 suspect (33 % > 30 %), but the epoch has an agreement: the weighted mean
+    // goes first, the poisoned deltas weighing 0.
     assert_eq!(r.suspect, 2);
-    assert_eq!(r.aggregator.as_deref(), Some("median"));
+    assert_eq!(r.aggregator.as_deref(), Some("weighted_mean"));
     assert!(
         r.loss_after < r.loss_before,
         "{} → {}",
@@ -907,6 +928,7 @@ async fn publish_on(
         deltas,
         ring: None,
         audit: None,
+        best_loss: None,
     };
     sink.publish(input).await.unwrap()
 }
@@ -1043,4 +1065,42 @@ async fn a_failed_job_keeper_is_rebuilt_with_its_reports_and_the_job_continues()
     assert_eq!(r1.base.as_deref(), Some(cp0.as_str()));
     assert_eq!(r1.checkpoint, cp1);
     assert!(r1.loss_after < r1.loss_before, "{r1:#?}");
+}
+
+/// The job's best loss as its summaries record it bounds the merge even when the sink has
+/// no report of the earlier epochs (a restarted daemon's keeper starts with none): a merge
+/// that improves on its base but stays above the recorded best × 1.02 is not published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recorded_best_loss_bounds_a_merge_the_sink_has_no_reports_for() {
+    let f = fixture(0.0).await;
+    let init = train::init(&recipe_of(&spec().training, JOB).unwrap());
+    // Epoch 3 of a job whose summaries say it once reached half this base's loss.
+    let free = fixture(0.0).await;
+    let mut deltas = Vec::new();
+    for i in 1..=4 {
+        let receipt = f.submit(i, 3, &init, Behaviour::Honest).await;
+        free.submit(i, 3, &init, Behaviour::Honest).await;
+        deltas.push(receipt);
+    }
+    free.published_after(3, None, &deltas, None).await;
+    let advanced = free.sink.report(JOB, 3).await.unwrap();
+    assert!(
+        advanced.aggregator.is_some() && advanced.loss_after < advanced.loss_before,
+        "without a recorded best the epoch advances: {advanced:#?}"
+    );
+    let best = advanced.loss_after * 0.5;
+    let kept = f.published_after(3, None, &deltas, Some(best)).await;
+    let r = f.sink.report(JOB, 3).await.unwrap();
+    assert_eq!(r.aggregator, None, "{r:#?}");
+    assert!(
+        r.kept
+            .as_deref()
+            .is_some_and(|k| k.contains("best checkpoint")),
+        "{:?}",
+        r.kept
+    );
+    assert_eq!(
+        kept.summary.expect("summary").outcome_line(),
+        format!("kept the previous checkpoint: {}", r.kept.unwrap())
+    );
 }

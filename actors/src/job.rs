@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::{GymWei, JobId, NodeId, Timestamp};
 
-pub use summary::{progress, EpochOutcome, EpochSummary, Progress};
+pub use summary::{best_loss_before, progress, EpochOutcome, EpochSummary, Progress};
 
 /// What a submitter asks for (paper §3, "Job Scheduler"). Unknown fields are refused when it
 /// is deserialised; call [`JobSpec::validate`] before accepting it.

@@ -745,6 +745,11 @@ pub struct EpochInput<'a> {
     /// Ring aggregation that fell back to the star after a round ran: the round and the
     /// evidence its members handed in, to attribute a wrong partial sum (`None` otherwise).
     pub audit: Option<&'a RoundAudit>,
+    /// The validation loss of the job's best checkpoint before this epoch, from the job's
+    /// recorded summaries ([`crate::job::best_loss_before`]; `None` before any):
+    /// what the sink bounds the merge by when it holds no earlier report of its own (after
+    /// a restart or a failover).
+    pub best_loss: Option<f64>,
 }
 
 /// Every counter hanzod reports through [`Metrics::incr`] (DESIGN §10): an exporter

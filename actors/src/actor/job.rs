@@ -360,6 +360,7 @@ impl JobState {
         let audit = self.round_audit(epoch);
         let spec = self.job.spec.clone();
         let base = self.job.base_of(epoch).map(str::to_string);
+        let best_loss = crate::job::best_loss_before(&self.job.summaries, epoch);
         let sink = self.deps.sink.clone();
         let job = self.job.id;
         let deadline = Duration::from_millis(self.deps.cfg.publish_deadline_ms);
@@ -378,6 +379,7 @@ impl JobState {
                     deltas: &deltas,
                     ring: ring.as_ref(),
                     audit: audit.as_ref(),
+                    best_loss,
                 };
                 sink.publish(input).await
             });

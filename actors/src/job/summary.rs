@@ -177,6 +177,22 @@ pub fn progress(summaries: &BTreeMap<u32, EpochSummary>) -> Progress {
     }
 }
 
+/// The validation loss of the job's best checkpoint among the epochs before `epoch`, from
+/// its summaries: the lowest of the earliest summarised epoch's `loss_before` (the
+/// checkpoint the job started from) and every advanced epoch's `loss_after` (a kept epoch
+/// republished a checkpoint already counted); NaN and ±∞ losses are not checkpoints
+/// anyone would keep. `None` when no earlier epoch is summarised. The merge of `epoch` is
+/// bounded by it (`hanzod_pipeline::epoch::merge_limit`, DESIGN §6); the summaries are in
+/// the event log, so the bound survives a daemon restart and a failover.
+pub fn best_loss_before(summaries: &BTreeMap<u32, EpochSummary>, epoch: u32) -> Option<f64> {
+    let mut earlier = summaries.range(..epoch).map(|(_, s)| s).peekable();
+    let start = earlier.peek()?.loss_before;
+    std::iter::once(start)
+        .chain(earlier.filter(|s| s.advanced()).map(|s| s.loss_after))
+        .filter(|l| l.is_finite())
+        .min_by(f64::total_cmp)
+}
+
 impl Progress {
     /// True when at least one epoch applied a merged delta.
     pub fn trained(&self) -> bool {
@@ -324,6 +340,32 @@ mod tests {
 
     fn job(epochs: Vec<EpochSummary>) -> BTreeMap<u32, EpochSummary> {
         (0..).zip(epochs).collect()
+    }
+
+    #[test]
+    fn the_best_loss_before_an_epoch_counts_the_start_and_the_advanced_epochs_before_it() {
+        let j = job(vec![
+            advanced(1.0, 0.8),
+            kept(0.5),
+            advanced(0.8, 0.7),
+            advanced(0.7, f64::NAN),
+            advanced(0.7, 0.6),
+        ]);
+        assert_eq!(best_loss_before(&j, 0), None);
+        assert_eq!(best_loss_before(&j, 1), Some(0.8));
+        // A kept epoch's loss is its base's, already counted (0.5 is not a checkpoint).
+        assert_eq!(best_loss_before(&j, 2), Some(0.8));
+        assert_eq!(best_loss_before(&j, 3), Some(0.7));
+        assert_eq!(best_loss_before(&j, 4), Some(0.7));
+        assert_eq!(best_loss_before(&j, 5), Some(0.6));
+        assert_eq!(best_loss_before(&j, 99), Some(0.6));
+        // A merge that made things worse leaves the start as the best.
+        let worse = job(vec![advanced(1.0, 1.01), advanced(1.01, 1.02)]);
+        assert_eq!(best_loss_before(&worse, 2), Some(1.0));
+        // Summaries that start late (a job recorded before summaries existed).
+        let late: BTreeMap<u32, EpochSummary> = [(3, advanced(2.0, 1.5))].into();
+        assert_eq!(best_loss_before(&late, 3), None);
+        assert_eq!(best_loss_before(&late, 4), Some(1.5));
     }
 
     #[test]

@@ -269,7 +269,11 @@ pub struct ValidationSection {
     /// rounding), `[0, 1]`.
     pub replay_rel_tol: f64,
     /// Fraction of suspect deltas above which the robust aggregator replaces the weighted
-    /// mean, `[0, 1]` (paper §6: 0.30).
+    /// mean, `[0, 1]` (paper §6: 0.30): in star mode in an epoch whose deltas have no
+    /// agreement with each other (fewer than 3; otherwise the agreement-weighted mean goes
+    /// first and the robust aggregator is its fallback,
+    /// `hanzod_pipeline::epoch::StarPolicy`), in ring mode the fraction of members the
+    /// sketch scoring excluded.
     pub suspect_threshold: f64,
     /// The robust aggregator (DESIGN §6, "Merge"): `{ kind = "median" }` (the default, the
     /// paper's), `trimmed_mean` (`trim`), `krum` / `multi_krum` (`byzantine_fraction`,

@@ -25,10 +25,19 @@ use hanzod_train::{Layout, Trainer, Weights};
 pub struct StarPolicy {
     /// The outer learning rate applied to the merged update (the job's `outer_lr`).
     pub outer_lr: f32,
-    /// Fraction of suspect deltas above which the robust aggregator is used alone.
+    /// Fraction of suspect deltas above which the robust aggregator is used alone, in an
+    /// epoch whose deltas have no agreement ([`agreements`]: fewer than
+    /// [`AGREEMENT_MIN_DELTAS`] of them). An epoch with an agreement merges with the
+    /// agreement-weighted mean first whatever its suspects, and falls back to the robust
+    /// aggregator when the loss check refuses it (`hanzod bench byzantine`: at 40 %
+    /// Byzantine nodes scaling their deltas by −10, switching to the median alone ended
+    /// 6 % above the honest-only loss, the weighted mean first within 0.5 %).
     pub suspect_threshold: f32,
     /// The robust aggregator (above the threshold, and the weighted mean's fallback).
     pub robust_aggregator: RobustAggregator,
+    /// The robust aggregator alone on every epoch, whatever the suspects and agreements (a
+    /// benchmark's baseline; `false` in the daemon).
+    pub robust_alone: bool,
 }
 
 /// How far above the job's best checkpoint so far a merged checkpoint's validation loss
@@ -357,29 +366,69 @@ pub fn agreements(deltas: &[Option<&[f32]>]) -> Vec<Option<f64>> {
 /// otherwise keep the weight of its stability term.
 pub const UNCHECKED_LOSS_RISE: f64 = 0.10;
 
-/// A delta's weight under the weighted mean, and its reward share in star mode: its
-/// composite score times its agreement with the epoch ([`agreements`]); 0 when its
-/// measurements make it suspect ([`Verdict::measured_suspect`]) or it has no score. Without
-/// an agreement: its composite score, or 0 when it alone raises the validation loss by
-/// more than [`UNCHECKED_LOSS_RISE`].
-pub fn star_weight(v: &Verdict, agreement: Option<f64>) -> f64 {
-    match (v.score, agreement) {
-        (Some(_), _) if v.measured_suspect() => 0.0,
-        (Some(s), Some(a)) => s.composite * a,
-        (Some(s), None) => match v.loss_after {
-            Some(after) if after <= v.loss_before * (1.0 + UNCHECKED_LOSS_RISE) => s.composite,
-            _ => 0.0,
-        },
-        (None, _) => 0.0,
+/// What a star-mode delta's weight in the weighted mean and its reward share are decided
+/// from ([`Merit::weight`]): the measurements its verdict holds, or, for an auditor, the
+/// same numbers as its line of the epoch report says them
+/// ([`crate::sink::reward_shares`]). One rule for both, so that a delta that gets no
+/// weight is not paid either.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Merit {
+    /// Its composite quality score (`None`: not scored).
+    pub composite: Option<f64>,
+    /// Its measurements make it suspect ([`Verdict::measured_suspect`]).
+    pub measured_suspect: bool,
+    /// Its agreement with the epoch ([`agreements`]; `None`: not measured).
+    pub agreement: Option<f64>,
+    /// The base checkpoint's validation loss.
+    pub loss_before: f64,
+    /// The validation loss of base + this delta alone (`None`: not measured).
+    pub loss_after: Option<f64>,
+}
+
+impl Merit {
+    /// The merit of verdict `v` whose agreement with the epoch is `agreement`.
+    pub fn of(v: &Verdict, agreement: Option<f64>) -> Merit {
+        Merit {
+            composite: v.score.map(|s| s.composite),
+            measured_suspect: v.measured_suspect(),
+            agreement,
+            loss_before: v.loss_before,
+            loss_after: v.loss_after,
+        }
     }
+
+    /// The delta's weight under the weighted mean, and its reward share in star mode: its
+    /// composite score times its agreement with the epoch; 0 when its measurements make it
+    /// suspect or it has no score. Without an agreement (a LoRA job whose sketches could
+    /// not be compared, fewer than [`AGREEMENT_MIN_DELTAS`] deltas): its composite score,
+    /// or 0 when it alone raises the validation loss by more than
+    /// [`UNCHECKED_LOSS_RISE`].
+    pub fn weight(&self) -> f64 {
+        match (self.composite, self.agreement) {
+            (Some(_), _) if self.measured_suspect => 0.0,
+            (Some(c), Some(a)) => c * a,
+            (Some(c), None) => match self.loss_after {
+                Some(after) if after <= self.loss_before * (1.0 + UNCHECKED_LOSS_RISE) => c,
+                _ => 0.0,
+            },
+            (None, _) => 0.0,
+        }
+    }
+}
+
+/// A delta's weight under the weighted mean, and its reward share in star mode:
+/// [`Merit::weight`] of its verdict.
+pub fn star_weight(v: &Verdict, agreement: Option<f64>) -> f64 {
+    Merit::of(v, agreement).weight()
 }
 
 /// A star epoch's decisions once every delta is judged (module docs): copies rejected and
 /// each group of copies set aside to be merged once (full-parameter jobs), the norm
 /// average seeded in a first epoch, suspects counted, agreements measured, and the merge
-/// (`merge_epoch`): weighted by [`star_weight`], or by `policy.robust_aggregator` alone
-/// when more than `policy.suspect_threshold` of the epoch is suspect
-/// ([`RobustPolicy::choose`]). CPU-bound (validation-loss passes of the merge): run it
+/// (`merge_epoch`): weighted by [`star_weight`] with `policy.robust_aggregator` as the
+/// fallback, or by the robust aggregator alone when the epoch has no agreement and more
+/// than `policy.suspect_threshold` of it is suspect ([`RobustPolicy::choose`]), or when
+/// `policy.robust_alone`. CPU-bound (validation-loss passes of the merge): run it
 /// off the async runtime.
 pub fn star_epoch(ctx: &EpochContext, mut judged: Vec<Verdict>, policy: &StarPolicy) -> StarEpoch {
     let lora = ctx.trainer.lora().is_some();
@@ -447,14 +496,19 @@ pub fn star_epoch(ctx: &EpochContext, mut judged: Vec<Verdict>, policy: &StarPol
             })
         })
         .collect();
-    let robust = RobustPolicy {
-        suspect_threshold: policy.suspect_threshold,
-        robust: policy.robust_aggregator.build(inputs.len()),
-        ..RobustPolicy::default()
-    }
-    .choose(suspect, counted)
-    .name()
-        != WeightedMean.name();
+    // With an agreement, the weighted mean already gives a delta against the epoch no
+    // weight, and the robust aggregator is its fallback (`StarPolicy::suspect_threshold`).
+    let weighed = agreement.iter().any(Option::is_some);
+    let robust = policy.robust_alone
+        || (!weighed
+            && RobustPolicy {
+                suspect_threshold: policy.suspect_threshold,
+                robust: policy.robust_aggregator.build(inputs.len()),
+                ..RobustPolicy::default()
+            }
+            .choose(suspect, counted)
+            .name()
+                != WeightedMean.name());
     let rejected_all = !judged.is_empty() && judged.iter().all(|v| v.outcome.is_err());
     let merged = merge_epoch(
         &ctx.base,

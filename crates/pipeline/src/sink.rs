@@ -74,7 +74,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::epoch::{
     fold_norms, kept_base, merge_limit, refused_loss, seed_epoch_norms, star_epoch, star_norms,
-    star_weight, DeltaForm, Merged, StarPolicy,
+    star_weight, DeltaForm, Merged, Merit, StarPolicy,
 };
 use crate::merge::{Aggregator, RobustAggregator, WeightedMean};
 use crate::publisher::{Checkpoint, Publisher, Staged};
@@ -413,6 +413,9 @@ enum KeeperMsg {
         /// Ring aggregation fallen back to the star: the round to attribute
         /// ([`EpochInput::audit`]).
         audit: Option<Box<RoundAudit>>,
+        /// The job's best loss before the epoch, as its summaries say
+        /// ([`EpochInput::best_loss`]).
+        best_loss: Option<f64>,
         /// The checkpoint, or why there is none.
         reply: RpcReplyPort<Result<PublishedEpoch, CheckpointError>>,
     },
@@ -461,6 +464,8 @@ enum JobKeeperMsg {
         ring: Option<Box<RingResult>>,
         /// Ring aggregation fallen back to the star: the round to attribute.
         audit: Option<Box<RoundAudit>>,
+        /// The job's best loss before the epoch, as its summaries say.
+        best_loss: Option<f64>,
         /// The checkpoint, or why there is none.
         reply: RpcReplyPort<Result<PublishedEpoch, CheckpointError>>,
     },
@@ -531,6 +536,10 @@ struct JobKeeperState {
     /// The last ring scoring (epoch, scores): its norm estimates and norm average are
     /// folded into the job's when that epoch is published.
     ring_scored: Option<(u32, SketchScores)>,
+    /// The job's best loss before the epoch being published, as the job's summaries in
+    /// the event log say ([`EpochInput::best_loss`]): after a restart the keeper's
+    /// `reports` are empty, and the merge is still bounded by the job's best.
+    recorded_best: Option<f64>,
 }
 
 /// What every keeper shares: the ports and the tunables.
@@ -817,18 +826,21 @@ pub fn epoch_report(
     }
 }
 
-/// Who an epoch pays, before stake and penalty are checked (paper §8): in star mode every
-/// accepted, not suspect delta's node by its composite score times its agreement with the
-/// epoch ([`crate::epoch::star_weight`]); in ring mode every round member by its merge
-/// weight (0 for the excluded and the rejected, who are left out). When the epoch kept its
-/// base in star mode, the accepted, not suspect deltas that lowered the validation loss on
-/// their own (`dl > 0`, measured by the validator) are paid by their composite score times
-/// their agreement: their work was checked and useful, and an epoch that Byzantine nodes kept from merging must not leave
-/// the honest ones unpaid (issue 19: two poisoners of three kept every epoch and the
-/// honest node, which passed every spot-check, earned nothing); a kept ring epoch pays
-/// nobody (only its spot-checked members were scored). Returns (node, share > 0)
-/// pairs, unnormalised ([`split_rewards`] normalises); nodes whose hex id does not parse
-/// are left out.
+/// Who an epoch pays, before stake and penalty are checked (paper §8). In star mode every
+/// accepted delta's node by [`Merit::weight`], the rule that weighed it in the weighted
+/// mean (composite score × agreement with the epoch, 0 when suspect; without an agreement
+/// 0 when it alone raised the validation loss by more than 10 %), so a delta the merge
+/// gives no weight is not paid; under a robust aggregator too, whose own weights are 1
+/// for every delta it took. When the epoch kept its base in star mode, only the deltas
+/// that lowered the validation loss on their own (`dl > 0`, measured by the validator)
+/// are paid, by the same rule: their work was checked and useful, and an epoch that
+/// Byzantine nodes kept from merging must not leave the honest ones unpaid (issue 19: two
+/// poisoners of three kept every epoch and the honest node, which passed every
+/// spot-check, earned nothing). In ring mode every round member by its merge weight (0
+/// for the excluded and the rejected, who are left out); a kept ring epoch pays nobody
+/// (only its spot-checked members were scored). Returns (node, share > 0) pairs,
+/// unnormalised ([`split_rewards`] normalises); nodes whose hex id does not parse are
+/// left out.
 pub fn reward_shares(report: &EpochReport) -> Vec<(NodeId, f64)> {
     let ring = report.ring.is_some();
     let kept = report.aggregator.is_none();
@@ -845,12 +857,20 @@ pub fn reward_shares(report: &EpochReport) -> Vec<(NodeId, f64)> {
             let share = if ring {
                 f64::from(d.weight)
             } else {
-                (!d.suspect).then_some(())?;
                 let score = d.score?;
                 if kept && score.loss_improvement <= 0.0 {
                     return None;
                 }
-                score.composite * d.agreement.unwrap_or(1.0)
+                // The rule that weighed it in the merge (an accepted delta's `suspect` is
+                // what its measurements say).
+                Merit {
+                    composite: Some(score.composite),
+                    measured_suspect: d.suspect,
+                    agreement: d.agreement,
+                    loss_before: report.loss_before,
+                    loss_after: d.loss_after,
+                }
+                .weight()
             };
             (share > 0.0).then_some((node, share))
         })
@@ -1405,8 +1425,13 @@ impl JobKeeperState {
             Some((e, s)) if e == epoch && ring.is_some() => Some(s),
             _ => None,
         };
-        // Reports of earlier epochs only (a publication retried for this epoch has none).
-        let best = best_loss(self.reports.range(..epoch).map(|(_, r)| r)).map(|(_, l)| l);
+        // Reports of earlier epochs only (a publication retried for this epoch has none),
+        // and what the job recorded (the keeper's reports start again after a restart).
+        let best = best_loss(self.reports.range(..epoch).map(|(_, r)| r))
+            .map(|(_, l)| l)
+            .into_iter()
+            .chain(self.recorded_best.filter(|l| l.is_finite()))
+            .min_by(f64::total_cmp);
         let model = self.model(job, training, base.as_deref()).await?;
         let base_weights = model.current.clone();
         let secret = EpochSecret::derive(&seed, job.0, epoch);
@@ -1481,6 +1506,7 @@ impl JobKeeperState {
                     outer_lr,
                     suspect_threshold: config.suspect_threshold,
                     robust_aggregator: config.robust_aggregator,
+                    robust_alone: false,
                 };
                 let ctx = ctx.clone();
                 let star = blocking(move || star_epoch(&ctx, judged, &policy)).await?;
@@ -2154,6 +2180,7 @@ impl Actor for Keeper {
                 deltas,
                 ring,
                 audit,
+                best_loss,
                 reply,
             } => {
                 let msg = JobKeeperMsg::Publish {
@@ -2163,6 +2190,7 @@ impl Actor for Keeper {
                     deltas,
                     ring,
                     audit,
+                    best_loss,
                     reply,
                 };
                 state.forward(&myself, job, msg).await;
@@ -2256,6 +2284,7 @@ impl Actor for JobKeeper {
             reports: a.reports,
             retried: None,
             ring_scored: None,
+            recorded_best: None,
         })
     }
 
@@ -2273,9 +2302,11 @@ impl Actor for JobKeeper {
                 deltas,
                 ring,
                 audit,
+                best_loss,
                 reply,
             } => {
                 let job = state.job;
+                state.recorded_best = best_loss;
                 let rounds = (ring.map(|r| *r), audit.map(|a| *a));
                 let result = state.publish(job, epoch, *spec, base, deltas, rounds).await;
                 if let Err(e) = &result {
@@ -2436,6 +2467,7 @@ impl CheckpointSink for TrainingSink {
             deltas: input.deltas.to_vec(),
             ring: input.ring.map(|r| Box::new(r.clone())),
             audit: input.audit.map(|a| Box::new(a.clone())),
+            best_loss: input.best_loss,
             reply,
         };
         // A job keeper that died mid-call drops the reply; the call is idempotent per

@@ -23,6 +23,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::demo::LM_RECIPE;
 use hanzod_actors::job::{Aggregation, TrainingSpec};
 use hanzod_actors::ports::DeltaReceipt;
 use hanzod_actors::types::{JobId, NodeId};
@@ -74,11 +75,11 @@ impl BenchModel {
             BenchModel::Qwen3Tiny => TrainingSpec {
                 model: hanzod_train::lm::QWEN3_TINY.into(),
                 dataset: hanzod_train::text::AUSTEN.into(),
-                local_steps: local_steps.unwrap_or(40),
-                batch_size: 8,
-                local_lr: 5e-3,
-                seq_len: 64,
-                validation_tokens: 2048,
+                local_steps: local_steps.unwrap_or(LM_RECIPE.local_steps),
+                batch_size: LM_RECIPE.batch_size,
+                local_lr: LM_RECIPE.local_lr,
+                seq_len: LM_RECIPE.seq_len,
+                validation_tokens: LM_RECIPE.validation_tokens,
                 seed,
                 aggregation: Aggregation::Star,
                 ..d
@@ -91,9 +92,10 @@ impl BenchModel {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum AggregatorChoice {
-    /// The daemon's policy: the weighted mean by score (suspects weigh 0), the robust
-    /// aggregator when more than 30 % of the epoch is suspect and as the fallback of a
-    /// merge the loss check refuses (`validation.robust_aggregator`).
+    /// The daemon's policy ([`StarPolicy`]): the weighted mean by score × agreement
+    /// (suspects weigh 0) with the robust aggregator as the fallback of a merge the loss
+    /// check refuses (`validation.robust_aggregator`); the robust aggregator alone when
+    /// more than 30 % of an epoch without an agreement is suspect.
     Policy {
         /// The robust aggregator of the policy.
         robust: RobustAggregator,
@@ -125,13 +127,13 @@ impl AggregatorChoice {
                 outer_lr,
                 suspect_threshold: 0.30,
                 robust_aggregator: robust,
+                robust_alone: false,
             },
-            // `RobustPolicy::choose` takes the robust aggregator when suspect > threshold ×
-            // total; a negative threshold makes that every epoch.
             AggregatorChoice::Alone { robust } => StarPolicy {
                 outer_lr,
-                suspect_threshold: -1.0,
+                suspect_threshold: 0.30,
                 robust_aggregator: robust,
+                robust_alone: true,
             },
         }
     }

@@ -725,6 +725,7 @@ fn policy() -> StarPolicy {
         outer_lr: TrainingSpec::default().outer_lr as f32,
         suspect_threshold: 0.30,
         robust_aggregator: RobustAggregator::Median,
+        robust_alone: false,
     }
 }
 
@@ -888,8 +889,24 @@ fn report(
     aggregator: Option<&'static str>,
     deltas: Vec<DeltaReport>,
 ) -> EpochReport {
+    let mut r = epoch_report(
+        report_ctx(),
+        &[],
+        &[],
+        (&[], &[]),
+        None,
+        ("", loss_after, aggregator),
+    );
+    r.epoch = epoch;
+    r.loss_before = loss_before;
+    r.deltas = deltas;
+    r
+}
+
+/// The context of [`report`]'s epochs: job 1, epoch 0, the default recipe.
+fn report_ctx() -> &'static EpochContext {
     static CTX: OnceLock<EpochContext> = OnceLock::new();
-    let ctx = CTX.get_or_init(|| {
+    CTX.get_or_init(|| {
         let trainer =
             hanzod_train::trainer_of(&TrainingSpec::default(), JobId(1)).expect("trainer");
         EpochContext {
@@ -905,19 +922,7 @@ fn report(
             secret: EpochSecret::from_bytes([9; 32]),
             config: ValidationConfig::default(),
         }
-    });
-    let mut r = epoch_report(
-        ctx,
-        &[],
-        &[],
-        (&[], &[]),
-        None,
-        ("", loss_after, aggregator),
-    );
-    r.epoch = epoch;
-    r.loss_before = loss_before;
-    r.deltas = deltas;
-    r
+    })
 }
 
 #[test]
@@ -1031,6 +1036,73 @@ fn kept_and_merged_lines() -> Vec<DeltaReport> {
     unscored.score = None;
     lines.push(unscored);
     lines
+}
+
+proptest! {
+    /// A star epoch pays exactly what it weighs: for accepted deltas of any measurements
+    /// (loss rise or fall, norm outlier or not, with or without an agreement), the share
+    /// `reward_shares` reads from the epoch report is the delta's weight in the weighted
+    /// mean (`star_weight`), and a delta of weight 0 is not paid. A kept epoch pays the
+    /// same weights, only to the deltas that lowered the loss on their own.
+    #[test]
+    fn a_star_epoch_pays_each_delta_its_weight_in_the_merge(
+        lines in proptest::collection::vec(
+            (-0.5f64..1.5, prop_oneof![Just(1.0f64), 0.0f64..1.0], proptest::option::of(0.0f64..=1.0)),
+            1..12,
+        ),
+        kept in any::<bool>(),
+    ) {
+        let loss_before = 1.0;
+        let mut judged = Vec::new();
+        let mut receipts = Vec::new();
+        let mut agreement = Vec::new();
+        for (k, (rise, stability, a)) in lines.iter().enumerate() {
+            let node = node(k as u8 + 1);
+            let loss_after = loss_before * (1.0 + rise);
+            let dl = crate::score::loss_improvement(loss_before, loss_after).expect("dl");
+            let score = QualityScore::new(dl, *stability, None).expect("score");
+            judged.push(Verdict {
+                node,
+                delta_hash: [k as u8; 32],
+                loss_before,
+                norm: Some(1.0),
+                loss_after: Some(loss_after),
+                score: Some(score),
+                spot_check: None,
+                outcome: Ok(Arc::new(vec![0.5; 4])),
+            });
+            receipts.push(DeltaReceipt {
+                job: JobId(1),
+                node,
+                epoch: 0,
+                step: 0,
+                delta_hash: [k as u8; 32],
+                claimed_loss: 1.0,
+                signature: vec![0; 64],
+            });
+            agreement.push(*a);
+        }
+        let weights: Vec<f64> = judged.iter().zip(&agreement).map(|(v, a)| star_weight(v, *a)).collect();
+        let mut r = report(0, loss_before, loss_before, None, Vec::new());
+        let aggregator = (!kept).then(|| WeightedMean.name());
+        let real = epoch_report(
+            report_ctx(),
+            &receipts,
+            &judged,
+            (&agreement, &weights),
+            None,
+            ("", loss_before, aggregator),
+        );
+        r.deltas = real.deltas;
+        r.aggregator = real.aggregator;
+        let paid: BTreeMap<NodeId, f64> = reward_shares(&r).into_iter().collect();
+        for (k, v) in judged.iter().enumerate() {
+            let improved = v.score.expect("score").loss_improvement > 0.0;
+            let want = if kept && !improved { 0.0 } else { weights[k] };
+            let got = paid.get(&v.node).copied().unwrap_or(0.0);
+            prop_assert!((got - want).abs() <= 1e-12 * want.max(1.0), "delta {}: paid {} weighs {}", k, got, want);
+        }
+    }
 }
 
 #[test]

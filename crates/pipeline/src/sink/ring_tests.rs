@@ -512,6 +512,7 @@ async fn publish_ring(
         deltas,
         ring: Some(ring),
         audit: None,
+        best_loss: None,
     };
     let published = f.sink.publish(input).await.expect("published");
     // Idempotent per (job, epoch).
@@ -767,6 +768,7 @@ async fn a_fallback_rejects_the_members_the_round_named_and_merges_the_others() 
         deltas: &receipts,
         ring: None,
         audit: Some(&audit),
+        best_loss: None,
     };
     f.sink.publish(input).await.expect("published");
     let report = f.sink.report(job, 0).await.expect("report");
