@@ -176,10 +176,17 @@ fn list(
     node: &[u8; 32],
     expected: usize,
 ) -> Result<Vec<([u8; 32], PathBuf)>, CollusionError> {
-    let entries = std::fs::read_dir(folder).map_err(|e| CollusionError::List {
-        path: folder.to_path_buf(),
-        reason: e.to_string(),
-    })?;
+    let entries = match std::fs::read_dir(folder) {
+        Ok(entries) => entries,
+        // Removed under us (a colluder two epochs ahead cleans up): nobody else's delta.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(CollusionError::List {
+                path: folder.to_path_buf(),
+                reason: e.to_string(),
+            })
+        }
+    };
     let mut found = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
@@ -215,13 +222,28 @@ fn node_of_file(name: &str) -> Option<[u8; 32]> {
     Some(id)
 }
 
-/// Reads a delta of `len` values from `path`: `None` unless it holds exactly `4 × len`
-/// bytes (no more are read) of finite values.
+/// Opens `path` for reading only if it is a plain file, judged on the opened file itself:
+/// on Unix without following a link (`O_NOFOLLOW`) and without blocking (`O_NONBLOCK`: a
+/// FIFO swapped in after [`list`] looked at the name opens at once and is then refused),
+/// so what was checked is what is read.
+fn open_plain(path: &Path) -> Option<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let file = options.open(path).ok()?;
+    file.metadata().ok()?.is_file().then_some(file)
+}
+
+/// Reads a delta of `len` values from `path`: `None` unless it is a plain file
+/// ([`open_plain`]) holding exactly `4 × len` bytes (no more are read) of finite values.
 fn read_delta(path: &Path, len: usize) -> Option<Vec<f32>> {
     let expected = len * 4;
     let mut bytes = Vec::with_capacity(expected);
-    std::fs::File::open(path)
-        .ok()?
+    open_plain(path)?
         .take(expected as u64 + 1)
         .read_to_end(&mut bytes)
         .ok()?;
@@ -335,6 +357,38 @@ mod tests {
         assert_eq!(
             found.deltas,
             vec![([0u8; 32], vec![0.5, 0.25]), ([8u8; 32], vec![1.0, -1.0])]
+        );
+    }
+
+    /// A name that [`list`] saw as a plain file but that is a FIFO or a link by the time
+    /// it is opened is refused at once: no read blocks on a FIFO nobody writes, and no
+    /// link is followed.
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_or_a_link_swapped_in_is_refused_without_blocking() {
+        let tmp = TempDir::new("swap");
+        std::fs::create_dir_all(&tmp.0).unwrap();
+        let good = tmp.0.join("good.f32");
+        std::fs::write(
+            &good,
+            [0.5f32.to_le_bytes(), 0.25f32.to_le_bytes()].concat(),
+        )
+        .unwrap();
+        assert_eq!(read_delta(&good, 2), Some(vec![0.5, 0.25]));
+        let fifo = tmp.0.join("fifo.f32");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo touches nothing else.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let started = Instant::now();
+        assert_eq!(read_delta(&fifo, 2), None);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let link = tmp.0.join("link.f32");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        assert_eq!(read_delta(&link, 2), None);
+        // A folder removed under a reader is nobody's delta, not an error.
+        assert_eq!(
+            list(&tmp.0.join("gone"), &[0u8; 32], 8).unwrap(),
+            Vec::new()
         );
     }
 

@@ -743,14 +743,17 @@ pub fn plan(
     } else {
         args.attacks.clone()
     };
-    let attacks = names
-        .iter()
-        .map(|a| {
-            a.parse::<Attack>()
-                .map(|x| (a.clone(), x))
-                .map_err(|e| ByzantineArgsError::Attack(e.to_string()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut attacks: Vec<(String, Attack)> = Vec::with_capacity(names.len());
+    for a in &names {
+        let x = a
+            .parse::<Attack>()
+            .map_err(|e| ByzantineArgsError::Attack(e.to_string()))?;
+        // One row per attack, however it is spelled (`alie` twice, `scale:-10` and
+        // `scale:-10.0`): a repeated attack would count twice in the table.
+        if !attacks.iter().any(|(_, y)| *y == x) {
+            attacks.push((a.clone(), x));
+        }
+    }
     let aggs: Vec<String> = if args.aggregators.is_empty() {
         DEFAULT_AGGREGATORS.iter().map(|s| s.to_string()).collect()
     } else {
@@ -1087,6 +1090,14 @@ mod tests {
             ..args()
         };
         assert!(matches!(plan(&a), Err(ByzantineArgsError::Attack(_))));
+        // One row per attack however it is spelled.
+        let a = ByzantineArgs {
+            attacks: vec!["scale:-10".into(), "sign-flip".into(), "scale:-10.0".into()],
+            ..args()
+        };
+        let (_, attacks, _) = plan(&a).expect("a plan");
+        let names: Vec<&str> = attacks.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["scale:-10", "sign-flip"]);
     }
 
     #[test]
