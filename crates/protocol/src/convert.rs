@@ -2,6 +2,9 @@
 //! checks its input and fails with a [`FieldError`] naming the field, which the services
 //! turn into `INVALID_ARGUMENT`.
 
+use crate::limits::{
+    MAX_DRIVER_SIG_BYTES, MAX_ENDPOINT_BYTES, MAX_GPU_MODEL_BYTES, MAX_REGION_BYTES,
+};
 use hanzod_actors::actor::job::JobView;
 use hanzod_actors::job::{
     AdamWSpec, Aggregation, EpochAssignment, JobPhase, JobSpec, LoraSpec, SeedCommitments,
@@ -140,8 +143,11 @@ pub fn gym_wei(field: &'static str, s: &str) -> Result<GymWei, FieldError> {
 
 /// Checks a `host:port` endpoint: at most 255 bytes, a non-empty host, a port 1..=65535.
 pub fn endpoint(field: &'static str, s: &str) -> Result<String, FieldError> {
-    if s.len() > 255 {
-        return Err(bad(field, "longer than 255 bytes"));
+    if s.len() > MAX_ENDPOINT_BYTES {
+        return Err(bad(
+            field,
+            format!("longer than {MAX_ENDPOINT_BYTES} bytes"),
+        ));
     }
     let (host, port) = s
         .rsplit_once(':')
@@ -173,10 +179,13 @@ pub fn node_info(info: &pb::NodeInfo) -> Result<(NodeInfo, String), FieldError> 
         .gpu
         .as_ref()
         .ok_or_else(|| bad("info.gpu", "missing"))?;
-    if gpu.model.is_empty() || gpu.model.len() > 128 || gpu.model.chars().any(char::is_control) {
+    if gpu.model.is_empty()
+        || gpu.model.len() > MAX_GPU_MODEL_BYTES
+        || gpu.model.chars().any(char::is_control)
+    {
         return Err(bad(
             "info.gpu.model",
-            "must be 1..=128 bytes without control characters",
+            format!("must be 1..={MAX_GPU_MODEL_BYTES} bytes without control characters"),
         ));
     }
     if gpu.vram_bytes == 0 {
@@ -186,8 +195,11 @@ pub fn node_info(info: &pb::NodeInfo) -> Result<(NodeInfo, String), FieldError> 
         .map_err(|_| bad("info.gpu.compute_cap_major", "must be ≤ 255"))?;
     let minor = u8::try_from(gpu.compute_cap_minor)
         .map_err(|_| bad("info.gpu.compute_cap_minor", "must be ≤ 255"))?;
-    if gpu.driver_sig.len() > 1024 {
-        return Err(bad("info.gpu.driver_sig", "longer than 1024 bytes"));
+    if gpu.driver_sig.len() > MAX_DRIVER_SIG_BYTES {
+        return Err(bad(
+            "info.gpu.driver_sig",
+            format!("longer than {MAX_DRIVER_SIG_BYTES} bytes"),
+        ));
     }
     let bw = info
         .bandwidth
@@ -203,7 +215,7 @@ pub fn node_info(info: &pb::NodeInfo) -> Result<(NodeInfo, String), FieldError> 
     }
     let region = &info.region;
     if region.is_empty()
-        || region.len() > 64
+        || region.len() > MAX_REGION_BYTES
         || !region
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -211,7 +223,7 @@ pub fn node_info(info: &pb::NodeInfo) -> Result<(NodeInfo, String), FieldError> 
         return Err(bad(
             "info.region",
             format!(
-                "{} must be 1..=64 bytes of [a-z0-9-]",
+                "{} must be 1..={MAX_REGION_BYTES} bytes of [a-z0-9-]",
                 excerpt(region.as_bytes())
             ),
         ));

@@ -1,11 +1,22 @@
 //! `hanzod.v1.NodeService`: challenge–response registration and the per-node session
 //! stream (DESIGN §3, paper §4.1 and §4.4).
 //!
-//! Checks on every session message, cheapest first: per-session rate limit, decoding,
-//! session token, Ed25519 signature over `"hanzod.v1.session" || payload`, sequence number
-//! strictly above the last accepted one, timestamp within the replay window. A bad
-//! signature ends the stream `UNAUTHENTICATED`; other refusals answer a `Reject` and keep
-//! the stream, until `max_violations` refusals end it `RESOURCE_EXHAUSTED`.
+//! Every request's fields are held to their size limits ([`limits`]) before anything
+//! decodes, verifies, hashes or logs them: `Challenge` and `Register` right after their
+//! per-IP rate limit (a `Register`'s `info` before it is decoded), a session's first message
+//! before it is decoded. A field over its limit is `INVALID_ARGUMENT`, counted as
+//! `rejected_messages{reason="too_large"}`.
+//!
+//! Checks on every session message, cheapest first: per-session rate limit, field sizes
+//! ([`limits::signed_node_message`]), decoding, session token, Ed25519 signature over
+//! `"hanzod.v1.session" || payload`, sequence number strictly above the last accepted one,
+//! timestamp within the replay window. A bad signature ends the stream `UNAUTHENTICATED`;
+//! other refusals answer a `Reject` and keep the stream, until `max_violations` refusals end
+//! it `RESOURCE_EXHAUSTED`.
+//!
+//! Refusals are logged through one [`RefusalLog`], shared by the service and its session
+//! tasks: at most one line per reason per interval, with the count of those not logged; the
+//! metric counts every one, and a session's node still gets its `Reject` for each.
 //!
 //! `UploadDelta` is served by [`super::upload::DeltaUploads`].
 
@@ -33,6 +44,7 @@ use super::status_of;
 use super::upload::DeltaUploads;
 use hanzod_protocol::convert;
 use hanzod_protocol::identity::{self, gpu_attestation_bytes};
+use hanzod_protocol::limits;
 
 /// Limits and timings of the node service.
 #[derive(Debug, Clone)]
@@ -118,7 +130,8 @@ pub struct NodeServiceImpl {
     per_key: DefaultKeyedRateLimiter<NodeId>,
     per_ip: DefaultKeyedRateLimiter<std::net::IpAddr>,
     register_per_ip: DefaultKeyedRateLimiter<std::net::IpAddr>,
-    refusals: RefusalLog,
+    /// Which refusals are logged; shared with the session tasks.
+    refusals: Arc<RefusalLog>,
     /// Calls since the keyed limiters were last pruned.
     limiter_calls: std::sync::atomic::AtomicU64,
     settings: NodeServiceSettings,
@@ -157,7 +170,7 @@ impl NodeServiceImpl {
         NodeServiceImpl {
             per_ip,
             register_per_ip,
-            refusals: RefusalLog::default(),
+            refusals: Arc::new(RefusalLog::default()),
             limiter_calls: Default::default(),
             metrics: core.metrics(),
             clock: core.clock(),
@@ -174,7 +187,8 @@ impl NodeServiceImpl {
         }
     }
 
-    /// Counts a refusal and logs it if [`RefusalLog`] lets it through.
+    /// Counts a refusal and logs it if [`RefusalLog`] lets it through (its message cut by
+    /// [`convert::bounded_message`]).
     fn reject(&self, reason: &'static str, status: Status) -> Status {
         self.metrics.incr(Counter::RejectedMessages, reason, 1);
         match self
@@ -182,14 +196,19 @@ impl NodeServiceImpl {
             .judge(reason, status.code(), self.clock.now().as_millis())
         {
             Logged::Failure => {
-                tracing::warn!(reason, code = ?status.code(), "refused: {}", status.message())
+                tracing::warn!(reason, code = ?status.code(), "refused: {}", convert::bounded_message(status.message()))
             }
             Logged::Refusal { unlogged } => {
-                tracing::info!(reason, code = ?status.code(), unlogged, "refused: {}", status.message())
+                tracing::info!(reason, code = ?status.code(), unlogged, "refused: {}", convert::bounded_message(status.message()))
             }
             Logged::Suppressed => {}
         }
         status
+    }
+
+    /// A field over its size limit ([`limits`]): `INVALID_ARGUMENT`, reason `too_large`.
+    fn too_large(&self, e: convert::FieldError) -> Status {
+        self.reject("too_large", e.into())
     }
 
     /// A refusal that the core already logged and counted as a registration outcome:
@@ -311,6 +330,7 @@ impl NodeService for NodeServiceImpl {
             "registration challenges",
             request.remote_addr().map(|a| a.ip()),
         )?;
+        limits::challenge(request.get_ref()).map_err(|e| self.too_large(e))?;
         let node = convert::node_id("node_id", &request.get_ref().node_id)
             .map_err(|e| self.reject("invalid", e.into()))?;
         identity::verifying_key(&node).map_err(|_| {
@@ -341,6 +361,7 @@ impl NodeService for NodeServiceImpl {
             request.remote_addr().map(|a| a.ip()),
         )?;
         let req = request.into_inner();
+        limits::register(&req).map_err(|e| self.too_large(e))?;
         let wire = pb::NodeInfo::decode(req.info.as_slice()).map_err(|e| {
             self.reject(
                 "invalid",
@@ -461,6 +482,7 @@ impl NodeService for NodeServiceImpl {
             }
             Ok(Ok(Some(m))) => m,
         };
+        limits::signed_node_message(&first).map_err(|e| self.too_large(e))?;
         let msg = pb::NodeMessage::decode(first.payload.as_slice()).map_err(|e| {
             self.reject(
                 "invalid",
@@ -518,6 +540,7 @@ impl NodeService for NodeServiceImpl {
             core: self.core.clone(),
             sessions: self.sessions.clone(),
             metrics: self.metrics.clone(),
+            refusals: self.refusals.clone(),
             clock: self.clock.clone(),
             node,
             key,
@@ -630,6 +653,9 @@ struct SessionTask {
     core: OrchestratorHandle,
     sessions: Arc<Sessions>,
     metrics: Arc<dyn Metrics>,
+    /// The service's refusal log: a flood of bad messages logs one line per reason per
+    /// interval, whichever session it comes from.
+    refusals: Arc<RefusalLog>,
     clock: Arc<dyn Clock>,
     node: NodeId,
     key: VerifyingKey,
@@ -716,12 +742,25 @@ impl SessionTask {
         }
     }
 
-    /// Answers a `Reject` for message `seq`. `charged` refusals (the node's fault: rate,
-    /// malformed, replayed, stale) count towards `max_violations`; refusals of ours (the
-    /// core unavailable, a report refused, a probe answered late) do not.
+    /// Answers a `Reject` for message `seq`, counted in `rejected_messages{reason}` and
+    /// logged if the shared [`RefusalLog`] lets it through. `charged` refusals (the node's
+    /// fault: rate, size, malformed, replayed, stale) count towards `max_violations`;
+    /// refusals of ours (the core unavailable, a report refused, a probe answered late) do
+    /// not.
     fn refuse(&mut self, seq: u64, reason: &'static str, status: Status, charged: bool) -> Verdict {
         self.metrics.incr(Counter::RejectedMessages, reason, 1);
-        tracing::debug!(node = %self.node.short(), seq, reason, "session message refused: {}", status.message());
+        match self
+            .refusals
+            .judge(reason, status.code(), self.clock.now().as_millis())
+        {
+            Logged::Failure => {
+                tracing::warn!(node = %self.node.short(), seq, reason, code = ?status.code(), "session message refused: {}", convert::bounded_message(status.message()))
+            }
+            Logged::Refusal { unlogged } => {
+                tracing::info!(node = %self.node.short(), seq, reason, code = ?status.code(), unlogged, "session message refused: {}", convert::bounded_message(status.message()))
+            }
+            Logged::Suppressed => {}
+        }
         if charged {
             if self.last_violation.elapsed() > Duration::from_secs(60) {
                 self.violations = 0;
@@ -764,6 +803,9 @@ impl SessionTask {
                 )),
                 true,
             );
+        }
+        if let Err(e) = limits::signed_node_message(&env) {
+            return self.refuse(0, "too_large", e.into(), true);
         }
         let msg = match pb::NodeMessage::decode(env.payload.as_slice()) {
             Ok(m) => m,
@@ -934,7 +976,74 @@ impl SessionTask {
 #[cfg(test)]
 mod tests {
     use super::rate_key;
+    use hanzod_proto::v1 as pb;
+    use hanzod_protocol::limits::*;
+    use prost::Message;
     use std::net::IpAddr;
+
+    /// The limits of encoded messages are derived from their fields: the longest valid
+    /// `NodeInfo` and `NodeMessage` (every field at its bound, varints at their longest)
+    /// encode to exactly the derived sizes (which the limits round up: a const assertion in
+    /// `limits`), and a valid registration passes the limits.
+    #[test]
+    fn the_longest_valid_messages_encode_to_the_derived_sizes() {
+        let info = pb::NodeInfo {
+            node_id: vec![1; NODE_ID_BYTES],
+            gpu: Some(pb::GpuInfo {
+                model: "m".repeat(MAX_GPU_MODEL_BYTES),
+                vram_bytes: u64::MAX,
+                compute_cap_major: u32::MAX,
+                compute_cap_minor: u32::MAX,
+                driver_sig: vec![2; MAX_DRIVER_SIG_BYTES],
+            }),
+            bandwidth: Some(pb::BandwidthProbe {
+                up_mbps: 1.0,
+                down_mbps: 1.0,
+            }),
+            region: "r".repeat(MAX_REGION_BYTES),
+            endpoint: format!("{}:9", "h".repeat(MAX_ENDPOINT_BYTES - 2)),
+        };
+        assert_eq!(info.encoded_len(), NODE_INFO_ENCODED_MAX);
+        let probe = pb::NodeMessage {
+            session: vec![3; SESSION_TOKEN_BYTES],
+            seq: u64::MAX,
+            timestamp_ms: u64::MAX,
+            body: Some(pb::node_message::Body::ProbeResult(pb::ProbeResult {
+                probe_id: u64::MAX,
+                peer: vec![4; NODE_ID_BYTES],
+                mbps: 1.0,
+                bytes: u64::MAX,
+                elapsed_us: u64::MAX,
+                error: "e".repeat(MAX_PROBE_ERROR_BYTES),
+            })),
+        };
+        assert_eq!(probe.encoded_len(), NODE_MESSAGE_ENCODED_MAX);
+        // The other bodies are smaller.
+        for body in [
+            pb::node_message::Body::Heartbeat(pb::Heartbeat {
+                gpu_utilization: 1.0,
+                memory_used: u64::MAX,
+                current_step: u64::MAX,
+            }),
+            pb::node_message::Body::RingAck(pb::RingAck {
+                job_id: u64::MAX,
+                version: u64::MAX,
+            }),
+        ] {
+            let m = pb::NodeMessage {
+                body: Some(body),
+                ..probe.clone()
+            };
+            assert!(m.encoded_len() < NODE_MESSAGE_ENCODED_MAX, "{m:?}");
+        }
+        // A valid registration passes the limits whole.
+        let req = pb::RegisterRequest {
+            info: info.encode_to_vec(),
+            nonce: vec![5; NONCE_BYTES],
+            signature: vec![6; SIGNATURE_BYTES],
+        };
+        assert_eq!(register(&req), Ok(()));
+    }
 
     #[test]
     fn ipv6_addresses_share_their_slash_64_budget_and_ipv4_keep_their_own() {

@@ -7,7 +7,7 @@
 //! | step | refusal | code | outcome label |
 //! |---|---|---|---|
 //! | first chunk | not a header | `INVALID_ARGUMENT` | `no_header` |
-//! | header | `total_bytes` < 24 (an HZDL header alone is 24), `claimed_loss` not finite or negative | `INVALID_ARGUMENT` | `invalid` |
+//! | header | `session` over 16 bytes ([`limits::delta_header`]), `total_bytes` < 24 (an HZDL header alone is 24), `claimed_loss` not finite or negative | `INVALID_ARGUMENT` | `invalid` |
 //! | session | token not a live session | `UNAUTHENTICATED` | `unknown_session` |
 //! | job | unknown job | `NOT_FOUND` | `unknown_job` |
 //! | job | not Running, or Running another epoch | `FAILED_PRECONDITION` | `not_running`, `wrong_epoch` |
@@ -22,6 +22,7 @@
 //! | data | more bytes than declared, fewer at the trailer, a second header, an empty or unset chunk | `INVALID_ARGUMENT` | `overflow`, `short`, `out_of_order` |
 //! | data | the stream ends without a trailer | `INVALID_ARGUMENT` | `no_trailer` |
 //! | data | a message over the size limit; the transport failed | `RESOURCE_EXHAUSTED`; as received | `too_large_message`, `transport` |
+//! | trailer | `sha256` over 32 bytes or `signature` over 64 ([`limits::delta_trailer`], before either is compared, quoted or verified) | `INVALID_ARGUMENT` | `invalid` |
 //! | trailer | `sha256` is not the SHA-256 of the bytes received | `DATA_LOSS` | `hash_mismatch` |
 //! | trailer | the statement signature (job, epoch, step, claimed loss, hash) does not verify under the session's node key | `UNAUTHENTICATED` | `bad_signature` |
 //! | format | [`DeltaView::parse`] + [`check_against`] the job's delta spec (off the runtime) | `INVALID_ARGUMENT` (the [`DeltaError`]'s message) | per error: `bad_header`, `truncated`, `bad_safetensors`, `wrong_dtype`, `wrong_kind`, `unknown_tensor`, `wrong_shape`, `missing_tensor`, `duplicate_tensor`, `non_finite` |
@@ -78,6 +79,7 @@ mod round;
 use hanzod_protocol::hzdl::{
     verify_statement, DeltaDtype, DeltaError, DeltaView, Statement, HEADER_LEN,
 };
+use hanzod_protocol::limits;
 use hanzod_protocol::model::{check_against, ModelSpec};
 use hanzod_store::blobs::{BlobError, BlobStore};
 use hanzod_train::catalog::ModelCatalog;
@@ -232,12 +234,17 @@ impl DeltaUploads {
     /// `FetchCheckpoint` (see `node.proto`): a live session may download any checkpoint
     /// the daemon stored, as a header and chunks of `chunk_bytes`.
     ///
-    /// Errors: `UNAUTHENTICATED` (no live session), `INVALID_ARGUMENT` (malformed
-    /// reference), `NOT_FOUND` (not stored here), `UNAVAILABLE` (the store failed).
+    /// Errors: `INVALID_ARGUMENT` (a field over its limit, [`limits::fetch_checkpoint`],
+    /// before anything else), `UNAUTHENTICATED` (no live session), `INVALID_ARGUMENT`
+    /// (malformed reference), `NOT_FOUND` (not stored here), `UNAVAILABLE` (the store failed).
     pub async fn fetch_checkpoint(
         &self,
         request: pb::FetchCheckpointRequest,
     ) -> Result<CheckpointStream, Status> {
+        limits::fetch_checkpoint(&request).map_err(|e| {
+            self.metrics.incr(Counter::RejectedMessages, "too_large", 1);
+            Status::from(e)
+        })?;
         self.sessions
             .lookup_bytes(&request.session)
             .ok_or_else(|| Status::unauthenticated(hanzod_protocol::status::UNKNOWN_SESSION))?;
@@ -360,10 +367,10 @@ impl DeltaUploads {
                     self.core.clock().now().as_millis(),
                 ) {
                     Logged::Failure => {
-                        tracing::warn!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), "delta not accepted: {}", status.message())
+                        tracing::warn!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), "delta not accepted: {}", hanzod_protocol::convert::bounded_message(status.message()))
                     }
                     Logged::Refusal { unlogged } => {
-                        tracing::info!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), unlogged, "delta refused: {}", status.message())
+                        tracing::info!(%node, job = cx.job, epoch = cx.epoch, reason, code = ?status.code(), unlogged, "delta refused: {}", hanzod_protocol::convert::bounded_message(status.message()))
                     }
                     Logged::Suppressed => {}
                 }
@@ -401,6 +408,7 @@ impl DeltaUploads {
         };
         cx.job = header.job_id;
         cx.epoch = header.epoch;
+        limits::delta_header(&header).map_err(|e| refusal("invalid", e.into()))?;
         if header.total_bytes < HEADER_LEN as u64 {
             return Err(refusal(
                 "invalid",
@@ -916,6 +924,7 @@ where
                 buf.append(data);
             }
             Part::Trailer(trailer) => {
+                limits::delta_trailer(&trailer).map_err(|e| refusal("invalid", e.into()))?;
                 if buf.len() != total {
                     return Err(refusal(
                         "short",
@@ -1327,6 +1336,32 @@ mod tests {
             let f = r.expect_err(reason);
             assert_eq!((f.reason, f.status.code()), (reason, code), "{f:?}");
         }
+    }
+
+    /// A trailer's hash and signature are held to their sizes before the hash is compared
+    /// (a mismatch quotes it in hex) or the signature verified.
+    #[tokio::test]
+    async fn an_oversized_trailer_is_refused_before_its_hash_is_compared_or_quoted() {
+        let oversized = [
+            (vec![0x1b; 1 << 20], vec![7; 64], "trailer.sha256"),
+            (vec![0; 32], vec![7; 65], "trailer.signature"),
+        ];
+        for (sha256, signature, field) in oversized {
+            let t = Ok(pb::DeltaChunk {
+                part: Some(Part::Trailer(pb::DeltaTrailer { sha256, signature })),
+            });
+            let (r, _) = run(vec![data(&[1; 100]), t], 100).await;
+            let f = r.expect_err(field);
+            assert_eq!(
+                (f.reason, f.status.code()),
+                ("invalid", tonic::Code::InvalidArgument)
+            );
+            assert!(f.status.message().contains(field), "{f:?}");
+            assert!(f.status.message().len() < 100, "{f:?}");
+        }
+        // At the limits, the trailer is received (its hash is compared later).
+        let (r, _) = run(vec![data(&[1; 100]), trailer(&[0; 32])], 100).await;
+        assert!(r.is_ok(), "{r:?}");
     }
 
     #[tokio::test(start_paused = true)]

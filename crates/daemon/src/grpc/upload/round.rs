@@ -1,8 +1,9 @@
 //! The ring-aggregation calls of `NodeService` (`CommitDelta`, `SubmitSketch`,
-//! `ReportReduction`, `SubmitEvidence`; `node.proto`, DESIGN §6.4): each is bounded and
-//! checked here (the session, the job's model, the signature under the session's node key,
-//! the sketch's shape), then handed to the job's ring aggregation in the core
-//! ([`OrchestratorHandle::round`]), which answers with the step it is at.
+//! `ReportReduction`, `SubmitEvidence`; `node.proto`, DESIGN §6.4): each is bounded first
+//! (every field's size, [`hanzod_protocol::limits`]: `INVALID_ARGUMENT` before the session
+//! is looked up), checked here (the session, the job's model, the signature under the
+//! session's node key, the sketch's shape), then handed to the job's ring aggregation in
+//! the core ([`OrchestratorHandle::round`]), which answers with the step it is at.
 
 use hanzod_actors::actor::msg::RoundMsg;
 use hanzod_actors::aggregation::Commit;
@@ -11,15 +12,13 @@ use hanzod_actors::ports::{Counter, SketchData};
 use hanzod_actors::types::{JobId, NodeId};
 use hanzod_proto::v1 as pb;
 use hanzod_protocol::hzdl::{verify_statement, DeltaDtype, Statement, HEADER_LEN};
+use hanzod_protocol::limits;
 use hanzod_protocol::round::{self as ring, SeedPurpose};
 use tonic::Status;
 
 use super::DeltaUploads;
 
-/// Most pieces one `RoundEvidence` may carry.
-pub const MAX_EVIDENCE_PIECES: usize = 65_536;
-/// Bytes of one evidence piece: a 73-byte piece header and a 64-byte Ed25519 signature.
-pub const EVIDENCE_PIECE_BYTES: usize = 73 + 64;
+pub use hanzod_protocol::limits::{EVIDENCE_PIECE_BYTES, MAX_EVIDENCE_PIECES};
 
 fn hash32(field: &'static str, v: &[u8]) -> Result<[u8; 32], Status> {
     v.try_into().map_err(|_| {
@@ -66,10 +65,10 @@ impl DeltaUploads {
             .judge(what, status.code(), self.core.clock().now().as_millis())
         {
             Logged::Failure => {
-                tracing::warn!(call = what, code = ?status.code(), "ring call failed: {}", status.message())
+                tracing::warn!(call = what, code = ?status.code(), "ring call failed: {}", hanzod_protocol::convert::bounded_message(status.message()))
             }
             Logged::Refusal { unlogged } => {
-                tracing::info!(call = what, code = ?status.code(), unlogged, "ring call refused: {}", status.message())
+                tracing::info!(call = what, code = ?status.code(), unlogged, "ring call refused: {}", hanzod_protocol::convert::bounded_message(status.message()))
             }
             Logged::Suppressed => {}
         }
@@ -89,14 +88,16 @@ impl DeltaUploads {
 
     /// `CommitDelta` (see `node.proto`).
     ///
-    /// Errors, in order: UNAUTHENTICATED (session), NOT_FOUND (job), FAILED_PRECONDITION (star
-    /// job), INVALID_ARGUMENT (sha256 not 32 bytes, claimed_loss not finite or negative, step not
+    /// Errors, in order: INVALID_ARGUMENT (a field over its limit,
+    /// [`limits::delta_commitment`]), UNAUTHENTICATED (session), NOT_FOUND (job),
+    /// FAILED_PRECONDITION (star job), INVALID_ARGUMENT (sha256 not 32 bytes, claimed_loss not finite or negative, step not
     /// epoch × local_steps, total_bytes below the HZDL header or above the model's largest
     /// f32 delta, unknown model), UNAUTHENTICATED (the statement signature), then the
     /// core's: FAILED_PRECONDITION (not running in `epoch`, not at the commit step),
     /// PERMISSION_DENIED (not in the ring), ALREADY_EXISTS (a different commitment).
     pub async fn commit_delta(&self, r: pb::DeltaCommitment) -> Result<pb::RoundAck, Status> {
         let res = async {
+            limits::delta_commitment(&r)?;
             let (node, key, view) = self.round_caller(&r.session, r.job_id).await?;
             let hash = hash32("sha256", &r.sha256)?;
             hanzod_protocol::convert::claimed_loss("claimed_loss", r.claimed_loss)?;
@@ -147,13 +148,15 @@ impl DeltaUploads {
 
     /// `SubmitSketch` (see `node.proto`).
     ///
-    /// Errors, in order: UNAUTHENTICATED (session), NOT_FOUND, FAILED_PRECONDITION (star job),
-    /// INVALID_ARGUMENT (sha256, the sketch's shape: `core.aggregation.sketch_rows` rows
+    /// Errors, in order: INVALID_ARGUMENT (a field over its limit,
+    /// [`limits::sketch_submission`]), UNAUTHENTICATED (session), NOT_FOUND,
+    /// FAILED_PRECONDITION (star job), INVALID_ARGUMENT (sha256, the sketch's shape: `core.aggregation.sketch_rows` rows
     /// and masses over the model's parameter count, finite, masses above magnitudes),
     /// UNAUTHENTICATED (signature), then the core's (not at the sketch or verify step,
     /// another hash than committed: ALREADY_EXISTS).
     pub async fn submit_sketch(&self, r: pb::SketchSubmission) -> Result<pb::RoundAck, Status> {
         let res = async {
+            limits::sketch_submission(&r)?;
             let (node, key, view) = self.round_caller(&r.session, r.job_id).await?;
             let hash = hash32("sha256", &r.sha256)?;
             let model = self.catalog.delta_spec(&view.spec.training).map_err(|e| {
@@ -188,11 +191,12 @@ impl DeltaUploads {
 
     /// `ReportReduction` (see `node.proto`).
     ///
-    /// Errors: UNAUTHENTICATED (session, signature), NOT_FOUND, FAILED_PRECONDITION (star
-    /// job, not at the reduce step of `ring_version`), INVALID_ARGUMENT (result_sha256 not
-    /// 32 bytes).
+    /// Errors: INVALID_ARGUMENT (a field over its limit, [`limits::reduction_report`], first;
+    /// result_sha256 not 32 bytes), UNAUTHENTICATED (session, signature), NOT_FOUND,
+    /// FAILED_PRECONDITION (star job, not at the reduce step of `ring_version`).
     pub async fn report_reduction(&self, r: pb::ReductionReport) -> Result<pb::RoundAck, Status> {
         let res = async {
+            limits::reduction_report(&r)?;
             let (node, key, _) = self.round_caller(&r.session, r.job_id).await?;
             let result = hash32("result_sha256", &r.result_sha256)?;
             let digest = ring::reduction_digest(r.job_id, r.epoch, r.ring_version, &result);
@@ -216,19 +220,16 @@ impl DeltaUploads {
     /// `SubmitEvidence` (see `node.proto`). The pieces' signatures are the sender's and are
     /// checked when the evidence is used.
     ///
-    /// Errors: UNAUTHENTICATED (session), NOT_FOUND, FAILED_PRECONDITION (star job, the epoch
-    /// did not fall back), INVALID_ARGUMENT (sender not 32 bytes, more than
-    /// [`MAX_EVIDENCE_PIECES`] pieces, a piece not [`EVIDENCE_PIECE_BYTES`] long).
+    /// Errors: INVALID_ARGUMENT (a field over its limit, [`limits::round_evidence`], first:
+    /// more than [`MAX_EVIDENCE_PIECES`] pieces, a piece over [`EVIDENCE_PIECE_BYTES`]),
+    /// UNAUTHENTICATED (session), NOT_FOUND, FAILED_PRECONDITION (star job, the epoch did
+    /// not fall back), INVALID_ARGUMENT (sender not 32 bytes, a piece shorter than
+    /// [`EVIDENCE_PIECE_BYTES`]).
     pub async fn submit_evidence(&self, r: pb::RoundEvidence) -> Result<pb::RoundAck, Status> {
         let res = async {
+            limits::round_evidence(&r)?;
             let (node, _, _) = self.round_caller(&r.session, r.job_id).await?;
             let sender = NodeId(hash32("sender", &r.sender)?);
-            if r.pieces.len() > MAX_EVIDENCE_PIECES {
-                return Err(Status::invalid_argument(format!(
-                    "invalid pieces: {} pieces, at most {MAX_EVIDENCE_PIECES}",
-                    r.pieces.len()
-                )));
-            }
             if let Some((i, p)) = r
                 .pieces
                 .iter()
