@@ -1971,6 +1971,14 @@ fn a_flood_of_oversized_requests_costs_bounded_log_bytes_and_changes_nothing() {
         written <= requests * LOG_BYTES_PER_REQUEST,
         "{written} bytes"
     );
+    // The refusals did reach the meter (the bounds above would hold for a log that lost
+    // them): the first oversized request's line is there, with its reason.
+    assert!(
+        loud.iter()
+            .any(|l| l.contains("too_large") && l.contains("refused")),
+        "no refusal line was logged:\n{}",
+        loud.join("")
+    );
 
     // (c) nobody was admitted or failed; the live session still serves; a fresh node joins.
     assert_eq!(live_nodes(&mut admin), before);

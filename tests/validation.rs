@@ -1103,4 +1103,6 @@ async fn the_recorded_best_loss_bounds_a_merge_the_sink_has_no_reports_for() {
         kept.summary.expect("summary").outcome_line(),
         format!("kept the previous checkpoint: {}", r.kept.unwrap())
     );
+    // The report's best is the job's, not only what this keeper saw.
+    assert_eq!((r.best_loss, r.best_epoch), (Some(best), None));
 }

@@ -74,9 +74,12 @@ pub const REDUCTION: &[u8] = b"hanzod.v1.reduction";
 /// An uploaded ring round result (DESIGN §6.4): the uploader signs SHA-256(`MERGED || job ||
 /// epoch || payload hash`).
 pub const MERGED: &[u8] = b"hanzod.v1.merged";
+/// A LoRA epoch's random projection of the adapters' updates (DESIGN §6, "Copies and
+/// free-riders"): its seed is SHA-256(`LORA_SKETCH ||` the epoch's spot-check secret).
+pub const LORA_SKETCH: &[u8] = b"hanzod-lora-sketch-v1";
 
 /// Every domain, for the check that none is a prefix of another.
-pub const ALL: [&[u8]; 25] = [
+pub const ALL: [&[u8]; 26] = [
     REGISTER,
     SESSION,
     GPU,
@@ -102,6 +105,7 @@ pub const ALL: [&[u8]; 25] = [
     SKETCH,
     REDUCTION,
     MERGED,
+    LORA_SKETCH,
 ];
 
 #[cfg(test)]

@@ -178,17 +178,20 @@ pub fn progress(summaries: &BTreeMap<u32, EpochSummary>) -> Progress {
 }
 
 /// The validation loss of the job's best checkpoint among the epochs before `epoch`, from
-/// its summaries: the lowest of the earliest summarised epoch's `loss_before` (the
-/// checkpoint the job started from) and every advanced epoch's `loss_after` (a kept epoch
-/// republished a checkpoint already counted); NaN and ±∞ losses are not checkpoints
-/// anyone would keep. `None` when no earlier epoch is summarised. The merge of `epoch` is
-/// bounded by it (`hanzod_pipeline::epoch::merge_limit`, DESIGN §6); the summaries are in
-/// the event log, so the bound survives a daemon restart and a failover.
+/// its summaries: the lowest of every earlier summary's `loss_before` (each the loss of a
+/// checkpoint the job published, or of the one it started from) and every advanced
+/// epoch's `loss_after` (a kept epoch republished its base, already counted); NaN and ±∞
+/// losses are not checkpoints anyone would keep. `None` when no earlier epoch is
+/// summarised. The merge of `epoch` is bounded by it
+/// (`hanzod_pipeline::epoch::merge_limit`, DESIGN §6); the summaries are in the event log,
+/// so the bound survives a daemon restart and a failover, and an epoch missing from them
+/// (a job recorded before summaries existed) still has its checkpoint counted through the
+/// next epoch's `loss_before`.
 pub fn best_loss_before(summaries: &BTreeMap<u32, EpochSummary>, epoch: u32) -> Option<f64> {
-    let mut earlier = summaries.range(..epoch).map(|(_, s)| s).peekable();
-    let start = earlier.peek()?.loss_before;
-    std::iter::once(start)
-        .chain(earlier.filter(|s| s.advanced()).map(|s| s.loss_after))
+    summaries
+        .range(..epoch)
+        .flat_map(|(_, s)| [Some(s.loss_before), s.advanced().then_some(s.loss_after)])
+        .flatten()
         .filter(|l| l.is_finite())
         .min_by(f64::total_cmp)
 }
@@ -346,14 +349,13 @@ mod tests {
     fn the_best_loss_before_an_epoch_counts_the_start_and_the_advanced_epochs_before_it() {
         let j = job(vec![
             advanced(1.0, 0.8),
-            kept(0.5),
+            kept(0.8),
             advanced(0.8, 0.7),
             advanced(0.7, f64::NAN),
             advanced(0.7, 0.6),
         ]);
         assert_eq!(best_loss_before(&j, 0), None);
         assert_eq!(best_loss_before(&j, 1), Some(0.8));
-        // A kept epoch's loss is its base's, already counted (0.5 is not a checkpoint).
         assert_eq!(best_loss_before(&j, 2), Some(0.8));
         assert_eq!(best_loss_before(&j, 3), Some(0.7));
         assert_eq!(best_loss_before(&j, 4), Some(0.7));
@@ -362,10 +364,13 @@ mod tests {
         // A merge that made things worse leaves the start as the best.
         let worse = job(vec![advanced(1.0, 1.01), advanced(1.01, 1.02)]);
         assert_eq!(best_loss_before(&worse, 2), Some(1.0));
-        // Summaries that start late (a job recorded before summaries existed).
-        let late: BTreeMap<u32, EpochSummary> = [(3, advanced(2.0, 1.5))].into();
-        assert_eq!(best_loss_before(&late, 3), None);
-        assert_eq!(best_loss_before(&late, 4), Some(1.5));
+        // Summaries that start late or miss an epoch: a checkpoint is still counted
+        // through the next epoch's base (epoch 4's base is epoch 3's checkpoint, 1.2).
+        let gaps: BTreeMap<u32, EpochSummary> =
+            [(2, advanced(2.0, 1.5)), (4, advanced(1.2, 1.3))].into();
+        assert_eq!(best_loss_before(&gaps, 2), None);
+        assert_eq!(best_loss_before(&gaps, 3), Some(1.5));
+        assert_eq!(best_loss_before(&gaps, 5), Some(1.2));
     }
 
     #[test]

@@ -105,31 +105,59 @@ pub struct SetAside {
 /// Rejects, among the accepted full-parameter deltas of `judged`, the copies, re-uploads
 /// of the last merged update (`last_merged`, the model's full layout) and empty updates
 /// ([`find_copies`] with [`CopyConfig::default`]) as [`Rejection::Copy`], and returns them
-/// with their deltas. Not for LoRA adapters (their factors share the job's initialisation
-/// of `A`, so honest ones look alike).
+/// with their deltas: [`reject_copies_by`] comparing the deltas themselves. Not for LoRA
+/// adapters, whose factors share the job's initialisation of `A` (honest ones look alike):
+/// [`star_epoch`] compares their updates' sketches ([`crate::lora_sketch`]) instead.
 pub fn reject_copies(judged: &mut [Verdict], last_merged: Option<&[f32]>) -> Vec<SetAside> {
+    let deltas: Vec<Option<Arc<Vec<f32>>>> = judged
+        .iter()
+        .map(|v| v.outcome.as_ref().ok().cloned())
+        .collect();
+    let views: Vec<Option<&[f32]>> = deltas
+        .iter()
+        .map(|d| d.as_deref().map(Vec::as_slice))
+        .collect();
+    reject_copies_by(judged, &views, last_merged)
+}
+
+/// [`reject_copies`] with the rules of [`find_copies`] run on `views[k]`, the vector that
+/// stands for verdict `k`'s delta (for a LoRA adapter the sketch of its update
+/// `ΔW = (α/r)·B·A`, [`crate::lora_sketch`]), and `last_merged` the last merged update in
+/// the views' form; the set-aside copies still carry their deltas (what a copy group is
+/// merged from). An accepted verdict without a view (`None`, or `views` too short: an
+/// adapter that could not be sketched) is only checked for a shared delta hash (rule 1);
+/// the others' rules compare the views alone.
+pub fn reject_copies_by(
+    judged: &mut [Verdict],
+    views: &[Option<&[f32]>],
+    last_merged: Option<&[f32]>,
+) -> Vec<SetAside> {
+    // Not finite, so `find_copies` leaves it out of every rule but the hash's.
+    const UNCOMPARABLE: &[f32] = &[f32::NAN];
     let flagged: Vec<(usize, Copying)> = {
-        let accepted: Vec<(usize, CopyInput<'_>)> = judged
+        let mut accepted: Vec<(usize, bool, CopyInput<'_>)> = judged
             .iter()
             .enumerate()
-            .filter_map(|(k, v)| {
-                let delta = v.outcome.as_ref().ok()?;
-                Some((
-                    k,
-                    CopyInput {
-                        node: v.node,
-                        hash: v.delta_hash,
-                        delta,
-                    },
-                ))
+            .filter(|(_, v)| v.outcome.is_ok())
+            .map(|(k, v)| {
+                let view = views.get(k).copied().flatten();
+                let input = CopyInput {
+                    node: v.node,
+                    hash: v.delta_hash,
+                    delta: view.unwrap_or(UNCOMPARABLE),
+                };
+                (k, view.is_none(), input)
             })
             .collect();
-        let inputs: Vec<CopyInput<'_>> = accepted.iter().map(|(_, i)| *i).collect();
+        // The comparable views first: `find_copies` takes the length from the first input
+        // (a stable sort: the order is unchanged when every verdict has a view).
+        accepted.sort_by_key(|(_, uncomparable, _)| *uncomparable);
+        let inputs: Vec<CopyInput<'_>> = accepted.iter().map(|(_, _, i)| *i).collect();
         let verdicts = find_copies(&inputs, last_merged, &CopyConfig::default());
         accepted
             .iter()
             .zip(verdicts)
-            .filter_map(|((k, _), c)| Some((*k, c?)))
+            .filter_map(|((k, _, _), c)| Some((*k, c?)))
             .collect()
     };
     let mut set_aside = Vec::with_capacity(flagged.len());
@@ -157,6 +185,25 @@ pub fn reject_copies(judged: &mut [Verdict], last_merged: Option<&[f32]>) -> Vec
 pub fn copy_groups(
     judged: &[Verdict],
     set_aside: &[SetAside],
+    last_merged: Option<&[f32]>,
+) -> Vec<usize> {
+    let mut views: Vec<Option<&[f32]>> = vec![None; judged.len()];
+    for s in set_aside {
+        if let Some(v) = views.get_mut(s.index) {
+            *v = Some(s.delta.as_slice());
+        }
+    }
+    copy_groups_by(judged, set_aside, &views, last_merged)
+}
+
+/// [`copy_groups`] with a representative's update read from `views[k]` (in `judged`'s
+/// order; the form [`reject_copies_by`] compared, e.g. a LoRA adapter's sketch) and
+/// `last_merged` in that form: a representative whose view is zero or the last merged
+/// update forms no group, nor does one without a view (its update cannot be measured).
+pub fn copy_groups_by(
+    judged: &[Verdict],
+    set_aside: &[SetAside],
+    views: &[Option<&[f32]>],
     last_merged: Option<&[f32]>,
 ) -> Vec<usize> {
     let linked: Vec<(usize, usize)> = set_aside
@@ -202,16 +249,37 @@ pub fn copy_groups(
     groups
         .into_values()
         .filter(|&k| {
-            let Some(d) = set_aside.iter().find(|s| s.index == k) else {
+            if !set_aside.iter().any(|s| s.index == k) {
+                return false;
+            }
+            let Some(d) = views.get(k).copied().flatten() else {
                 return false;
             };
-            let empty = !matches!(l2_norm(&d.delta), Ok(n) if n > 0.0);
+            let empty = !matches!(l2_norm(d), Ok(n) if n > 0.0);
             let last = last_merged
-                .filter(|l| l.len() == d.delta.len())
-                .is_some_and(|l| cosine_similarity(&d.delta, l).is_ok_and(|c| c >= copy_cosine));
+                .filter(|l| l.len() == d.len())
+                .is_some_and(|l| cosine_similarity(d, l).is_ok_and(|c| c >= copy_cosine));
             !(empty || last)
         })
         .collect()
+}
+
+/// The sketches of a LoRA epoch's accepted adapters and of its last merged update
+/// ([`crate::lora_sketch::sketch_epoch`] under the epoch's secret), in `judged`'s order.
+/// None when the job's adapter cannot be sketched at all (logged): the copies are then
+/// found by their hashes alone and no delta has an agreement.
+fn lora_sketches(ctx: &EpochContext, judged: &[Verdict]) -> crate::lora_sketch::EpochSketches {
+    let adapters: Vec<Option<&[f32]>> = judged
+        .iter()
+        .map(|v| v.outcome.as_ref().ok().map(|d| d.as_slice()))
+        .collect();
+    let last = ctx.last_merged.as_deref().map(Vec::as_slice);
+    crate::lora_sketch::sketch_epoch(&ctx.trainer, &ctx.secret, &adapters, last).unwrap_or_else(
+        |e| {
+            tracing::warn!(error = %e, "LoRA adapters not sketched: copies found by hash alone, no agreement");
+            crate::lora_sketch::EpochSketches::none(judged.len())
+        },
+    )
 }
 
 /// The norm average an epoch is scored against: `norms` (the job's running average) when
@@ -360,10 +428,10 @@ pub fn agreements(deltas: &[Option<&[f32]>]) -> Vec<Option<f64>> {
         .collect()
 }
 
-/// Without an agreement (a LoRA job, or fewer than [`AGREEMENT_MIN_DELTAS`] deltas), a
-/// delta that alone raises the validation loss by more than this (10 %) weighs 0: the
-/// direction check the agreement makes is then missing, and a sign-flipped delta would
-/// otherwise keep the weight of its stability term.
+/// Without an agreement (fewer than [`AGREEMENT_MIN_DELTAS`] deltas, or LoRA adapters that
+/// could not be sketched), a delta that alone raises the validation loss by more than this
+/// (10 %) weighs 0: the direction check the agreement makes is then missing, and a
+/// sign-flipped delta would otherwise keep the weight of its stability term.
 pub const UNCHECKED_LOSS_RISE: f64 = 0.10;
 
 /// What a star-mode delta's weight in the weighted mean and its reward share are decided
@@ -423,7 +491,8 @@ pub fn star_weight(v: &Verdict, agreement: Option<f64>) -> f64 {
 }
 
 /// A star epoch's decisions once every delta is judged (module docs): copies rejected and
-/// each group of copies set aside to be merged once (full-parameter jobs), the norm
+/// each group of copies set aside to be merged once (a LoRA job's adapters compared on
+/// their updates' sketches, [`crate::lora_sketch`], here and for the agreement), the norm
 /// average seeded in a first epoch, suspects counted, agreements measured, and the merge
 /// (`merge_epoch`): weighted by [`star_weight`] with `policy.robust_aggregator` as the
 /// fallback, or by the robust aggregator alone when the epoch has no agreement and more
@@ -431,17 +500,28 @@ pub fn star_weight(v: &Verdict, agreement: Option<f64>) -> f64 {
 /// `policy.robust_alone`. CPU-bound (validation-loss passes of the merge): run it
 /// off the async runtime.
 pub fn star_epoch(ctx: &EpochContext, mut judged: Vec<Verdict>, policy: &StarPolicy) -> StarEpoch {
-    let lora = ctx.trainer.lora().is_some();
-    let set_aside = if lora {
-        Vec::new()
-    } else {
-        reject_copies(&mut judged, ctx.last_merged.as_deref().map(Vec::as_slice))
+    // A LoRA job's adapters are compared on their updates `ΔWᵢ = (α/r)·Bᵢ·Aᵢ` through the
+    // epoch's random projection of them (`crate::lora_sketch`), never on their factors
+    // (which share the job's initialisation of `A`, so honest ones look alike).
+    let sketches = ctx
+        .trainer
+        .lora()
+        .is_some()
+        .then(|| lora_sketches(ctx, &judged));
+    let (set_aside, groups) = match &sketches {
+        Some(s) => {
+            let (views, last) = (s.views(), s.last_merged.as_deref());
+            let set_aside = reject_copies_by(&mut judged, &views, last);
+            let groups = copy_groups_by(&judged, &set_aside, &views, last);
+            (set_aside, groups)
+        }
+        None => {
+            let last = ctx.last_merged.as_deref().map(Vec::as_slice);
+            let set_aside = reject_copies(&mut judged, last);
+            let groups = copy_groups(&judged, &set_aside, last);
+            (set_aside, groups)
+        }
     };
-    let groups = copy_groups(
-        &judged,
-        &set_aside,
-        ctx.last_merged.as_deref().map(Vec::as_slice),
-    );
     let norm_average = seed_epoch_norms(ctx.norms, None, &mut judged);
     // A copy group counts once, as its representative's measurements say: Sybil copies can
     // neither dilute the suspect fraction nor slip a suspect delta in.
@@ -464,15 +544,19 @@ pub fn star_epoch(ctx: &EpochContext, mut judged: Vec<Verdict>, policy: &StarPol
             Err(_) => None,
         })
         .collect();
-    let agreement = if lora {
-        vec![None; judged.len()]
-    } else {
-        let views: Vec<Option<&[f32]>> = merged_delta
+    // What each merged delta is compared as: itself, or a LoRA adapter's sketch.
+    let views: Vec<Option<&[f32]>> = match &sketches {
+        Some(s) => merged_delta
+            .iter()
+            .zip(s.views())
+            .map(|(d, v)| d.as_ref().and(v))
+            .collect(),
+        None => merged_delta
             .iter()
             .map(|d| d.as_deref().map(Vec::as_slice))
-            .collect();
-        agreements(&views)
+            .collect(),
     };
+    let agreement = agreements(&views);
     let mut weights: Vec<f64> = judged
         .iter()
         .enumerate()
@@ -674,13 +758,14 @@ fn attempt(
 
 /// Merges an epoch (paper §6, DESIGN §6) and applies it with the outer learning rate.
 ///
-/// The weighted mean weighs each accepted delta by its composite score and gives suspect
-/// ones weight 0 (a scaled delta in the right direction would otherwise still steer the
-/// mean: its small weight times its large norm); the robust aggregator (`robust_aggregator`,
-/// by default the coordinate-wise median; used alone when `robust`, i.e. more than the
-/// threshold of the epoch is suspect) takes every accepted delta with weight 1. A merge
+/// The weighted mean weighs each accepted delta by its input weight ([`star_weight`]) and
+/// gives suspect ones weight 0 (a scaled delta in the right direction would otherwise still
+/// steer the mean: its small weight times its large norm); the robust aggregator
+/// (`robust_aggregator`, by default the coordinate-wise median; used alone when `robust`,
+/// as [`star_epoch`] decides) takes every accepted delta with weight 1. A merge
 /// whose checkpoint is not finite or raises the validation loss by more than
-/// [`merge_limit`] (2 % above the job's best checkpoint, at most the base) is not published: the weighted mean falls back to the robust one, and
+/// [`merge_limit`] (2 % above the job's best checkpoint, at most the base) is not
+/// published: the weighted mean falls back to the robust one, and
 /// when that fails too the epoch keeps the base checkpoint and says why. Nothing here fails
 /// the job.
 ///

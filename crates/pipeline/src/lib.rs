@@ -32,6 +32,7 @@ pub mod copies;
 pub mod epoch;
 pub mod inspect;
 pub mod lora;
+pub mod lora_sketch;
 pub mod merge;
 pub mod publisher;
 pub mod recovery;

@@ -38,7 +38,8 @@
 //! spot-check selection, the members' weights from their sketches (scored in the job's
 //! keeper, against its norm average and last merged delta, [`crate::sketch_score`]; more
 //! than [`SinkConfig::suspect_threshold`] excluded is an error, so the core falls back to
-//! the star, where the coordinate median is exact), and the check of the round's uploaded
+//! the star, where every delta is judged in full and merged by agreement, the exact
+//! coordinate median being the fallback), and the check of the round's uploaded
 //! result against the members' check sketches. The publication then applies the round's
 //! merged delta as star mode applies its merge ([`RING_AGGREGATOR`]), after taking out the
 //! share of every spot-checked member whose upload the validator rejected, and pays the
@@ -115,8 +116,10 @@ use hanzod_train::{Trainer, Weights};
 pub struct SinkConfig {
     /// The validator's tunables.
     pub validation: ValidationConfig,
-    /// Fraction of suspect deltas above which the robust aggregator is used (DESIGN §6:
-    /// 0.30).
+    /// Fraction of suspect deltas above which the robust aggregator is used alone in a
+    /// star epoch without an agreement ([`crate::epoch::StarPolicy::suspect_threshold`]),
+    /// and of excluded ring members above which a ring epoch falls back to the star
+    /// (DESIGN §6: 0.30).
     pub suspect_threshold: f32,
     /// The robust aggregator used above the threshold and as the weighted mean's fallback
     /// ([`RobustAggregator`]; default the coordinate median).
@@ -328,7 +331,9 @@ pub struct EpochReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_loss: Option<f64>,
     /// The epoch whose checkpoint is the best (`None` with a `best_loss`: the checkpoint
-    /// the job started from). An epoch later than it has not improved on it.
+    /// the job started from, or, after a restart, that of an earlier epoch the job's
+    /// summaries record and this keeper has no report of). An epoch later than it has not
+    /// improved on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_epoch: Option<u32>,
 }
@@ -1571,6 +1576,14 @@ impl JobKeeperState {
             report.best_loss = Some(best);
             report.best_epoch = best_epoch;
         }
+        // What the job recorded, when lower (the keeper's reports start again after a
+        // restart): the checkpoint of an epoch this keeper has no report of.
+        if let Some(recorded) = self.recorded_best.filter(|l| l.is_finite()) {
+            if report.best_loss.is_none_or(|b| recorded < b) {
+                report.best_loss = Some(recorded);
+                report.best_epoch = None;
+            }
+        }
         // The norms folded into the running average once staged: the accepted, not suspect
         // deltas (star); the merged members' (ring: exact for an upload, else the sketch's
         // estimate).
@@ -1818,9 +1831,9 @@ impl JobKeeperState {
     }
 
     /// Pays the epoch's rewards and slashes its evidence on the ledger (paper §8): the
-    /// pool is split by the shares of [`reward_shares`] (composite × agreement over the
-    /// accepted, not suspect deltas; in a kept star epoch only those that lowered the loss
-    /// on their own; ring members by merge weight); each failed spot-check slashes
+    /// pool is split by the shares of [`reward_shares`] (each accepted star delta by
+    /// [`Merit::weight`], in a kept star epoch only those that lowered the loss on their
+    /// own; ring members by merge weight); each failed spot-check slashes
     /// `slash_pct` % of the node's stake with the evidence
     /// ([`SlashEvidence::canonical_bytes`]) attached. A node whose key is no longer bound
     /// to an operator is left out of the batch (its share is not paid) rather than hold up
@@ -2526,9 +2539,10 @@ impl CheckpointSink for TrainingSink {
     /// excluded them all, every weight is 0 (the epoch keeps its base).
     ///
     /// Errors: a LoRA job (a ring would sum the adapters' factors, not their updates); more
-    /// than [`SinkConfig::suspect_threshold`] of the members excluded (star mode would merge
-    /// by the coordinate median, which a ring cannot compute: the core falls back to the
-    /// star for the epoch); inputs that cannot be scored; a keeper that did not answer.
+    /// than [`SinkConfig::suspect_threshold`] of the members excluded (star mode judges
+    /// every delta in full, measures its agreement and can fall back to the coordinate
+    /// median, which a ring cannot compute: the core falls back to the star for the
+    /// epoch); inputs that cannot be scored; a keeper that did not answer.
     async fn ring_score(&self, input: RingScoreInput<'_>) -> Result<RingScores, CheckpointError> {
         let mut held = Vec::with_capacity(input.uploaded.len());
         for (node, hash) in input.uploaded {

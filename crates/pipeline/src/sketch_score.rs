@@ -102,10 +102,11 @@
 //!    `q > 0.6·e⁻⁴` and the sum is positive. When no member is kept the result is
 //!    [`SketchScoreError::NoUsableMember`].
 //!
-//! Star mode switches to the coordinate median when more than 30 % of an epoch is suspect
-//! ([`crate::merge::RobustPolicy`]); a ring computes only weighted sums, so ring mode cannot:
-//! [`SketchScores::robust_needed`] tells the caller to fall back to the star (full uploads)
-//! for that epoch instead (DESIGN §4b), counting every excluded member as suspect. With
+//! Star mode judges every delta in full, weighs it by its agreement with the epoch and can
+//! fall back to the coordinate median ([`crate::epoch::star_epoch`]); a ring computes only
+//! weighted sums of what its members hold, so when more than 30 % of the members are
+//! excluded, [`SketchScores::robust_needed`] tells the caller to fall back to the star (full
+//! uploads) for that epoch instead (DESIGN §4b), counting every excluded member as suspect. With
 //! one or two usable members the centre cannot tell an attacker from an honest member
 //! (the median of two is their mean): only the stability rule then applies.
 //!

@@ -731,9 +731,125 @@ fn policy() -> StarPolicy {
 
 /// Validates `subs` and runs the star epoch on them; returns the receipts too.
 fn run_star(ctx: &EpochContext, subs: &[Submission]) -> (Vec<DeltaReceipt>, StarEpoch) {
+    run_star_with(ctx, subs, &policy())
+}
+
+/// [`run_star`] under `policy`.
+fn run_star_with(
+    ctx: &EpochContext,
+    subs: &[Submission],
+    policy: &StarPolicy,
+) -> (Vec<DeltaReceipt>, StarEpoch) {
     let judged = subs.iter().map(|s| validate(ctx, s)).collect();
-    let star = star_epoch(ctx, judged, &policy());
+    let star = star_epoch(ctx, judged, policy);
     (subs.iter().map(|s| s.receipt.clone()).collect(), star)
+}
+
+/// Which aggregator merges a star epoch, and what it pays: `honest` honest wine deltas
+/// and `scaled` ones scaled by −10 (norm outliers: suspect), under `policy`.
+fn merge_choice(honest: usize, scaled: usize, policy: &StarPolicy) -> (StarEpoch, Vec<f64>) {
+    let w = wine();
+    let ctx = wine_context(w);
+    let subs: Vec<Submission> = (0..honest + scaled)
+        .map(|i| {
+            let (own, claimed) = &w.runs[i];
+            let data = if i < honest {
+                own.clone()
+            } else {
+                self::scaled(own, -10.0)
+            };
+            upload(w, &w.ids[i], data, *claimed)
+        })
+        .collect();
+    let (receipts, star) = run_star_with(&ctx, &subs, policy);
+    let report = epoch_report(
+        &ctx,
+        &receipts,
+        &star.judged,
+        (&star.agreement, &star.weights),
+        None,
+        ("", star.merged.loss_after, star.merged.aggregator),
+    );
+    let paid: BTreeMap<NodeId, f64> = reward_shares(&report).into_iter().collect();
+    let shares = star
+        .judged
+        .iter()
+        .map(|v| paid.get(&v.node).copied().unwrap_or(0.0))
+        .collect();
+    (star, shares)
+}
+
+/// The merge policy's branches (issue 19): with an agreement (3+ deltas) the weighted mean
+/// goes first however many are suspect; `robust_alone` forces the median; without an
+/// agreement (2 deltas) more than 30 % suspect switches to the median alone. In every
+/// branch each delta is paid its merit (composite × agreement, 0 when suspect), never the
+/// robust aggregator's weight of 1, so the scaled deltas earn nothing.
+#[test]
+fn the_weighted_mean_goes_first_when_the_epoch_has_an_agreement() {
+    let check_pay = |star: &StarEpoch, shares: &[f64], honest: usize| {
+        for (k, v) in star.judged.iter().enumerate() {
+            let merit = star_weight(v, star.agreement[k]);
+            assert!(
+                (shares[k] - merit).abs() <= 1e-12,
+                "delta {k}: paid {} merit {merit}",
+                shares[k]
+            );
+            if k >= honest {
+                assert_eq!(shares[k], 0.0, "a scaled delta was paid: {shares:?}");
+            }
+        }
+    };
+    // 3 of 8 suspect (37.5 % > 30 %), but the epoch has an agreement.
+    let (star, shares) = merge_choice(5, 3, &policy());
+    assert_eq!(
+        star.suspect,
+        3,
+        "{:?}",
+        star.judged.iter().map(Verdict::suspect).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        star.merged.aggregator,
+        Some("weighted_mean"),
+        "{:?}",
+        star.merged.kept
+    );
+    assert!(
+        star.weights[5..].iter().all(|&w| w == 0.0),
+        "{:?}",
+        star.weights
+    );
+    assert!(star.merged.loss_after < wine().loss_before);
+    check_pay(&star, &shares, 5);
+    // The same epoch with the robust aggregator forced: every merged delta weighs 1, and is
+    // still paid by merit.
+    let alone = StarPolicy {
+        robust_alone: true,
+        ..policy()
+    };
+    let (star, shares) = merge_choice(5, 3, &alone);
+    assert_eq!(
+        star.merged.aggregator,
+        Some("median"),
+        "{:?}",
+        star.merged.kept
+    );
+    assert!(star.weights.iter().all(|&w| w == 1.0), "{:?}", star.weights);
+    check_pay(&star, &shares, 5);
+    // Two deltas, one suspect (50 % > 30 %): no agreement, the median alone.
+    let (star, shares) = merge_choice(1, 1, &policy());
+    assert!(
+        star.agreement.iter().all(Option::is_none),
+        "{:?}",
+        star.agreement
+    );
+    assert_eq!(star.suspect, 1);
+    assert_eq!(
+        star.merged.aggregator.is_some_and(|a| a != "weighted_mean"),
+        star.merged.kept.is_none(),
+        "{:?}",
+        star.merged
+    );
+    check_pay(&star, &shares, 1);
 }
 
 #[test]
@@ -1131,4 +1247,412 @@ fn a_kept_epoch_pays_the_accepted_not_suspect_deltas_that_improved_by_composite_
             (node(5), composite(4) * 0.25),
         ]
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// star_epoch on a LoRA job: copies and agreement on the adapters' updates ΔW (sketched)
+// ---------------------------------------------------------------------------------------
+
+/// A LoRA job (`qwen3-tiny`, rank 4 on `q_proj` and `v_proj`: validate's LoRA test recipe),
+/// its base, and six nodes' honest adapters of epoch 0. Every node starts from the job's
+/// same `A` (and `B = 0`): their factors are alike (pairwise cosine ≈ 0.99), their updates
+/// `ΔW` are not (≈ 0: two local steps of a random model on different batches share no
+/// direction).
+struct LoraJob {
+    trainer: Trainer,
+    plan: LoraPlan,
+    base: Arc<Weights>,
+    loss_before: f64,
+    ids: Vec<Identity>,
+    /// (adapter, claimed loss) per node.
+    runs: Vec<(Vec<f32>, f64)>,
+}
+
+fn lora_job() -> &'static LoraJob {
+    static JOB: OnceLock<LoraJob> = OnceLock::new();
+    JOB.get_or_init(|| {
+        let spec = crate::validate::lora_tests::lora_training(4);
+        let trainer = hanzod_train::trainer_of(&spec, JobId(1)).expect("trainer");
+        let plan = LoraPlan::of_trainer(&trainer)
+            .expect("plan")
+            .expect("a LoRA trainer");
+        let base = Arc::new(trainer.init());
+        let loss_before = trainer.validation_loss(&base).expect("loss");
+        let ids: Vec<Identity> = (21..=26u8).map(|i| Identity::from_seed([i; 32])).collect();
+        let runs = ids
+            .iter()
+            .map(|id| {
+                let run = trainer
+                    .local_delta(&base, &id.node_id().0, 0)
+                    .expect("local run");
+                (run.delta.data, run.claimed_loss)
+            })
+            .collect();
+        LoraJob {
+            trainer,
+            plan,
+            base,
+            loss_before,
+            ids,
+            runs,
+        }
+    })
+}
+
+fn lora_job_context(j: &LoraJob, last_merged: Option<Arc<Vec<f32>>>) -> EpochContext {
+    EpochContext {
+        job: 1,
+        epoch: 0,
+        trainer: j.trainer.clone(),
+        base: j.base.clone(),
+        base_version: 0,
+        loss_before: j.loss_before,
+        best_loss: None,
+        norms: NormTracker::new(),
+        last_merged,
+        secret: EpochSecret::from_bytes([9; 32]),
+        config: ValidationConfig {
+            spot_check_rate: 0.0,
+            ..ValidationConfig::default()
+        },
+    }
+}
+
+/// `adapter` uploaded by `id` for job 1, epoch 0, step 0, signed, as f32 HZDL.
+fn lora_upload(j: &LoraJob, id: &Identity, adapter: Vec<f32>, claimed_loss: f64) -> Submission {
+    let payload = Weights {
+        layout: j.trainer.delta_layout(),
+        data: adapter,
+    }
+    .to_delta_bytes_as(0, DeltaDtype::F32)
+    .expect("payload");
+    crate::validate::lora_tests::submit(id, payload, claimed_loss)
+}
+
+/// The first `n` nodes upload `adapters[i]` (with their own claimed losses).
+fn lora_uploads(j: &LoraJob, adapters: &[Vec<f32>], n: usize) -> Vec<Submission> {
+    (0..n)
+        .map(|i| lora_upload(j, &j.ids[i], adapters[i].clone(), j.runs[i].1))
+        .collect()
+}
+
+fn lora_runs(j: &LoraJob) -> Vec<Vec<f32>> {
+    j.runs.iter().map(|(d, _)| d.clone()).collect()
+}
+
+/// `adapter` with every `B` factor times `c` (its update `ΔW` times `c`).
+fn scale_b(j: &LoraJob, adapter: &[f32], c: f32) -> Vec<f32> {
+    let layout = j.trainer.delta_layout();
+    let mut out = adapter.to_vec();
+    for m in &j.plan.modules {
+        let e = layout.entry(&m.lora_b).expect("B");
+        out[e.offset..e.offset + e.len]
+            .iter_mut()
+            .for_each(|b| *b *= c);
+    }
+    out
+}
+
+/// The update `ΔW` of `adapter` in the model's full layout (zeros off the adapted modules).
+fn full_update(j: &LoraJob, adapter: &[f32]) -> Vec<f32> {
+    let (layout, full) = (j.trainer.delta_layout(), j.trainer.layout());
+    let mut out = vec![0.0f32; full.len()];
+    crate::lora::for_each_update(
+        &j.plan,
+        &FlatAdapter::new(&layout, adapter),
+        |m, dw| -> Result<(), std::convert::Infallible> {
+            let e = full.entry(&m.base).expect("base tensor");
+            out[e.offset..e.offset + e.len].copy_from_slice(dw);
+            Ok(())
+        },
+    )
+    .expect("update");
+    out
+}
+
+/// The nodes' honest adapters with a common part added to every `B` (a fixed random
+/// `B_c`, per module twice the norm of a typical node's `B`): updates
+/// `ΔWᵢ = s·(Bᵢ + B_c)·Aᵢ` that share a direction (the `Aᵢ` all stay close to the job's
+/// initial `A`), as nodes whose data teaches them something in common.
+fn lora_consensus(j: &LoraJob) -> Vec<Vec<f32>> {
+    let layout = j.trainer.delta_layout();
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    let mut out = lora_runs(j);
+    for m in &j.plan.modules {
+        let e = layout.entry(&m.lora_b).expect("B");
+        let typical = j
+            .runs
+            .iter()
+            .map(|(d, _)| norm(&d[e.offset..e.offset + e.len]))
+            .sum::<f64>()
+            / j.runs.len() as f64;
+        let common = gaussian_vec(&mut rng, e.len);
+        let c = (2.0 * typical / norm(&common)) as f32;
+        for adapter in &mut out {
+            for (b, x) in adapter[e.offset..e.offset + e.len].iter_mut().zip(&common) {
+                *b += c * x;
+            }
+        }
+    }
+    out
+}
+
+fn outcomes(star: &StarEpoch) -> Vec<Result<(), &Rejection>> {
+    star.judged
+        .iter()
+        .map(|v| v.outcome.as_ref().map(|_| ()))
+        .collect()
+}
+
+/// `star`'s merged update is the weighted mean (by `star.weights`) of the updates of
+/// `adapters` (in `judged`'s order), within f32 rounding: each adapter counted once.
+fn assert_lora_merge_is_the_weighted_mean(j: &LoraJob, star: &StarEpoch, adapters: &[Vec<f32>]) {
+    let total: f64 = star.weights.iter().sum();
+    let merged = star.merged.delta.as_ref().expect("a merged update");
+    let mut want = vec![0.0f64; merged.len()];
+    for (a, wk) in adapters.iter().zip(&star.weights) {
+        if *wk == 0.0 {
+            continue;
+        }
+        for (o, &x) in want.iter_mut().zip(&full_update(j, a)) {
+            *o += wk / total * f64::from(x);
+        }
+    }
+    let err: f64 = merged
+        .iter()
+        .zip(&want)
+        .map(|(&m, &x)| (f64::from(m) - x).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let scale: f64 = want.iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!(err <= 1e-4 * scale, "{err} vs {scale}");
+}
+
+#[test]
+fn honest_lora_adapters_from_the_same_a_are_not_copies_and_all_agree() {
+    let j = lora_job();
+    let runs = lora_runs(j);
+    let ctx = lora_job_context(j, None);
+    // The factors look alike (the shared `A` dominates them); the updates do not.
+    let sketches = crate::lora_sketch::sketch_epoch(
+        &j.trainer,
+        &ctx.secret,
+        &runs.iter().map(|d| Some(d.as_slice())).collect::<Vec<_>>(),
+        None,
+    )
+    .expect("sketches");
+    for a in 0..runs.len() {
+        for b in a + 1..runs.len() {
+            let factors = cosine_similarity(&runs[a], &runs[b]).expect("cosine");
+            let (sa, sb) = (&sketches.adapters[a], &sketches.adapters[b]);
+            let updates = cosine_similarity(
+                sa.as_deref().expect("sketch"),
+                sb.as_deref().expect("sketch"),
+            )
+            .expect("cosine");
+            assert!(factors > 0.98, "{a}, {b}: factors {factors}");
+            assert!(updates.abs() < 0.2, "{a}, {b}: updates {updates}");
+        }
+    }
+
+    let (_, star) = run_star(&ctx, &lora_uploads(j, &runs, 6));
+    assert!(
+        outcomes(&star).iter().all(Result::is_ok),
+        "{:?}",
+        outcomes(&star)
+    );
+    for (k, a) in star.agreement.iter().enumerate() {
+        assert!(some(*a) > 0.0, "{k}: {:?}", star.agreement);
+        assert!(star.weights[k] > 0.0, "{k}: {:?}", star.weights);
+    }
+    assert_eq!(star.merged.aggregator, Some("weighted_mean"));
+    assert_lora_merge_is_the_weighted_mean(j, &star, &runs);
+}
+
+#[test]
+fn two_lora_nodes_uploading_the_same_adapter_are_merged_once_and_neither_is_paid() {
+    let j = lora_job();
+    let ctx = lora_job_context(j, None);
+    let mut adapters = lora_runs(j);
+    // Node 5 uploads node 2's adapter as its own (signed by itself: the same bytes).
+    adapters[5] = adapters[2].clone();
+    let (receipts, star) = run_star(&ctx, &lora_uploads(j, &adapters, 6));
+    assert_eq!(receipts[2].delta_hash, receipts[5].delta_hash);
+
+    let copies = [2usize, 5];
+    for &k in &copies {
+        assert!(
+            matches!(
+                star.judged[k].outcome,
+                Err(Rejection::Copy(Copying::Duplicate { .. }))
+            ),
+            "{k}: {:?}",
+            star.judged[k].outcome
+        );
+    }
+    for k in [0, 1, 3, 4] {
+        assert!(star.judged[k].outcome.is_ok(), "{k}: {:?}", outcomes(&star));
+        assert!(some(star.agreement[k]) > 0.0, "{:?}", star.agreement);
+    }
+    let weighed: Vec<usize> = copies
+        .iter()
+        .copied()
+        .filter(|&k| star.weights[k] > 0.0)
+        .collect();
+    assert_eq!(
+        weighed,
+        vec![2],
+        "the group is merged once: {:?}",
+        star.weights
+    );
+    assert!(some(star.agreement[2]) > 0.0, "{:?}", star.agreement);
+    assert_eq!(star.agreement[5], None, "{:?}", star.agreement);
+    assert_eq!(star.suspect, 0);
+    assert_eq!(star.merged.aggregator, Some("weighted_mean"));
+    assert_lora_merge_is_the_weighted_mean(j, &star, &adapters);
+
+    let report = epoch_report(
+        &ctx,
+        &receipts,
+        &star.judged,
+        (&star.agreement, &star.weights),
+        None,
+        ("", star.merged.loss_after, star.merged.aggregator),
+    );
+    let shares = reward_shares(&report);
+    let paid: BTreeSet<NodeId> = shares.iter().map(|(n, _)| *n).collect();
+    for &k in &copies {
+        assert!(!paid.contains(&j.ids[k].node_id()), "{k} paid: {shares:?}");
+    }
+}
+
+#[test]
+fn a_rescaled_lora_copy_is_a_near_copy_and_its_group_is_merged_once() {
+    let j = lora_job();
+    let ctx = lora_job_context(j, None);
+    let mut adapters = lora_runs(j);
+    // Node 5 uploads node 2's adapter with `B` 1 % larger: other bytes, the same update.
+    adapters[5] = scale_b(j, &adapters[2], 1.01);
+    let (_, star) = run_star(&ctx, &lora_uploads(j, &adapters, 6));
+    for (k, of) in [(2usize, 5usize), (5, 2)] {
+        match &star.judged[k].outcome {
+            Err(Rejection::Copy(Copying::NearCopy { of: o, cosine })) => {
+                assert_eq!(*o, j.ids[of].node_id());
+                assert!(*cosine > 0.9999, "{cosine}");
+            }
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+    for k in [0, 1, 3, 4] {
+        assert!(star.judged[k].outcome.is_ok(), "{k}: {:?}", outcomes(&star));
+    }
+    // Merged once, under the representative's line (the smaller delta hash).
+    let weighed: Vec<usize> = [2usize, 5]
+        .into_iter()
+        .filter(|&k| star.weights[k] > 0.0)
+        .collect();
+    assert_eq!(weighed.len(), 1, "{:?}", star.weights);
+    assert_eq!(star.merged.aggregator, Some("weighted_mean"));
+    assert_lora_merge_is_the_weighted_mean(j, &star, &adapters);
+}
+
+#[test]
+fn a_sign_flipped_lora_adapter_agrees_zero_among_honest_ones() {
+    let j = lora_job();
+    let ctx = lora_job_context(j, None);
+    let mut adapters = lora_consensus(j);
+    adapters[5] = scale_b(j, &adapters[5], -1.0);
+    let (_, star) = run_star(&ctx, &lora_uploads(j, &adapters, 6));
+    assert!(
+        outcomes(&star).iter().all(Result::is_ok),
+        "not copies: {:?}",
+        outcomes(&star)
+    );
+    assert_eq!(star.agreement[5], Some(0.0), "{:?}", star.agreement);
+    assert_eq!(star.weights[5], 0.0, "{:?}", star.weights);
+    for k in 0..5 {
+        assert!(some(star.agreement[k]) > 0.5, "{k}: {:?}", star.agreement);
+        assert!(star.weights[k] > 0.0, "{k}: {:?}", star.weights);
+    }
+    assert_eq!(
+        star.merged.aggregator,
+        Some("weighted_mean"),
+        "{:?}",
+        star.merged.kept
+    );
+    assert_lora_merge_is_the_weighted_mean(j, &star, &adapters);
+}
+
+#[test]
+fn a_lora_adapter_of_the_last_merged_update_or_of_no_update_is_rejected() {
+    let j = lora_job();
+    let mut adapters = lora_runs(j);
+    // Node 0 re-uploads the last merged update (here: its own adapter's, in the full
+    // layout, as `Merged::delta` holds it); node 5 the job's initial adapter (`B = 0`).
+    let last = Arc::new(full_update(j, &adapters[0]));
+    adapters[5] = j.trainer.init_adapter(0).expect("a LoRA job").data;
+    let ctx = lora_job_context(j, Some(last));
+    let (_, star) = run_star(&ctx, &lora_uploads(j, &adapters, 6));
+    assert!(
+        matches!(
+            star.judged[0].outcome,
+            Err(Rejection::Copy(Copying::CopiesLastMerged { cosine })) if cosine > 0.9999
+        ),
+        "{:?}",
+        star.judged[0].outcome
+    );
+    assert_eq!(
+        star.judged[5].outcome,
+        Err(Rejection::Copy(Copying::NoUpdate))
+    );
+    for k in 1..5 {
+        assert!(star.judged[k].outcome.is_ok(), "{k}: {:?}", outcomes(&star));
+    }
+    // Neither forms a group: nothing of theirs is merged.
+    assert_eq!((star.weights[0], star.weights[5]), (0.0, 0.0));
+}
+
+#[test]
+fn reject_copies_by_compares_the_views_and_checks_hashes_without_one() {
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let (a, b) = (gaussian_vec(&mut rng, 8), gaussian_vec(&mut rng, 8));
+    // The deltas (what the set-aside copies carry) differ from the views compared.
+    let deltas: Vec<Arc<Vec<f32>>> = (0..5).map(|i| Arc::new(vec![i as f32 + 1.0; 3])).collect();
+    let mut judged = vec![
+        verdict(1, 1, Ok(deltas[0].clone())),
+        verdict(2, 2, Ok(deltas[1].clone())),
+        verdict(3, 3, Ok(deltas[2].clone())),
+        verdict(4, 4, Ok(deltas[3].clone())),
+        verdict(5, 4, Ok(deltas[4].clone())),
+    ];
+    let scaled_a = scaled(&a, 3.0);
+    // 0 and 1: the same view up to scale; 2: another; 3 and 4 (one hash): no view.
+    let views = [Some(a.as_slice()), Some(&scaled_a), Some(&b), None, None];
+    let set_aside = reject_copies_by(&mut judged, &views, None);
+    let flagged: BTreeMap<usize, &SetAside> = set_aside.iter().map(|s| (s.index, s)).collect();
+    assert_eq!(
+        flagged.keys().copied().collect::<Vec<_>>(),
+        vec![0, 1, 3, 4]
+    );
+    assert!(matches!(flagged[&0].copying, Copying::NearCopy { of, .. } if of == node(2)));
+    assert!(matches!(flagged[&1].copying, Copying::NearCopy { of, .. } if of == node(1)));
+    assert_eq!(flagged[&3].copying, Copying::Duplicate { of: node(5) });
+    assert_eq!(flagged[&4].copying, Copying::Duplicate { of: node(4) });
+    for (k, s) in &flagged {
+        assert_eq!(s.delta, deltas[*k], "the set-aside copy carries its delta");
+    }
+    assert!(judged[2].outcome.is_ok());
+    // Groups by the views: {0, 1} (hash 1 the smaller); {3, 4} has no view to measure.
+    assert_eq!(copy_groups_by(&judged, &set_aside, &views, None), vec![0]);
+    // Without any view only the hashes count.
+    let mut judged2: Vec<Verdict> = (0..3)
+        .map(|i| verdict(i + 1, 7, Ok(deltas[0].clone())))
+        .collect();
+    judged2.push(verdict(9, 9, Ok(deltas[1].clone())));
+    let set_aside = reject_copies_by(&mut judged2, &[None; 4], None);
+    assert_eq!(set_aside.len(), 3);
+    assert!(set_aside
+        .iter()
+        .all(|s| matches!(s.copying, Copying::Duplicate { .. })));
+    assert!(judged2[3].outcome.is_ok());
 }
