@@ -15,23 +15,8 @@ use hanzod_actors::ports::RingView;
 use hanzod_actors::sched::NodeView;
 use hanzod_actors::types::{GpuInfo, GymWei, JobId, LinkProfile, NodeId, NodeInfo, Timestamp};
 use hanzod_proto::v1 as pb;
-use tonic::Status;
 
-/// A malformed field: `field` is its protobuf path (e.g. `info.gpu.vram_bytes`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {field}: {reason}")]
-pub struct FieldError {
-    /// The field's path.
-    pub field: &'static str,
-    /// What is wrong.
-    pub reason: String,
-}
-
-impl From<FieldError> for Status {
-    fn from(e: FieldError) -> Status {
-        Status::invalid_argument(e.to_string())
-    }
-}
+pub use crate::field::FieldError;
 
 fn bad(field: &'static str, reason: impl Into<String>) -> FieldError {
     FieldError {
@@ -818,6 +803,7 @@ pub fn publication_from(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use tonic::Status;
 
     #[test]
     fn an_epoch_summary_reads_back_from_the_wire() {

@@ -13,6 +13,7 @@
 pub mod cid;
 pub mod client;
 pub mod convert;
+pub mod field;
 pub mod human;
 pub mod hzdl;
 pub mod identity;

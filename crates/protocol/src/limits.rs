@@ -25,7 +25,7 @@
 //!   keeps a field a newer peer adds from being refused, while a flood of 1 MiB fields is
 //!   refused after 2 KiB.
 
-use crate::convert::FieldError;
+use crate::field::FieldError;
 use hanzod_proto::v1 as pb;
 
 /// A node id: an Ed25519 public key, 32 bytes.
