@@ -596,8 +596,8 @@ pub struct ByzantineArgs {
     /// Nodes per job.
     #[arg(long, default_value_t = 10)]
     pub nodes: usize,
-    /// Epochs per job [default: 6 for the MLP, 2 for qwen3-tiny].
-    #[arg(long)]
+    /// Epochs per job, 1..=1000 [default: 6 for the MLP, 2 for qwen3-tiny].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub epochs: Option<u32>,
     /// Local steps per epoch [default: the recipe's; 20 for qwen3-tiny].
     #[arg(long)]
@@ -620,8 +620,8 @@ pub struct ByzantineArgs {
     /// Fraction of deltas spot-checked.
     #[arg(long, default_value_t = 0.1)]
     pub spot_check_rate: f64,
-    /// Stake slashed per failed spot-check, % (the daemon's `chain.slash_pct`).
-    #[arg(long, default_value_t = 10)]
+    /// Stake slashed per failed spot-check, % (the daemon's `chain.slash_pct`), 0..=100.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub slash_pct: u8,
     /// Runs in parallel [default: the machine's cores].
     #[arg(long)]
@@ -736,6 +736,17 @@ pub fn plan(
         return Err(ByzantineArgsError::Size(format!(
             "--spot-check-rate must be in [0, 1], got {}",
             args.spot_check_rate
+        )));
+    }
+    if let Some(e) = args.epochs.filter(|e| !(1..=1000).contains(e)) {
+        return Err(ByzantineArgsError::Size(format!(
+            "--epochs must be in 1..=1000, got {e}"
+        )));
+    }
+    if args.slash_pct > 100 {
+        return Err(ByzantineArgsError::Size(format!(
+            "--slash-pct must be in 0..=100, got {}",
+            args.slash_pct
         )));
     }
     let names: Vec<String> = if args.attacks.is_empty() {
@@ -1090,6 +1101,18 @@ mod tests {
             ..args()
         };
         assert!(matches!(plan(&a), Err(ByzantineArgsError::Attack(_))));
+        for bad in [
+            ByzantineArgs {
+                epochs: Some(0),
+                ..args()
+            },
+            ByzantineArgs {
+                slash_pct: 200,
+                ..args()
+            },
+        ] {
+            assert!(matches!(plan(&bad), Err(ByzantineArgsError::Size(_))));
+        }
         // One row per attack however it is spelled.
         let a = ByzantineArgs {
             attacks: vec!["scale:-10".into(), "sign-flip".into(), "scale:-10.0".into()],
