@@ -663,23 +663,34 @@ struct Wine {
     runs: Vec<(Vec<f32>, f64)>,
 }
 
+/// A job's epoch 0 under `trainer`: its initial weights and their validation loss, the
+/// nodes of key seeds `seeds`, and each one's honest local run (delta, claimed loss).
+#[allow(clippy::type_complexity)] // the fixture's four parts, destructured at once
+fn epoch_zero(
+    trainer: &Trainer,
+    seeds: std::ops::RangeInclusive<u8>,
+) -> (Arc<Weights>, f64, Vec<Identity>, Vec<(Vec<f32>, f64)>) {
+    let base = Arc::new(trainer.init());
+    let loss_before = trainer.validation_loss(&base).expect("loss");
+    let ids: Vec<Identity> = seeds.map(|i| Identity::from_seed([i; 32])).collect();
+    let runs = ids
+        .iter()
+        .map(|id| {
+            let run = trainer
+                .local_delta(&base, &id.node_id().0, 0)
+                .expect("local run");
+            (run.delta.data, run.claimed_loss)
+        })
+        .collect();
+    (base, loss_before, ids, runs)
+}
+
 fn wine() -> &'static Wine {
     static WINE: OnceLock<Wine> = OnceLock::new();
     WINE.get_or_init(|| {
         let trainer =
             hanzod_train::trainer_of(&TrainingSpec::default(), JobId(1)).expect("trainer");
-        let base = Arc::new(trainer.init());
-        let loss_before = trainer.validation_loss(&base).expect("loss");
-        let ids: Vec<Identity> = (1..=8u8).map(|i| Identity::from_seed([i; 32])).collect();
-        let runs = ids
-            .iter()
-            .map(|id| {
-                let run = trainer
-                    .local_delta(&base, &id.node_id().0, 0)
-                    .expect("local run");
-                (run.delta.data, run.claimed_loss)
-            })
-            .collect();
+        let (base, loss_before, ids, runs) = epoch_zero(&trainer, 1..=8);
         Wine {
             trainer,
             base,
@@ -1276,18 +1287,7 @@ fn lora_job() -> &'static LoraJob {
         let plan = LoraPlan::of_trainer(&trainer)
             .expect("plan")
             .expect("a LoRA trainer");
-        let base = Arc::new(trainer.init());
-        let loss_before = trainer.validation_loss(&base).expect("loss");
-        let ids: Vec<Identity> = (21..=26u8).map(|i| Identity::from_seed([i; 32])).collect();
-        let runs = ids
-            .iter()
-            .map(|id| {
-                let run = trainer
-                    .local_delta(&base, &id.node_id().0, 0)
-                    .expect("local run");
-                (run.delta.data, run.claimed_loss)
-            })
-            .collect();
+        let (base, loss_before, ids, runs) = epoch_zero(&trainer, 21..=26);
         LoraJob {
             trainer,
             plan,
