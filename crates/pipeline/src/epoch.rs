@@ -867,4 +867,4 @@ pub(crate) fn kept_base(base: &Arc<Weights>, loss_before: f64, why: String) -> M
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -545,16 +545,7 @@ mod tests {
         }
     }
 
-    /// A standard normal draw (Box–Muller).
-    fn gaussian(rng: &mut ChaCha8Rng) -> f32 {
-        let u1: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
-        let u2: f64 = rng.gen::<f64>();
-        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-    }
-
-    fn gaussian_vec(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
-        (0..len).map(|_| gaussian(rng)).collect()
-    }
+    use crate::epoch::tests::{gaussian, gaussian_vec};
 
     /// A pair of adapters as honest LoRA nodes hold them: the same `A` up to `1 − t` of
     /// independent noise, `Bⱼ = t·Bᵢ + (1 − t)·B'` (`t` = 1: the same adapter; 0: unrelated

@@ -24,13 +24,13 @@ use std::sync::OnceLock;
 // ---------------------------------------------------------------------------------------
 
 /// A standard normal draw (Box–Muller).
-fn gaussian(rng: &mut ChaCha8Rng) -> f32 {
+pub(crate) fn gaussian(rng: &mut ChaCha8Rng) -> f32 {
     let u1: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
     let u2: f64 = rng.gen::<f64>();
     ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
 }
 
-fn gaussian_vec(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
+pub(crate) fn gaussian_vec(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
     (0..len).map(|_| gaussian(rng)).collect()
 }
 
@@ -94,6 +94,30 @@ fn copy(index: usize, node: u8, hash: u8, copying: Copying) -> (Verdict, SetAsid
             copying,
             delta,
         },
+    )
+}
+
+/// `merged` is `want` within 1e-4 of `want`'s L2 norm (f32 merge against an f64 reference).
+fn assert_close(merged: &[f32], want: &[f64]) {
+    let err: f64 = merged
+        .iter()
+        .zip(want)
+        .map(|(&m, &x)| (f64::from(m) - x).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    let scale: f64 = want.iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!(err <= 1e-4 * scale, "{err} vs {scale}");
+}
+
+/// The report of a star epoch `star` of `ctx` with its `receipts`, as the sink makes it.
+fn star_report(ctx: &EpochContext, receipts: &[DeltaReceipt], star: &StarEpoch) -> EpochReport {
+    epoch_report(
+        ctx,
+        receipts,
+        &star.judged,
+        (&star.agreement, &star.weights),
+        None,
+        ("", star.merged.loss_after, star.merged.aggregator),
     )
 }
 
@@ -773,14 +797,7 @@ fn merge_choice(honest: usize, scaled: usize, policy: &StarPolicy) -> (StarEpoch
         })
         .collect();
     let (receipts, star) = run_star_with(&ctx, &subs, policy);
-    let report = epoch_report(
-        &ctx,
-        &receipts,
-        &star.judged,
-        (&star.agreement, &star.weights),
-        None,
-        ("", star.merged.loss_after, star.merged.aggregator),
-    );
+    let report = star_report(&ctx, &receipts, &star);
     let paid: BTreeMap<NodeId, f64> = reward_shares(&report).into_iter().collect();
     let shares = star
         .judged
@@ -906,14 +923,7 @@ fn a_sign_flipped_delta_gets_no_weight_and_the_honest_merge_advances() {
             *o += star.weights[k] / total * f64::from(x);
         }
     }
-    let err: f64 = merged
-        .iter()
-        .zip(&want)
-        .map(|(&m, &x)| (f64::from(m) - x).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    let scale: f64 = want.iter().map(|x| x * x).sum::<f64>().sqrt();
-    assert!(err <= 1e-4 * scale, "{err} vs {scale}");
+    assert_close(merged, &want);
 }
 
 #[test]
@@ -975,23 +985,9 @@ fn two_nodes_uploading_the_same_bytes_are_merged_once_and_neither_is_paid() {
             *o += wk / total * f64::from(x);
         }
     }
-    let err: f64 = merged
-        .iter()
-        .zip(&want)
-        .map(|(&m, &x)| (f64::from(m) - x).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    let scale: f64 = want.iter().map(|x| x * x).sum::<f64>().sqrt();
-    assert!(err <= 1e-4 * scale, "{err} vs {scale}");
+    assert_close(merged, &want);
 
-    let report = epoch_report(
-        &ctx,
-        &receipts,
-        &star.judged,
-        (&star.agreement, &star.weights),
-        None,
-        ("", star.merged.loss_after, star.merged.aggregator),
-    );
+    let report = star_report(&ctx, &receipts, &star);
     let shares = reward_shares(&report);
     let paid: BTreeSet<NodeId> = shares.iter().map(|(n, _)| *n).collect();
     for &k in &copies {
@@ -1418,14 +1414,7 @@ fn assert_lora_merge_is_the_weighted_mean(j: &LoraJob, star: &StarEpoch, adapter
             *o += wk / total * f64::from(x);
         }
     }
-    let err: f64 = merged
-        .iter()
-        .zip(&want)
-        .map(|(&m, &x)| (f64::from(m) - x).powi(2))
-        .sum::<f64>()
-        .sqrt();
-    let scale: f64 = want.iter().map(|x| x * x).sum::<f64>().sqrt();
-    assert!(err <= 1e-4 * scale, "{err} vs {scale}");
+    assert_close(merged, &want);
 }
 
 #[test]
@@ -1511,14 +1500,7 @@ fn two_lora_nodes_uploading_the_same_adapter_are_merged_once_and_neither_is_paid
     assert_eq!(star.merged.aggregator, Some("weighted_mean"));
     assert_lora_merge_is_the_weighted_mean(j, &star, &adapters);
 
-    let report = epoch_report(
-        &ctx,
-        &receipts,
-        &star.judged,
-        (&star.agreement, &star.weights),
-        None,
-        ("", star.merged.loss_after, star.merged.aggregator),
-    );
+    let report = star_report(&ctx, &receipts, &star);
     let shares = reward_shares(&report);
     let paid: BTreeSet<NodeId> = shares.iter().map(|(n, _)| *n).collect();
     for &k in &copies {
